@@ -1,0 +1,3 @@
+from llmkit.cli.app import main
+
+main()

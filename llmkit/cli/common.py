@@ -1,0 +1,88 @@
+"""Options every stage shares, and the wrapper that turns them into a StageContext.
+
+A stage command is written as `def clean(ctx: StageContext, <its own options>)`; the
+`stage_command` decorator adds the common options to its signature (so each stage does not
+repeat them) and converts user errors into exit code 2 with a one-line message.
+"""
+
+import functools
+import inspect
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.errors import UserError
+
+COMMON = [
+    ("workspace", Annotated[Optional[Path], typer.Option(
+        "--workspace", "-w", envvar="LLMKIT_WORKSPACE", show_default="./workspace",
+        help="Workspace directory.")], None),
+    ("recipe", Annotated[Optional[Path], typer.Option(
+        "--recipe", help="Recipe YAML, one section per stage.")], None),
+    ("set_", Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Config override key=value (repeatable; dotted keys for sections).")], None),
+    ("in_", Annotated[Optional[list[str]], typer.Option(
+        "--in", help="Input artifact name or path (repeatable where a stage reads several).")],
+     None),
+    ("out", Annotated[Optional[str], typer.Option("--out", help="Output artifact name.")], None),
+    ("force", Annotated[bool, typer.Option("--force", help="Rebuild even if up to date.")],
+     False),
+    ("workers", Annotated[int, typer.Option("--workers", help="Local worker processes.")], 1),
+]
+SHARDING = [
+    ("rank", Annotated[Optional[int], typer.Option(
+        "--rank", help="This task's index when the stage is split into --world-size tasks.")],
+     None),
+    ("world_size", Annotated[Optional[int], typer.Option(
+        "--world-size", help="Number of tasks the stage is split into (Slurm array…).")], None),
+]
+
+
+def stage_command(fn=None, *, sharded: bool = False):
+    """Give `fn(ctx, **own_options)` the common options and clean error handling."""
+    if fn is None:
+        return functools.partial(stage_command, sharded=sharded)
+    extra = COMMON + (SHARDING if sharded else [])
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "ctx"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                               annotation=ann) for name, ann, default in extra]
+
+    @functools.wraps(fn)
+    def command(**kwargs):
+        common = {name: kwargs.pop(name) for name, _, _ in extra}
+        with user_errors():
+            from llmkit.stage import StageContext
+
+            ctx = StageContext.create(
+                workspace=common["workspace"], recipe=common["recipe"], set_=common["set_"],
+                inputs=common["in_"], out=common["out"], force=common["force"],
+                workers=common["workers"], rank=common.get("rank"),
+                world_size=common.get("world_size"))
+            return fn(ctx, **kwargs)
+
+    del command.__wrapped__  # typer must see the new signature, not fn's
+    command.__signature__ = inspect.Signature(own + added)
+    command.__annotations__ = {p.name: p.annotation for p in own + added}
+    return command
+
+
+class user_errors:
+    """Exit 2 with the message for UserError; exit 130 on Ctrl-C; let real bugs raise."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, UserError):
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(2)
+        if exc_type is KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130)
+        if exc_type is not None and issubclass(exc_type, OSError) and exc.errno == 28:
+            print(f"error: disk full while writing ({exc}); free space and re-run — "
+                  "earlier artifacts are intact", file=sys.stderr)
+            raise typer.Exit(2)
+        return False

@@ -1,0 +1,24 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def ingest(
+    ctx,
+    paths: Annotated[list[str], typer.Argument(help="Files, directories or globs.")],
+    kind: Annotated[Optional[str], typer.Option(help="text | sft | preference | prompt")] = None,
+    text_field: Annotated[Optional[str], typer.Option(help="Field holding the text.")] = None,
+    id_field: Annotated[Optional[str], typer.Option(help="Field holding the id.")] = None,
+    source: Annotated[Optional[str], typer.Option(help="Source name (default: file stem).")] = None,
+    per_line: Annotated[bool, typer.Option("--per-line", help="txt: a document per line.")] = False,
+):
+    """Read jsonl/json/txt/csv/parquet (.gz/.zst) into dataset `raw`; bad records quarantined."""
+    from llmkit.data.ingest import IngestConfig, run_ingest
+
+    flags = {"kind": kind, "text_field": text_field, "id_field": id_field, "source": source,
+             "per_line": per_line or None}
+    cfg = ctx.config(IngestConfig, "ingest", **{k: v for k, v in flags.items() if v is not None})
+    run_ingest(ctx, paths, cfg)

@@ -1,0 +1,233 @@
+"""Stage configuration: dataclass defaults < recipe section < `--set key=value` overrides.
+
+Configs are plain (possibly nested) dataclasses defined beside the code that uses them. This
+module turns YAML sections and `--set` strings into those dataclasses, checking every key and
+type, so a typo fails loudly with the closest valid key instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from llmkit.errors import ConfigError
+
+
+def load_recipe(path: str | Path | None) -> dict:
+    """Read a recipe YAML (one mapping per stage); an absent path gives an empty recipe."""
+    if path is None:
+        return {}
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of stage name -> settings")
+    return data
+
+
+def parse_overrides(pairs: list[str] | None) -> dict:
+    """`["model.n_layers=4", "lr=1e-3"]` -> `{"model": {"n_layers": "4"}, "lr": "1e-3"}`.
+
+    Values stay strings here; `resolve_config` converts them to the field's type.
+    """
+    out: dict = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p} is both a value and a section")
+        node[leaf] = _Raw(value)
+    return out
+
+
+class _Raw(str):
+    """A value typed on the command line: parsed by the field's type, not taken literally."""
+
+
+def resolve_config(cls, *layers: dict | None, _path: str = ""):
+    """Build dataclass `cls` from its defaults updated by each layer in order (later wins)."""
+    merged: dict = {}
+    for layer in layers:
+        if layer:
+            if not isinstance(layer, dict):
+                raise ConfigError(f"{_path or cls.__name__}: expected a mapping, got {layer!r}")
+            _deep_update(merged, layer)
+    return _build(cls, merged, _path)
+
+
+def _deep_update(base: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+
+
+def _build(cls, values: dict, path: str):
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{path}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown key {full!r}{_suggest(key, fields, path)}")
+        kwargs[key] = _coerce(hints[key], value, full, fields[key])
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path.rstrip('.') or cls.__name__}: {e}") from None
+
+
+def _suggest(key: str, fields, path: str) -> str:
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {path}{close[0]!r}?"
+    return f"; valid keys: {', '.join(sorted(fields))}"
+
+
+def _coerce(tp, value, key: str, field):
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, _Raw) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, key, field)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} is a section; set its fields, e.g. {key}.<field>=...")
+        default = _field_default(field)
+        base = config_to_dict(default) if default is not None else {}
+        return resolve_config(tp, base, value, _path=f"{key}.")
+    if origin is typing.Literal:
+        v = str(value) if isinstance(value, _Raw) else value
+        if v not in args:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return v
+    if origin in (list, tuple):
+        items = _split_list(value, key)
+        inner = args[0] if args else Any
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(items) != len(args):
+                raise ConfigError(f"{key} needs {len(args)} values, got {len(items)}")
+            return tuple(_coerce(a, v, key, field) for a, v in zip(args, items))
+        out = [_coerce(inner, v, key, field) for v in items]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if isinstance(value, _Raw):
+            value = _yaml_value(value, key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        vt = args[1] if args else Any
+        return {str(k): _coerce(vt, v, f"{key}.{k}", field) for k, v in value.items()}
+    return _scalar(tp, value, key)
+
+
+def _field_default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _split_list(value, key):
+    if isinstance(value, _Raw):
+        parsed = _yaml_value(value, key)
+        if isinstance(parsed, list):
+            return [_Raw(str(v)) if not isinstance(v, (dict, list)) else v for v in parsed]
+        return [_Raw(v.strip()) for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"{key} must be a list, got {value!r}")
+
+
+def _yaml_value(value: str, key: str):
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: cannot parse {value!r}") from None
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _scalar(tp, value, key):
+    raw = isinstance(value, _Raw)
+    try:
+        if tp is Any:
+            return _yaml_value(value, key) if raw else value
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if raw and value.lower() in _TRUE | _FALSE:
+                return value.lower() in _TRUE
+        elif tp is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if raw:
+                f = float(value)
+                if f.is_integer():
+                    return int(f)
+        elif tp is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            if raw:
+                return float(value)
+        elif tp is str:
+            if isinstance(value, str):
+                return str(value)
+        elif tp is Path:
+            if isinstance(value, (str, Path)):
+                return Path(value)
+        else:
+            return value
+    except ValueError:
+        pass
+    name = getattr(tp, "__name__", str(tp))
+    raise ConfigError(f"{key} must be {name}, got {value!r}")
+
+
+def config_to_dict(cfg) -> dict:
+    """The resolved config as plain YAML-safe values (what goes in config.yaml and fingerprints)."""
+
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        return v
+
+    return plain(cfg)

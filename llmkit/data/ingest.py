@@ -1,0 +1,415 @@
+"""`llmkit ingest`: jsonl / json / txt / csv / parquet (optionally .gz / .zst) -> dataset `raw`.
+
+Records are read as a stream and normalised to the schema of their kind:
+- text:       id, text, source (+ other fields carried as columns)
+- sft:        id, prompt, response | messages, text, source
+- preference: id, prompt, chosen, rejected, text, source (a ranked `responses` list, best
+              first, expands to every ordered pair)
+- prompt:     id, prompt, text, source (+ e.g. `answer` carried)
+A record that cannot be read or normalised is quarantined in `removed/` with its `reason` and
+`location` (file:line); it never stops the run.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import hashlib
+import io
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+from llmkit.errors import ConfigError, UserError
+
+FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
+COMPRESSIONS = (".gz", ".zst")
+MAX_REMOVED_TEXT = 100_000  # keep quarantined raw text, but not a whole binary file
+
+
+@dataclass
+class IngestConfig:
+    kind: Literal["text", "sft", "preference", "prompt"] = "text"  # schema of the records
+    text_field: str = "text"        # field holding the document (kind=text)
+    id_field: str = "id"            # field holding the id; generated stably when absent
+    source: str | None = None       # value of `source`; default: the file's stem
+    per_line: bool = False          # txt: one document per line instead of per file
+    format: str | None = None       # force a format instead of guessing from the extension
+    encoding: Literal["utf-8", "gb18030"] = "utf-8"  # text encoding of the input files
+    batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
+
+    def __post_init__(self):
+        if self.format is not None and self.format not in FORMATS:
+            raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.batch_rows < 1:
+            raise ConfigError(f"batch_rows must be ≥ 1, got {self.batch_rows}")
+
+
+# -- finding and opening files --------------------------------------------------------------
+
+def expand_inputs(patterns: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for pat in patterns:
+        matches = sorted(glob.glob(pat, recursive=True)) or ([pat] if Path(pat).exists() else [])
+        if not matches:
+            raise UserError(f"ingest: no file matches {pat!r}")
+        for m in map(Path, matches):
+            if m.is_dir():
+                files += sorted(p for p in m.rglob("*") if p.is_file() and _format_of(p, None))
+            else:
+                files.append(m)
+    seen = set()
+    return [f for f in files if not (f in seen or seen.add(f))]
+
+
+def _format_of(path: Path, forced: str | None) -> str | None:
+    if forced:
+        return forced
+    name = path.name.lower()
+    for c in COMPRESSIONS:
+        name = name.removesuffix(c)
+    ext = name.rsplit(".", 1)[-1] if "." in name else ""
+    return {"jsonl": "jsonl", "ndjson": "jsonl", "json": "json", "txt": "txt", "text": "txt",
+            "md": "txt", "csv": "csv", "parquet": "parquet"}.get(ext)
+
+
+def _open_binary(path: Path):
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
+    return open(path, "rb")
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for c in COMPRESSIONS:
+        name = name.removesuffix(c)
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+# -- readers: yield (location, record dict) or (location, Bad) ------------------------------
+
+@dataclass
+class Bad:
+    reason: str
+    raw: str = ""
+
+
+def _decode(data: bytes, encoding: str) -> str | Bad:
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError:
+        hint = "invalid_utf8" if encoding == "utf-8" else f"invalid_{encoding}"
+        return Bad(hint, data[:MAX_REMOVED_TEXT].decode(encoding, errors="replace"))
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with _open_binary(path) as f:
+        for n, line in enumerate(f, 1):
+            yield n, line
+
+
+def read_jsonl(path: Path, cfg: IngestConfig):
+    for n, line in _lines(path):
+        text = _decode(line, cfg.encoding)
+        loc = f"{path}:{n}"
+        if isinstance(text, Bad):
+            yield loc, text
+            continue
+        if not text.strip():
+            continue  # blank lines are not records
+        try:
+            yield loc, json.loads(text)
+        except ValueError:
+            yield loc, Bad("malformed_json", text)
+
+
+def read_json(path: Path, cfg: IngestConfig):
+    with _open_binary(path) as f:
+        text = _decode(f.read(), cfg.encoding)
+    if isinstance(text, Bad):
+        yield f"{path}", text
+        return
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        yield f"{path}:{getattr(e, 'lineno', 1)}", Bad("malformed_json", text)
+        return
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        yield f"{path}", Bad("json_not_array", text)
+        return
+    for i, rec in enumerate(data):
+        yield f"{path}[{i}]", rec
+
+
+def read_txt(path: Path, cfg: IngestConfig):
+    if cfg.per_line:
+        for n, line in _lines(path):
+            text = _decode(line, cfg.encoding)
+            if isinstance(text, Bad) or text.strip():
+                yield f"{path}:{n}", text if isinstance(text, Bad) else {
+                    cfg.text_field: text.rstrip("\r\n")}
+        return
+    with _open_binary(path) as f:
+        data = f.read()
+    if b"\x00" in data[:8192]:
+        yield str(path), Bad("binary_file", data[:200].decode("latin-1"))
+        return
+    text = _decode(data, cfg.encoding)
+    yield str(path), text if isinstance(text, Bad) else {cfg.text_field: text}
+
+
+def read_csv(path: Path, cfg: IngestConfig):
+    import csv
+
+    with _open_binary(path) as fb:
+        f = codecs.getreader(cfg.encoding)(fb, errors="strict")
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except (csv.Error, UnicodeDecodeError) as e:
+            yield f"{path}:1", Bad("malformed_csv", str(e))
+            return
+        while True:
+            line = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as e:
+                yield f"{path}:{line}", Bad("invalid_utf8", str(e))
+                return  # the decoder cannot resynchronise mid-stream
+            except csv.Error as e:
+                yield f"{path}:{line}", Bad("malformed_csv", str(e))
+                continue
+            if len(row) != len(header):
+                yield f"{path}:{line}", Bad("malformed_csv", ",".join(row))
+                continue
+            yield f"{path}:{line}", dict(zip(header, row))
+
+
+def read_parquet(path: Path, cfg: IngestConfig):
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a non-parquet file
+        raise UserError(f"{path}: not a readable parquet file ({e})") from None
+    n = 0
+    for batch in pf.iter_batches(batch_size=cfg.batch_rows):
+        for rec in batch.to_pylist():
+            yield f"{path}#{n}", rec
+            n += 1
+
+
+READERS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv,
+           "parquet": read_parquet}
+
+
+def read_records(path: Path, cfg: IngestConfig):
+    fmt = _format_of(path, cfg.format)
+    if fmt is None:
+        raise UserError(f"{path}: unknown format; use one of {', '.join(FORMATS)} "
+                        "(optionally .gz/.zst) or --set format=…")
+    try:
+        yield from READERS[fmt](path, cfg)
+    except (EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise UserError(f"{path}: cannot read ({e})") from None
+        # a truncated .gz/.zst: keep what was read, quarantine the rest as one row
+        yield f"{path}:end", Bad("truncated_file", str(e))
+    except Exception as e:
+        if type(e).__name__ == "ZstdError":
+            yield f"{path}:end", Bad("truncated_file", str(e))
+        else:
+            raise
+
+
+# -- normalising records to the schema of a kind ---------------------------------------------
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _missing(rec: dict, key: str) -> str:
+    if key not in rec or rec[key] is None:
+        return f"missing_{key}"
+    if isinstance(rec[key], str):
+        return f"empty_{key}"
+    return f"non_string_{key}"
+
+
+def normalise(rec, cfg: IngestConfig) -> list[dict] | str:
+    """A record as rows of `cfg.kind`'s schema, or the reason it has none."""
+    if not isinstance(rec, dict):
+        return "record_not_object"
+    if cfg.kind == "text":
+        text = _text(rec.get(cfg.text_field))
+        if text is None:
+            return _missing(rec, cfg.text_field)
+        if "\x00" in text:
+            return "nul_bytes"
+        extra = {k: _carry(v) for k, v in rec.items() if k not in (cfg.text_field, cfg.id_field)}
+        return [{"text": text, **extra}]
+    if cfg.kind == "sft":
+        return _sft_row(rec)
+    if cfg.kind == "preference":
+        return _preference_rows(rec)
+    prompt = _text(rec.get("prompt")) or _text(rec.get("instruction"))
+    if prompt is None:
+        return _missing(rec, "prompt")
+    extra = {k: _carry(v) for k, v in rec.items() if k not in ("prompt", "instruction", "id")}
+    return [{"prompt": prompt, "text": prompt, **extra}]
+
+
+def _carry(value):
+    """Extra fields become string columns, so batches from different files share a schema."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _sft_row(rec: dict) -> list[dict] | str:
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not (isinstance(msgs, list) and msgs and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in msgs)):
+            return "malformed_messages"
+        if not any(m["role"] == "assistant" for m in msgs):
+            return "no_assistant_turn"
+        msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
+        text = "\n".join(m["content"] for m in msgs)
+        return [{"messages": msgs, "prompt": None, "response": None, "text": text}]
+    prompt = _text(rec.get("prompt")) or _text(rec.get("instruction"))
+    if prompt is None:
+        return _missing(rec, "prompt" if "prompt" in rec else "instruction")
+    if _text(rec.get("input")):
+        prompt = f"{prompt}\n\n{rec['input']}"
+    response = _text(rec.get("response")) or _text(rec.get("output"))
+    if response is None:
+        return _missing(rec, "response")
+    return [{"messages": None, "prompt": prompt, "response": response,
+             "text": f"{prompt}\n{response}"}]
+
+
+def _preference_rows(rec: dict) -> list[dict] | str:
+    prompt = _text(rec.get("prompt"))
+    if prompt is None:
+        return _missing(rec, "prompt")
+    if "responses" in rec:  # ranked best first: every ordered pair is a preference
+        ranked = rec["responses"]
+        if not (isinstance(ranked, list) and len(ranked) >= 2 and all(map(_text, ranked))):
+            return "malformed_responses"
+        pairs = [(ranked[i], ranked[j]) for i in range(len(ranked))
+                 for j in range(i + 1, len(ranked))]
+    else:
+        chosen, rejected = _text(rec.get("chosen")), _text(rec.get("rejected"))
+        if chosen is None:
+            return _missing(rec, "chosen")
+        if rejected is None:
+            return _missing(rec, "rejected")
+        pairs = [(chosen, rejected)]
+    return [{"prompt": prompt, "chosen": c, "rejected": r, "text": f"{prompt}\n{c}"}
+            for c, r in pairs]
+
+
+# -- the stage ------------------------------------------------------------------------------
+
+def file_fingerprint(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:32]
+
+
+def _generated_id(path: Path, n: int) -> str:
+    return hashlib.blake2b(f"{path}:{n}".encode(), digest_size=8).hexdigest()
+
+
+def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
+    import time
+
+    from llmkit.data.io import DatasetWriter
+    from llmkit.progress import Progress, data_stage_summary
+    from llmkit.workspace import Artifact
+
+    files = expand_inputs(patterns)
+    inputs = [Artifact(f, {"fingerprint": file_fingerprint(f)}) for f in files]
+    b = ctx.workspace.builder(ctx.out_name("raw"), stage="ingest", config=cfg, inputs=inputs,
+                              force=ctx.force)
+    if b.up_to_date:
+        return b
+    with b:
+        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
+        reasons: Counter = Counter()
+        per_source: Counter = Counter()
+        kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
+        with Progress("ingest", total=None, unit="records") as bar:
+            for path in files:
+                source = cfg.source or _stem(path)
+                for n, (loc, rec) in enumerate(read_records(path, cfg)):
+                    bar.advance(1)
+                    rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
+                    rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
+                    rows = rec if isinstance(rec, Bad) else normalise(rec, cfg)
+                    if isinstance(rows, (Bad, str)):
+                        reason = rows.reason if isinstance(rows, Bad) else rows
+                        raw = rows.raw if isinstance(rows, Bad) else json.dumps(
+                            rec, ensure_ascii=False, default=str)
+                        removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
+                                     "reason": reason, "location": loc})
+                        reasons[reason] += 1
+                        continue
+                    for i, row in enumerate(rows):
+                        row_id = rid if len(rows) == 1 else f"{rid}-{i}"
+                        kept.add({"id": row_id, **row, "source": row.get("source") or source})
+                        per_source[source] += 1
+        rows_out, rows_removed = kept.close(), removed.close()
+        b.stats.update(rows_in=rows_out + rows_removed, rows_out=rows_out,
+                       rows_removed=rows_removed, removed_by_reason=dict(sorted(reasons.items())),
+                       files=len(files), rows_by_source=dict(sorted(per_source.items())))
+        if cfg.encoding == "utf-8" and reasons.get("invalid_utf8"):
+            print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
+                  "re-run with --set encoding=gb18030", flush=True)
+    data_stage_summary(b.name, b.stats, time.time() - b.started)
+    return b
+
+
+class _Buffer:
+    """Collects row dicts and writes them as one table per `size` rows."""
+
+    def __init__(self, writer, size: int):
+        self.writer, self.size, self.rows = writer, size, []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.rows:
+            self.writer.write(pa.Table.from_pylist(_uniform(self.rows)))
+            self.rows = []
+
+    def close(self) -> int:
+        self.flush()
+        return self.writer.close()
+
+
+def _uniform(rows: list[dict]) -> list[dict]:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in keys} for r in rows]

@@ -1,0 +1,106 @@
+"""Parquet datasets: `part-00000.parquet …` (zstd) read and written in record batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+PART = "part-{:05d}.parquet"
+ROWS_PER_GROUP = 65536
+BYTES_PER_PART = 256 << 20  # roll to a new part file past this many bytes of text
+
+
+class DatasetWriter:
+    """Appends tables to numbered parquet parts; opens nothing until the first row."""
+
+    def __init__(self, directory: Path, *, bytes_per_part: int = BYTES_PER_PART):
+        self.dir = Path(directory)
+        self.bytes_per_part = bytes_per_part
+        self.rows = 0
+        self._writer = None
+        self._schema = None
+        self._part = 0
+        self._part_bytes = 0
+
+    def write(self, table) -> None:
+        import pyarrow.parquet as pq
+
+        import pyarrow as pa
+
+        if table.num_rows == 0:
+            return
+        if self._schema is not None and not table.schema.equals(self._schema):
+            merged = pa.unify_schemas([self._schema, table.schema], promote_options="permissive")
+            if not merged.equals(self._schema):
+                # a new column (or a typed one that was all-null so far): start a new part,
+                # since a parquet file has one schema
+                self._roll()
+                self._schema = merged
+            table = _conform(table, self._schema)
+        if self._writer is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._schema = self._schema or table.schema
+            self._writer = pq.ParquetWriter(self.dir / PART.format(self._part), self._schema,
+                                            compression="zstd")
+        self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
+        self.rows += table.num_rows
+        self._part_bytes += table.nbytes
+        if self._part_bytes >= self.bytes_per_part:
+            self._roll()
+
+    def _roll(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer, self._part_bytes = None, 0
+            self._part += 1
+
+    def close(self) -> int:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        return self.rows
+
+
+def _conform(table, schema):
+    """Cast a table to the writer's schema (a column that is all-null here may be typed null)."""
+    import pyarrow as pa
+
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def dataset_files(path: Path) -> list[Path]:
+    return sorted(Path(path).glob("part-*.parquet"))
+
+
+def iter_batches(path: Path, columns: list[str] | None = None,
+                 batch_size: int = 8192) -> Iterator:
+    """Record batches of every part in order; memory stays at one batch."""
+    import pyarrow.parquet as pq
+
+    for f in dataset_files(path):
+        pf = pq.ParquetFile(f)
+        yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+
+
+def count_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in dataset_files(path))
+
+
+def read_table(path: Path, columns: list[str] | None = None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = dataset_files(path)
+    if not files:
+        return pa.table({c: pa.array([], pa.string()) for c in (columns or ["id", "text"])})
+    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files],
+                            promote_options="default")

@@ -1,0 +1,90 @@
+"""The shared runner of row-filtering data stages (clean, ppl-filter…).
+
+A stage supplies `process_batch(batch, config) -> (kept_table, removed_table)`; removed rows
+carry a `reason` column. The runner streams the input artifact batch by batch, optionally
+across worker processes (results kept in input order, so output is identical for any number
+of workers), writes kept and removed rows, and records conservation in the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from functools import partial
+
+from llmkit.data.io import DatasetWriter, count_rows, iter_batches
+from llmkit.progress import Progress, data_stage_summary
+
+BATCH_ROWS = 2048
+
+
+def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
+                  out_default: str, batch_rows: int = BATCH_ROWS, extra_stats=None):
+    src = ctx.input(input_default)
+    b = ctx.workspace.builder(ctx.out_name(out_default), stage=stage, config=config,
+                              inputs=[src], force=ctx.force)
+    if b.up_to_date:
+        return b
+    with b:
+        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
+        reasons: Counter = Counter()
+        rows_in = 0
+        batches = iter_batches(src.path, batch_size=batch_rows)
+        fn = partial(process_batch, config=config)
+        with Progress(stage, total=count_rows(src.path)) as bar, _mapper(ctx.workers) as pmap:
+            for kept, removed in pmap(fn, batches):
+                rows_in += kept.num_rows + removed.num_rows
+                kept_w.write(kept)
+                removed_w.write(removed)
+                reasons.update(removed.column("reason").to_pylist())
+                bar.advance(kept.num_rows + removed.num_rows)
+        rows_out, rows_removed = kept_w.close(), removed_w.close()
+        if rows_in != rows_out + rows_removed:  # a bug, never a user error
+            raise AssertionError(f"{stage}: rows_in {rows_in} != {rows_out} + {rows_removed}")
+        b.stats.update(rows_in=rows_in, rows_out=rows_out, rows_removed=rows_removed,
+                       removed_by_reason=dict(sorted(reasons.items())))
+        if extra_stats:
+            b.stats.update(extra_stats())
+    data_stage_summary(b.name, b.stats, time.time() - b.started)
+    return b
+
+
+class _mapper:
+    """`map` in this process, or an order-preserving process pool for workers > 1."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self):
+        if self.workers <= 1:
+            return map
+        import multiprocessing as mp
+
+        self.pool = mp.get_context("spawn" if _torch_loaded() else "fork").Pool(self.workers)
+        return self._bounded_imap
+
+    def _bounded_imap(self, fn, items):
+        # Pool.imap would read the whole input ahead of the workers; keep a small window so
+        # memory stays at a few batches per worker.
+        from collections import deque
+
+        window = deque()
+        for item in items:
+            window.append(self.pool.apply_async(fn, (item,)))
+            if len(window) >= 2 * self.workers:
+                yield window.popleft().get()
+        while window:
+            yield window.popleft().get()
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def _torch_loaded() -> bool:
+    import sys
+
+    # forking a process that has started torch's thread pools can deadlock
+    return "torch" in sys.modules
