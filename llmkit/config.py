@@ -98,7 +98,7 @@ def _build(cls, values: dict, path: str):
 def _suggest(key: str, fields, path: str) -> str:
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
     if close:
-        return f"; did you mean {path}{close[0]!r}?"
+        return f"; did you mean {path + close[0]!r}?"
     return f"; valid keys: {', '.join(sorted(fields))}"
 
 

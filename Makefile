@@ -1,0 +1,32 @@
+# Developer verbs. Each creates .venv on first use and installs what it needs:
+# torch first (pinned; override TORCH_SPEC for a GPU build), then llmkit with its dev extra.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(abspath $(VENV))/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup demo test bench lint clean-workspace
+
+setup: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(MAKE) --no-print-directory -C recipes/demo LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: setup
+	$(BIN)/python -m compileall -q llmkit tests bench
+
+clean-workspace:
+	rm -rf workspace

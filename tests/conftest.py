@@ -1,0 +1,29 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from llmkit.stage import StageContext
+
+
+@pytest.fixture
+def ws(tmp_path) -> Path:
+    return tmp_path / "ws"
+
+
+@pytest.fixture
+def make_ctx(ws):
+    def make(**kw):
+        return StageContext.create(workspace=ws, **kw)
+
+    return make
+
+
+def write_jsonl(path: Path, records, raw_lines=()) -> Path:
+    """Records as JSON lines, then raw (possibly broken) lines verbatim."""
+    with open(path, "wb") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False).encode() + b"\n")
+        for line in raw_lines:
+            f.write(line + b"\n")
+    return path
