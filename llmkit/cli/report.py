@@ -1,0 +1,13 @@
+from typing import Annotated
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def report(ctx, runs: Annotated[list[str], typer.Argument(help="Checkpoint runs (names or paths).")]):
+    """PNG plots of loss, lr, grad norm, tokens/s, MFU, reward/KL/margins + a markdown summary."""
+    from llmkit.report import ReportConfig, run_report
+
+    run_report(ctx, runs, ctx.config(ReportConfig, "report"))
