@@ -260,8 +260,6 @@ def normalise(rec, cfg: IngestConfig) -> list[dict] | str:
         text = _text(rec.get(cfg.text_field))
         if text is None:
             return _missing(rec, cfg.text_field)
-        if "\x00" in text:
-            return "nul_bytes"
         extra = {k: _carry(v) for k, v in rec.items() if k not in (cfg.text_field, cfg.id_field)}
         return [{"text": text, **extra}]
     if cfg.kind == "sft":
