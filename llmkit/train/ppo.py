@@ -8,8 +8,15 @@ end-of-sequence token included) and 0 on padding.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
+from typing import Callable, Literal
 
 import torch
+import torch.nn as nn
+
+from llmkit.errors import ConfigError
+from llmkit.model import Transformer, generate
+from llmkit.train.engine import Task, TrainConfig
 
 
 # ---- masked statistics ----------------------------------------------------------------------
@@ -201,3 +208,383 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] for each position: logits [B, R, V], tokens [B, R] -> [B, R]."""
     logits = logits.float()
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+def _ppo_train_defaults() -> TrainConfig:
+    # RL fine-tuning moves a trained policy a little: a small constant lr, no decay, no warmup
+    return TrainConfig(max_steps=200, micro_batch_size=8, lr=1e-5, min_lr=1e-5, warmup_steps=0,
+                       weight_decay=0.0, save_every=100, log_every=1)
+
+
+@dataclass
+class PPOConfig:
+    algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
+    reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
+    verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × exact match (0 or 1)
+    prompts_per_rollout: int = 16  # prompts sampled per rollout batch
+    group_size: int = 4  # grpo: responses sampled per prompt (ppo samples one)
+    ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of train.micro_batch_size
+    max_new_tokens: int = 24  # longest response sampled
+    temperature: float = 1.0  # sampling temperature of rollouts
+    top_k: int | None = None  # sample among the k likeliest tokens only; None = all
+    top_p: float = 1.0  # nucleus sampling threshold; 1 = off
+    clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε]
+    clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
+    vf_coef: float = 0.1  # weight of the value loss beside the policy loss
+    entropy_coef: float = 0.0  # weight of an entropy bonus (0 = none)
+    gamma: float = 1.0  # discount of GAE
+    lam: float = 0.95  # λ of GAE (bias/variance trade-off of the advantages)
+    whiten_advantages: bool = True  # normalise advantages to zero mean, unit variance per rollout
+    kl_coef: float = 0.05  # β: per-token KL penalty in the reward (ppo) or weight of the KL loss (grpo)
+    kl_estimator: Literal["k1", "k3"] = "k1"  # estimator of the per-token KL penalty (grpo's loss uses k3)
+    adaptive_kl: bool = False  # steer β towards kl_target (Ziegler et al.) instead of keeping it fixed
+    kl_target: float = 6.0  # adaptive_kl: the KL per sequence to aim for (nats)
+    kl_horizon: int = 10000  # adaptive_kl: samples over which β adapts by about ±20%
+    reward_clip: float | None = 5.0  # scores are clamped to ±reward_clip; None = no clamp
+    normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
+    value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
+    eval_prompts: int = 200  # held-out prompts scored (greedy) before and after training; 0 = skip
+    train: TrainConfig = field(default_factory=_ppo_train_defaults)  # the shared engine's settings
+
+    def __post_init__(self):
+        for name in ("prompts_per_rollout", "group_size", "ppo_epochs", "max_new_tokens",
+                     "kl_horizon"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("clip_range", "clip_range_value", "vf_coef", "entropy_coef", "kl_coef",
+                     "eval_prompts", "verify_weight"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0 (rollouts sample), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.reward_clip is not None and not self.reward_clip > 0:
+            raise ConfigError(f"reward_clip must be > 0 or null, got {self.reward_clip}")
+        if not self.kl_target > 0:
+            raise ConfigError(f"kl_target must be > 0, got {self.kl_target}")
+        if self.algo == "grpo" and self.group_size < 2:
+            raise ConfigError("algo=grpo compares responses within a group: group_size must be >= 2")
+        if self.rollout_size % self.train.micro_batch_size:
+            raise ConfigError(
+                f"a rollout of {self.rollout_size} responses does not split into minibatches of "
+                f"train.micro_batch_size={self.train.micro_batch_size}; make prompts_per_rollout"
+                f"{' × group_size' if self.algo == 'grpo' else ''} a multiple of it")
+
+    @property
+    def samples_per_prompt(self) -> int:
+        return self.group_size if self.algo == "grpo" else 1
+
+    @property
+    def rollout_size(self) -> int:
+        """Responses sampled per rollout batch."""
+        return self.prompts_per_rollout * self.samples_per_prompt
+
+
+# ---- the trained module --------------------------------------------------------------------------
+
+class ActorCritic(nn.Module):
+    """The module PPO trains: the policy plus (for ppo) a value head, reading either the policy's
+    own trunk (`value_trunk=None`: cheaper) or a trunk of its own (no interference between the
+    two objectives). Only `policy` is the stage's output; the rest serves training.
+
+    `forward(input_ids, attention_mask, prompt_len)` -> (logits [N, R, V], values [N, R] or None)
+    of the response columns: position P + t − 1 predicts response token t, and its hidden state
+    is the state whose value is V_t.
+    """
+
+    def __init__(self, policy: Transformer, with_value: bool = True,
+                 value_trunk: Transformer | None = None):
+        super().__init__()
+        self.policy = policy
+        self.value_trunk = value_trunk
+        self.value_head = None
+        if with_value:
+            width = (value_trunk or policy).config.hidden_size
+            # zero: the first value estimates are 0 and the value loss sends no gradient into a
+            # shared trunk until the head has learnt something
+            self.value_head = nn.Linear(width, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self):
+        return self.policy.config
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.policy.gradient_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:
+        for trunk in (self.policy, self.value_trunk):
+            if trunk is not None:
+                trunk.gradient_checkpointing = on
+
+    def forward(self, input_ids, attention_mask, prompt_len: int):
+        hidden = response_hidden(self.policy, input_ids, attention_mask, prompt_len)
+        logits = self.policy.lm_head(hidden).float()
+        if self.value_head is None:
+            return logits, None
+        if self.value_trunk is not None:
+            hidden = response_hidden(self.value_trunk, input_ids, attention_mask, prompt_len)
+        return logits, self.value_head(hidden).squeeze(-1).float()
+
+
+def response_hidden(trunk: Transformer, input_ids, attention_mask, prompt_len: int):
+    """Hidden states of the positions that predict the response tokens: [N, R, hidden]."""
+    return trunk.hidden_states(input_ids, attention_mask=attention_mask)[:, prompt_len - 1:-1]
+
+
+def response_logprobs(model: Transformer, input_ids, attention_mask, prompt_len: int):
+    """log π(response token) under `model` for every response column: [N, R]."""
+    hidden = response_hidden(model, input_ids, attention_mask, prompt_len)
+    return logprobs_of(model.lm_head(hidden), input_ids[:, prompt_len:])
+
+
+# ---- rollouts ------------------------------------------------------------------------------------
+
+@dataclass
+class Prompt:
+    ids: list[int]  # the prompt rendered for generation (chat template), as token ids
+    answer: str | None = None  # the checkable answer, for the verifiable reward
+
+
+@dataclass
+class Samples:
+    """Sampled responses as a scorer sees them, one row per sample."""
+
+    input_ids: torch.Tensor       # [N, P + R] left-padded prompt, then the response
+    attention_mask: torch.Tensor  # [N, P + R] 1 = real token
+    prompt_len: int               # P
+    response_mask: torch.Tensor   # [N, R] 1 = real response token (eos included)
+    texts: list[str]              # decoded responses (eos and padding left out)
+    answers: list[str | None]     # each sample's prompt's answer
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len:]
+
+
+Scorer = Callable[[Samples], torch.Tensor]  # sampled responses -> one score per row [N]
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [N, P], attention mask [N, P]) padded on the left, as generation needs."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def response_mask_of(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:
+    """1 on each response token up to and including its first eos_id, 0 after it."""
+    if eos_id is None:
+        return torch.ones_like(responses)
+    is_eos = (responses == eos_id).long()
+    eos_before = is_eos.cumsum(-1) - is_eos  # eos tokens strictly before each position
+    return (eos_before == 0).long()
+
+
+def verify_scorer(samples: Samples) -> torch.Tensor:
+    """1 for a response that equals its prompt's answer (up to whitespace), else 0."""
+    from llmkit.rewards import verify_rewards
+
+    if any(a is None for a in samples.answers):
+        raise ValueError("the verifiable reward needs an answer for every prompt")
+    return torch.tensor(verify_rewards(samples.texts, samples.answers))
+
+
+class PPOTask(Task):
+    """PPO / GRPO as a task of the shared engine.
+
+    `next_batch` serves minibatches of the current rollout and, when none is left, samples a new
+    rollout from the current policy: `prompts_per_rollout` prompts (× group_size for grpo) in a
+    seeded shuffled order, responses sampled with the KV cache, scored, and turned into
+    advantages. Each rollout is used for `ppo_epochs` shuffled passes. `loss` is the clipped
+    policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo).
+
+    Resume: the prompt position, β and reward statistics are checkpointed; a run resumed from a
+    checkpoint taken mid-rollout starts the next rollout (exact when save_every is a multiple of
+    the optimizer steps per rollout).
+    """
+
+    def __init__(self, model: ActorCritic, reference: Transformer, prompts: list[Prompt],
+                 scorer: Scorer, cfg: PPOConfig, *, eos_id: int | None, pad_id: int,
+                 decode: Callable[[list[int]], str]):
+        super().__init__(model)
+        if not prompts:
+            raise ValueError("PPO needs at least one prompt")
+        self.reference = reference.eval().requires_grad_(False)
+        self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
+        self.eos_id, self.pad_id, self.decode = eos_id, pad_id, decode
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+                       if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
+        self.score_moments = RunningMoments()
+        self.prompt_epoch, self.prompt_cursor = 0, 0
+        self.rollouts_done = 0
+        self.reward_history: list[float] = []  # mean raw score of every rollout
+        self._rollout: dict | None = None
+        self._pending: list[torch.Tensor] = []  # row indices of the minibatches still to serve
+        self._rollout_metrics: dict = {}
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def next_batch(self, model):
+        if not self._pending:
+            rollout = self.make_rollout(getattr(model, "module", model))
+            self._start_rollout(rollout)
+        return select_rows(self._rollout, self._pending.pop(0))
+
+    def _start_rollout(self, rollout: dict) -> None:
+        n, size = len(rollout["input_ids"]), self.cfg.train.micro_batch_size
+        self._rollout = rollout
+        self._pending = [rows for _ in range(self.cfg.ppo_epochs)
+                         for rows in torch.randperm(n).split(size)]
+
+    def _next_prompts(self) -> list[Prompt]:
+        out = []
+        while len(out) < self.cfg.prompts_per_rollout:
+            order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
+                self.cfg.train.seed * 100_003 + self.prompt_epoch))
+            take = order[self.prompt_cursor:self.prompt_cursor + self.cfg.prompts_per_rollout - len(out)]
+            out += [self.prompts[i] for i in take.tolist()]
+            self.prompt_cursor += len(take)
+            if self.prompt_cursor == len(self.prompts):
+                self.prompt_epoch, self.prompt_cursor = self.prompt_epoch + 1, 0
+        return [p for p in out for _ in range(self.cfg.samples_per_prompt)]
+
+    @torch.no_grad()
+    def sample(self, policy: Transformer, prompts: list[Prompt]) -> Samples:
+        """One response per prompt from `policy`, sampled with the rollout settings."""
+        cfg, device = self.cfg, self.device or torch.device("cpu")
+        ids, mask = left_pad([p.ids for p in prompts], self.pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        max_new = min(cfg.max_new_tokens, policy.config.max_seq_len - ids.shape[1])
+        if max_new < 1:
+            raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room to respond within "
+                             f"model.max_seq_len={policy.config.max_seq_len}")
+        out = generate(policy, ids, max_new, temperature=cfg.temperature, top_k=cfg.top_k,
+                       top_p=cfg.top_p, eos_id=self.eos_id, attention_mask=mask)
+        P = ids.shape[1]
+        response_mask = response_mask_of(out[:, P:], self.eos_id)
+        responses = out[:, P:].masked_fill(response_mask == 0, self.pad_id)
+        texts = [self.decode(_strip_eos(r[m.bool()].tolist(), self.eos_id))
+                 for r, m in zip(responses, response_mask)]
+        return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
+                       response_mask, texts, [p.answer for p in prompts])
+
+    @torch.no_grad()
+    def make_rollout(self, module: ActorCritic) -> dict:
+        """Sample, score and compute advantages for the next prompts; logs the rollout metrics."""
+        cfg = self.cfg
+        self.reference.to(self.device or "cpu")
+        samples = self.sample(module.policy, self._next_prompts())
+        ids, attn, P, mask = (samples.input_ids, samples.attention_mask, samples.prompt_len,
+                              samples.response_mask)
+        logits, values = module(ids, attn, P)
+        logprobs = logprobs_of(logits, samples.responses)
+        ref_logprobs = response_logprobs(self.reference, ids, attn, P)
+        raw_scores = self.scorer(samples).to(logprobs.device, torch.float32)
+        scores = clip_scores(raw_scores, cfg.reward_clip)
+        if cfg.normalize_reward:
+            self.score_moments.update(scores)
+            scores = self.score_moments.normalize(scores)
+
+        log_ratio = (logprobs - ref_logprobs) * mask
+        sequence_kl = log_ratio.sum(-1).mean().item()  # k1 summed over each response
+        rollout = {"input_ids": ids, "attention_mask": attn, "prompt_len": P,
+                   "response_mask": mask, "logprobs": logprobs, "ref_logprobs": ref_logprobs}
+        if cfg.algo == "ppo":
+            kl = kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator)
+            rewards = token_rewards(scores, kl, mask, self.kl_ctl.value)
+            advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
+            if cfg.whiten_advantages:
+                advantages = whiten(advantages, mask)
+            rollout.update(values=values, returns=returns)
+        else:
+            advantages = group_relative_advantages(scores, cfg.group_size)[:, None] * mask
+        rollout["advantages"] = advantages
+
+        self.rollouts_done += 1
+        self.reward_history.append(raw_scores.mean().item())
+        self._rollout_metrics = {
+            "kl": sequence_kl,
+            "kl_coef": self.kl_ctl.value,
+            "reward_mean": raw_scores.mean().item(),
+            "reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
+            "response_length": mask.sum(-1).float().mean().item(),
+            "rollouts": float(self.rollouts_done),
+        }
+        self.kl_ctl.update(sequence_kl, n_steps=len(ids))
+        return rollout
+
+    # -- loss -----------------------------------------------------------------------------------
+
+    def loss(self, model, batch):
+        cfg = self.cfg
+        mask = batch["response_mask"]
+        logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+        logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
+        policy_loss, clipfrac = clipped_policy_loss(logprobs, batch["logprobs"],
+                                                    batch["advantages"], mask, cfg.clip_range)
+        entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
+                              mask)
+        loss = policy_loss - cfg.entropy_coef * entropy
+        metrics = {"policy_loss": policy_loss.item(), "clipfrac": clipfrac.item(),
+                   "entropy": entropy.item(),
+                   "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask).item()}
+        if cfg.algo == "ppo":
+            value_loss, value_clipfrac = clipped_value_loss(
+                values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
+            loss = loss + cfg.vf_coef * value_loss
+            metrics.update(value_loss=value_loss.item(), value_clipfrac=value_clipfrac.item())
+        else:
+            kl_loss = masked_mean(kl_estimate(logprobs, batch["ref_logprobs"], "k3"), mask)
+            loss = loss + cfg.kl_coef * kl_loss
+            metrics["kl_loss"] = kl_loss.item()
+        return loss, {**metrics, **self._rollout_metrics}
+
+    def batch_tokens(self, batch) -> int:
+        return int(batch["attention_mask"].sum())
+
+    # -- resume ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"prompt_epoch": self.prompt_epoch, "prompt_cursor": self.prompt_cursor,
+                "rollouts_done": self.rollouts_done, "kl_coef": self.kl_ctl.value,
+                "score_moments": self.score_moments.state_dict(),
+                "reward_history": list(self.reward_history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prompt_epoch, self.prompt_cursor = state["prompt_epoch"], state["prompt_cursor"]
+        self.rollouts_done = state["rollouts_done"]
+        self.kl_ctl.value = state["kl_coef"]
+        self.score_moments.load_state_dict(state["score_moments"])
+        self.reward_history = list(state["reward_history"])
+        self._rollout, self._pending = None, []
+
+
+def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
+    """A minibatch: the rows `rows` of a rollout, trimmed to their longest response."""
+    P = rollout["prompt_len"]
+    width = max(int(rollout["response_mask"][rows].sum(-1).max()), 1)
+    batch = {"prompt_len": P}
+    for key, value in rollout.items():
+        if key == "prompt_len":
+            continue
+        columns = P + width if key in ("input_ids", "attention_mask") else width
+        batch[key] = value[rows, :columns]
+    return batch
+
+
+def _strip_eos(tokens: list[int], eos_id: int | None) -> list[int]:
+    return tokens[:-1] if tokens and eos_id is not None and tokens[-1] == eos_id else tokens

@@ -174,3 +174,59 @@ def test_masked_mean_along_a_dimension():
     x = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_mean(x, mask, dim=1).tolist() == [2.0, 2.0]
+
+
+# ---- the task on a tiny model ------------------------------------------------------------------
+
+import copy  # noqa: E402
+import json  # noqa: E402
+
+from llmkit.model import ModelConfig, Transformer  # noqa: E402
+from llmkit.train.engine import Engine, TrainConfig  # noqa: E402
+from llmkit.train.ppo import ActorCritic, PPOConfig, PPOTask, Prompt, Samples  # noqa: E402
+
+TARGET = 5  # the token the toy reward asks for
+
+
+def fraction_of_target(samples: Samples) -> torch.Tensor:
+    """Toy reward: the share of response tokens that are TARGET."""
+    hits = (samples.responses == TARGET) & samples.response_mask.bool()
+    return hits.sum(-1).float() / samples.response_mask.sum(-1).clamp(min=1)
+
+
+def tiny_setup(algo="ppo", max_steps=20, **overrides):
+    torch.manual_seed(0)
+    policy = Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
+                                     n_kv_heads=1, intermediate_size=64, max_seq_len=16))
+    policy.init_weights(seed=0)
+    reference = copy.deepcopy(policy)
+    train = TrainConfig(max_steps=max_steps, micro_batch_size=8, lr=2e-2, min_lr=2e-2,
+                        warmup_steps=0, weight_decay=0.0, save_every=0, log_every=1,
+                        peak_flops=1e9)
+    cfg = PPOConfig(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
+                    ppo_epochs=2, max_new_tokens=6, kl_coef=0.01, train=train, **overrides)
+    prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
+    model = ActorCritic(policy, with_value=algo == "ppo")
+    task = PPOTask(model, reference, prompts, fraction_of_target, cfg, eos_id=None, pad_id=0,
+                   decode=lambda ids: " ".join(map(str, ids)))
+    return task, cfg
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
+    task, cfg = tiny_setup(algo)
+    before = {k: v.clone() for k, v in task.model.policy.state_dict().items()}
+    Engine(tmp_path / "run", cfg.train, task).fit()
+    after = task.model.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    history = task.reward_history
+    assert len(history) == 20 * 8 // (cfg.rollout_size * cfg.ppo_epochs)
+    assert sum(history[-2:]) / 2 > sum(history[:2]) / 2 + 0.1, history
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    first = records[0]
+    # step 1: the policy is the reference and the sampling policy: no KL, no clipping
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert first["clipfrac"] == 0.0
+    for key in ("kl", "reward_mean", "entropy", "clipfrac", "policy_loss", "response_length"):
+        assert key in first
+    assert ("value_loss" in first) == (algo == "ppo")
