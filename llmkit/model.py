@@ -1,0 +1,530 @@
+"""The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
+attention and a Mixtral-style mixture of experts.
+
+Parameter names and the RoPE layout are those of Hugging Face `LlamaForCausalLM` (`MixtralForCausalLM`
+on-disk names for MoE), so `model.state_dict()` loads into transformers as is; `to_hf_state_dict` /
+`to_hf_config` give what `llmkit export` writes, `from_hf_state_dict` / `from_hf_config` what import reads.
+
+Callers must know:
+- `model(input_ids, position_ids, doc_ids, kv_cache, attention_mask) -> logits [B, T, V]` (float32);
+  `model.hidden_states(...)` returns the final-normed hidden states instead and `model.lm_head` maps them.
+- `doc_ids` [B, T] blocks attention across packed documents; the caller resets `position_ids` per document.
+- `attention_mask` [B, past + T] (1 = real token) supports left padding; without `position_ids` the
+  positions then count real tokens only.
+- `model.aux_loss` is the MoE load-balancing loss of the last forward, already times router_aux_loss_coef
+  (zero for dense models); add it to the training loss.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from llmkit.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 8192  # tokens in the vocabulary; callers set it from the tokenizer
+    hidden_size: int = 384  # width of the residual stream
+    n_layers: int = 6  # transformer blocks
+    n_heads: int = 6  # query heads; head_dim = hidden_size // n_heads
+    n_kv_heads: int = 2  # key/value heads; fewer than n_heads = grouped-query attention
+    intermediate_size: int = 1024  # SwiGLU inner width (per expert when n_experts > 0)
+    max_seq_len: int = 512  # longest sequence (prompt + generation); RoPE tables are built up to it
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm: str = "rmsnorm"  # "rmsnorm" or "layernorm" (layernorm has no HF Llama equivalent: no export)
+    norm_eps: float = 1e-5  # epsilon inside every norm
+    sliding_window: int | None = None  # a token sees itself and the window-1 tokens before it; None = all
+    tie_embeddings: bool = True  # lm_head shares the token embedding matrix
+    n_experts: int = 0  # 0 = dense SwiGLU MLP; >= 2 = top-k mixture of experts in every block
+    experts_top_k: int = 2  # experts each token is routed to (MoE only)
+    router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss put in model.aux_loss
+    init_std: float = 0.02  # std of the normal init; residual projections get init_std / sqrt(2 * n_layers)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
+                     "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.n_heads or (self.hidden_size // self.n_heads) % 2:
+            raise ConfigError(f"model.hidden_size ({self.hidden_size}) must split into n_heads ({self.n_heads}) "
+                              "heads of even size (RoPE rotates pairs)")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads ({self.n_heads}) must be a multiple of "
+                              f"n_kv_heads ({self.n_kv_heads})")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ConfigError(f"model.norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"model.sliding_window must be >= 1 or null, got {self.sliding_window}")
+        if self.n_experts == 1 or self.n_experts < 0:
+            raise ConfigError(f"model.n_experts must be 0 (dense) or >= 2, got {self.n_experts}")
+        if self.n_experts and not 1 <= self.experts_top_k <= self.n_experts:
+            raise ConfigError(f"model.experts_top_k must be in 1..n_experts ({self.n_experts}), "
+                              f"got {self.experts_top_k}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.router_aux_loss_coef < 0:
+            raise ConfigError("model.rope_theta, norm_eps and init_std must be > 0, router_aux_loss_coef >= 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_heads
+
+
+# Shapes only; vocab_size is a placeholder the tokenizer overrides.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(vocab_size=2048, hidden_size=128, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=384,
+                 max_seq_len=256),  # ~1M parameters, for tests
+    "small": dict(vocab_size=8192, hidden_size=384, n_layers=6, n_heads=6, n_kv_heads=2, intermediate_size=1024,
+                  max_seq_len=512),  # ~12.6M, the CPU demo
+    "smol-135m": dict(vocab_size=49152, hidden_size=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                      intermediate_size=1536, max_seq_len=2048, rope_theta=10000.0),  # SmolLM-135M shapes
+    "1b": dict(vocab_size=128256, hidden_size=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192,
+               max_seq_len=2048, rope_theta=500000.0),  # Llama-3.2-1B shapes, without its long-context RoPE
+    "3b": dict(vocab_size=32000, hidden_size=2048, n_layers=24, n_heads=32, n_kv_heads=8, intermediate_size=8192,
+               max_seq_len=2048, rope_theta=500000.0, tie_embeddings=False, n_experts=16,
+               experts_top_k=2),  # the seed config: ~3B active parameters (16 experts, top-2)
+}
+
+
+def model_config(preset: str, **overrides) -> ModelConfig:
+    """A named preset with any fields overridden (e.g. vocab_size from the tokenizer)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    valid = {f.name for f in fields(ModelConfig)}
+    for key in overrides:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            raise ConfigError(f"unknown model key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ModelConfig(**{**PRESETS[preset], **overrides})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # normalise in float32 (as transformers does) so bf16 training keeps precision
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)  # bias-free: same names as RMSNorm
+    return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+
+def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_seq_len, head_dim] in the HF Llama layout (frequencies repeated over both halves)."""
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim)
+    angles = torch.outer(torch.arange(cfg.max_seq_len, device=device).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, is_causal, kv_cache):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU; Mixtral's experts are the same function with w1 = gate, w3 = up, w2 = down."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Expert(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtureOfExperts(nn.Module):
+    """Top-k routing as in Mixtral: softmax over all experts, keep the top k, renormalise their weights.
+
+    Parameter names are Mixtral's on-disk ones (`block_sparse_moe.gate`, `experts.{j}.w1/w2/w3`).
+    transformers 5 holds experts fused in memory (`mlp.experts.gate_up_proj` [E, 2I, H] = cat(w1, w3),
+    `mlp.experts.down_proj` [E, H, I] = w2) and converts these per-expert names when loading with
+    from_pretrained, so export writes our names unchanged; `from_hf_state_dict` undoes the fusion.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k = cfg.experts_top_k
+        self.gate = nn.Linear(cfg.hidden_size, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.n_experts))
+
+    def forward(self, x, token_mask=None):
+        B, T, H = x.shape
+        x = x.reshape(-1, H)
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # [N, E]
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        # group the (token, slot) pairs by expert so each expert runs one matmul over its tokens
+        flat_chosen = chosen.flatten()
+        order = flat_chosen.argsort()
+        counts = torch.bincount(flat_chosen, minlength=len(self.experts))
+        token_of = order // self.top_k
+        expert_inputs = x[token_of].split(counts.tolist())
+        y = torch.cat([expert(part) for expert, part in zip(self.experts, expert_inputs)])
+        y = y * weights.flatten()[order, None]
+        out = torch.zeros_like(x).index_add_(0, token_of, y)
+        return out.view(B, T, H), self.load_balancing_loss(probs, chosen, token_mask)
+
+    def load_balancing_loss(self, probs, chosen, token_mask):
+        """Switch Transformer loss E * sum_e f_e * P_e (1.0 when balanced): f_e = share of the routed
+        (token, slot) pairs that go to expert e, P_e = mean router probability of e; padding excluded.
+        For one layer it equals transformers' load_balancing_loss_func / top_k."""
+        n_experts = probs.shape[-1]
+        if token_mask is not None:
+            real = token_mask.reshape(-1).bool()
+            probs, chosen = probs[real], chosen[real]
+        share = torch.bincount(chosen.flatten(), minlength=n_experts).float() / max(chosen.numel(), 1)
+        return n_experts * (share * probs.mean(0)).sum()
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = make_norm(cfg)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = make_norm(cfg)
+        self.is_moe = cfg.n_experts > 0
+        if self.is_moe:
+            self.block_sparse_moe = MixtureOfExperts(cfg)
+        else:
+            self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, is_causal, kv_cache, token_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache)
+        h = self.post_attention_layernorm(x)
+        if self.is_moe:
+            h, aux = self.block_sparse_moe(h, token_mask)
+            return x + h, aux
+        return x + self.mlp(h), None
+
+
+class KVCache:
+    """Keys and values of every layer for up to max_len tokens; the first `length` are filled.
+    Storage is allocated on first use with the keys' dtype and device (so it follows autocast)."""
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int):
+        self.shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.k: list[torch.Tensor | None] = [None] * cfg.n_layers
+        self.v: list[torch.Tensor | None] = [None] * cfg.n_layers
+        self.length = 0
+
+    def update(self, layer: int, k, v):
+        if self.k[layer] is None:
+            self.k[layer] = k.new_zeros(self.shape)
+            self.v[layer] = v.new_zeros(self.shape)
+        end = self.length + k.shape[2]
+        if end > self.shape[2]:
+            raise ValueError(f"KV cache holds {self.shape[2]} tokens, {end} requested")
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers)),
+            norm=make_norm(cfg),
+        ))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight  # state_dict then lists both names, as HF does
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.gradient_checkpointing = False  # recompute each block in backward (the engine turns it on)
+        self.aux_loss = torch.zeros(())
+        self.init_weights()
+
+    def init_weights(self, seed: int | None = None):
+        """Normal(0, init_std) weights, GPT-2's 1/sqrt(2 * n_layers) on residual projections, unit norms.
+        With a seed the result does not depend on the global RNG. Also rebuilds the RoPE tables, so a
+        model materialised from the meta device (to_empty) is complete after this call."""
+        cfg = self.config
+        device = self.rope_cos.device
+        if device.type != "meta":
+            self.rope_cos, self.rope_sin = rope_tables(cfg, device)
+        generator = None
+        if seed is not None and device.type != "meta":
+            generator = torch.Generator(device=device).manual_seed(seed)
+        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        residual_projections = ("o_proj.weight", "down_proj.weight", "w2.weight")
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            else:
+                std = residual_std if name.endswith(residual_projections) else cfg.init_std
+                nn.init.normal_(p, 0.0, std, generator=generator)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a tied matrix once
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 * (parameters used in matmuls) + 12 * L * H * Q * T attention term
+        (PaLM appendix B, as nanoGPT's MFU); MoE counts only the top_k routed experts."""
+        cfg = self.config
+        n = self.num_parameters()
+        if not cfg.tie_embeddings:
+            n -= self.model.embed_tokens.weight.numel()  # a lookup is not a matmul; a tied matrix is the head
+        if cfg.n_experts:
+            per_expert = 3 * cfg.hidden_size * cfg.intermediate_size
+            n -= cfg.n_layers * (cfg.n_experts - cfg.experts_top_k) * per_expert
+        context = min(seq_len, cfg.sliding_window or seq_len)
+        return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+
+    def forward(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None):
+        return self.lm_head(self.hidden_states(input_ids, position_ids, doc_ids, kv_cache, attention_mask)).float()
+
+    def hidden_states(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None):
+        """Final-normed hidden states [B, T, hidden_size]; arguments as in forward (see module docstring)."""
+        cfg = self.config
+        B, T = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if attention_mask is not None and attention_mask.shape != (B, past + T):
+            raise ValueError(f"attention_mask must be [batch, cached + new tokens] = {(B, past + T)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        if doc_ids is not None and past:
+            raise ValueError("doc_ids cannot be combined with a filled KV cache")
+        if past + T > cfg.max_seq_len:
+            raise ValueError(f"sequence of {past + T} tokens exceeds model.max_seq_len={cfg.max_seq_len}")
+        if position_ids is None and attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        if position_ids is None:
+            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        else:
+            cos, sin = self.rope_cos[position_ids].unsqueeze(1), self.rope_sin[position_ids].unsqueeze(1)
+        mask = self.attention_mask(T, past, input_ids.device, doc_ids, attention_mask)
+        is_causal = mask is None and past == 0
+        token_mask = attention_mask[:, past:] if attention_mask is not None else None
+
+        x = self.model.embed_tokens(input_ids)
+        aux_losses = []
+        for block in self.model.layers:
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x, aux = checkpoint(block, x, cos, sin, mask, is_causal, kv_cache, token_mask, use_reentrant=False)
+            else:
+                x, aux = block(x, cos, sin, mask, is_causal, kv_cache, token_mask)
+            if aux is not None:
+                aux_losses.append(aux)
+        if kv_cache is not None:
+            kv_cache.length += T
+        self.aux_loss = (cfg.router_aux_loss_coef * torch.stack(aux_losses).mean() if aux_losses
+                         else torch.zeros((), device=x.device))
+        return self.model.norm(x)
+
+    def attention_mask(self, T, past, device, doc_ids, attention_mask):
+        """Boolean [B or 1, 1, T, past + T] mask (True = may attend), or None where SDPA's own causal
+        mask (no cache) or no mask at all (one new token after the cache) is exact: the fast path."""
+        window = self.config.sliding_window
+        windowed = window is not None and past + T > window
+        if doc_ids is None and attention_mask is None and not windowed and (past == 0 or T == 1):
+            return None
+        q_idx = torch.arange(past, past + T, device=device)[:, None]
+        k_idx = torch.arange(past + T, device=device)[None, :]
+        allowed = k_idx <= q_idx
+        if windowed:
+            allowed = allowed & (q_idx - k_idx < window)
+        allowed = allowed[None, None]
+        if doc_ids is not None:
+            allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, :].bool()
+        # every query may see itself, so padding rows get a finite (unused) output instead of NaN
+        return allowed | (k_idx == q_idx)
+
+
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):
+    """One token id per row from logits [B, V]."""
+    if greedy or temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth_best = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the better ones already reach top_p (the best token always stays)
+        sorted_logits = sorted_logits.masked_fill(probs.cumsum(-1) - probs >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_idx, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0, top_k=None, top_p=None,
+             greedy=False, eos_id=None, attention_mask=None, generator=None):
+    """Prompt plus up to max_new_tokens sampled tokens, [B, T + n], using a KV cache.
+
+    A batch of prompts of different lengths is left-padded with attention_mask (1 = real). A row that
+    produced eos_id keeps emitting eos_id; generation stops early once every row has.
+    """
+    B, T = input_ids.shape
+    device = input_ids.device
+    if attention_mask is not None and bool(attention_mask.all()):
+        attention_mask = None  # no padding: take the unmasked fast path
+    cache = KVCache(model.config, B, T + max_new_tokens)
+    position_ids = None if attention_mask is None else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    tokens, finished = input_ids, torch.zeros(B, dtype=torch.bool, device=device)
+    hidden = model.hidden_states(input_ids, position_ids, kv_cache=cache, attention_mask=attention_mask)
+    for step in range(max_new_tokens):
+        next_token = sample_next_token(model.lm_head(hidden[:, -1]), temperature, top_k, top_p, greedy, generator)
+        if eos_id is not None:
+            next_token = next_token.masked_fill(finished, eos_id)
+            finished |= next_token == eos_id
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+            break
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+        hidden = model.hidden_states(next_token[:, None], position_ids, kv_cache=cache,
+                                     attention_mask=attention_mask)
+    return tokens
+
+
+# ---- Hugging Face interchange (llmkit export / import) ----
+
+def to_hf_config(cfg: ModelConfig) -> dict:
+    """config.json for transformers: LlamaForCausalLM; MistralForCausalLM when a sliding window is set
+    (Llama has none; same parameter names); MixtralForCausalLM for MoE."""
+    if cfg.norm != "rmsnorm":
+        raise ConfigError("model.norm='layernorm' has no Hugging Face Llama equivalent; export needs rmsnorm")
+    model_type = "mixtral" if cfg.n_experts else ("mistral" if cfg.sliding_window else "llama")
+    out = dict(
+        architectures=[f"{model_type.capitalize()}ForCausalLM"], model_type=model_type,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,  # rope_theta for transformers 4, parameters for 5
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std, attention_bias=False,
+    )
+    if model_type == "llama":
+        out["mlp_bias"] = False
+    else:
+        out["sliding_window"] = cfg.sliding_window
+    if cfg.n_experts:
+        # transformers' loss is top_k times ours per layer; scale the coefficient so the penalty matches
+        out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_top_k,
+                   router_aux_loss_coef=cfg.router_aux_loss_coef / cfg.experts_top_k)
+    return out
+
+
+def from_hf_config(hf: dict) -> ModelConfig:
+    """ModelConfig from a transformers config.json of a llama / mistral / mixtral model."""
+    model_type = hf.get("model_type")
+    if model_type not in ("llama", "mistral", "mixtral"):
+        raise ConfigError(f"config.json model_type {model_type!r} is not supported; "
+                          "expected llama, mistral or mixtral")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ConfigError(f"config.json rope type {rope.get('rope_type')!r} is not supported (only default RoPE)")
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ConfigError("config.json needs hidden_act=silu and no attention/MLP biases")
+    n_heads = hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, hf["hidden_size"] // n_heads):
+        raise ConfigError(f"config.json head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads")
+    shape = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        intermediate_size=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
+        init_std=hf.get("initializer_range", 0.02),
+    )
+    if model_type != "llama":
+        shape["sliding_window"] = hf.get("sliding_window")
+    if model_type == "mixtral":
+        top_k = hf.get("num_experts_per_tok", 2)
+        shape.update(n_experts=hf["num_local_experts"], experts_top_k=top_k,
+                     router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001) * top_k)  # see to_hf_config
+    return ModelConfig(**shape)
+
+
+def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """Weights as a transformers checkpoint stores them (model.safetensors): our names, minus the tied
+    lm_head (save_pretrained drops it too; safetensors refuses shared tensors)."""
+    if model.config.norm != "rmsnorm":
+        raise ConfigError("model.norm='layernorm' has no Hugging Face Llama equivalent; export needs rmsnorm")
+    sd = model.state_dict()
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight")
+    return {k: v.detach().contiguous() for k, v in sd.items()}
+
+
+def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A state_dict for Transformer(cfg).load_state_dict(strict=True) from a transformers checkpoint
+    (on-disk names) or a transformers 5 in-memory state_dict (fused Mixtral experts)."""
+    out = {}
+    for key, value in sd.items():
+        if "rotary_emb" in key:
+            continue
+        if cfg.n_experts and ".mlp." in key:
+            prefix, rest = key.split(".mlp.")
+            moe = f"{prefix}.block_sparse_moe"
+            if rest == "experts.gate_up_proj":
+                gate, up = value.chunk(2, dim=1)
+                for j in range(cfg.n_experts):
+                    out[f"{moe}.experts.{j}.w1.weight"], out[f"{moe}.experts.{j}.w3.weight"] = gate[j], up[j]
+            elif rest == "experts.down_proj":
+                for j in range(cfg.n_experts):
+                    out[f"{moe}.experts.{j}.w2.weight"] = value[j]
+            else:
+                out[f"{moe}.{rest}"] = value
+            continue
+        out[key] = value
+    if cfg.tie_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
