@@ -230,3 +230,40 @@ def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     for key in ("kl", "reward_mean", "entropy", "clipfrac", "policy_loss", "response_length"):
         assert key in first
     assert ("value_loss" in first) == (algo == "ppo")
+
+
+# ---- the make fragment ----------------------------------------------------------------------------
+
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_dry_run(ws: Path, *variables: str) -> str:
+    fragments = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
+    out = subprocess.run(["make", "-n", *fragments, f"WS={ws}", *variables, f"{ws}/ppo/manifest.json"],
+                         capture_output=True, text=True, check=True)
+    return " ".join(out.stdout.replace("\\\n", " ").split())
+
+
+def test_make_fragment_runs_ppo_on_its_inputs(tmp_path):
+    for name in ("sft", "prompts", "rm", "prompts_eval"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    verify = make_dry_run(tmp_path)
+    assert verify == f"llmkit ppo --from sft --in prompts -w {tmp_path}"
+    with_rm = make_dry_run(tmp_path, "PPO_REWARD=rm", "PPO_EVAL=prompts_eval",
+                           "PPO_FLAGS=--set algo=grpo")
+    assert with_rm == (f"llmkit ppo --from sft --in prompts --reward rm --eval prompts_eval "
+                       f"-w {tmp_path} --set algo=grpo")
+
+
+def test_make_fragment_waits_for_the_reward_model(tmp_path):
+    for name in ("sft", "prompts"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    fragments = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
+    out = subprocess.run(["make", "-n", *fragments, f"WS={tmp_path}", "PPO_REWARD=rm",
+                          f"{tmp_path}/ppo/manifest.json"], capture_output=True, text=True)
+    assert out.returncode != 0 and "rm/manifest.json" in out.stderr
