@@ -1,0 +1,16 @@
+from typing import Annotated
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command(sharded=True)
+def tokenize(
+    ctx,
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer artifact name or path.")] = "tokenizer",
+):
+    """Tokenize dataset(s) (--in, default dedup) into token shards with a val split -> `tokens`."""
+    from llmkit.data.tokenize import TokenizeConfig, run_tokenize
+
+    run_tokenize(ctx, ctx.config(TokenizeConfig, "tokenize"), tokenizer)

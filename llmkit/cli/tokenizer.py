@@ -1,0 +1,17 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def tokenizer(
+    ctx,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size.")] = None,
+):
+    """Train a sentencepiece BPE tokenizer on dataset(s) (--in, default dedup) -> `tokenizer`."""
+    from llmkit.tokenizer import TokenizerConfig, run_tokenizer
+
+    flags = {"vocab_size": vocab_size} if vocab_size is not None else {}
+    run_tokenizer(ctx, ctx.config(TokenizerConfig, "tokenizer", **flags))
