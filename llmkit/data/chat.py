@@ -1,0 +1,276 @@
+"""Chat data for post-training: SFT conversations and preference pairs as token batches.
+
+Conversations are rendered by the tokenizer's chat template (`Tokenizer.encode_chat`):
+`<s>` once, then `<|role|>content<|end|>` per turn. `<|end|>` is the end-of-sequence of an
+assistant turn — exactly one after each, and a reply is generated until it. Labels follow the
+Hugging Face convention: aligned with `input_ids`, `IGNORE_INDEX` wherever the model must not
+learn (the system and user turns, every role token), so only assistant content and its
+`<|end|>` are trained.
+
+SFT rows can be packed: several conversations share one sequence, each with its own position
+ids (from 0) and document id, which the model uses to block attention between them.
+Batches are built once, grouped by length (so padding is small), and served in a shuffled
+order that an exact resume replays (`BatchLoader`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmkit.errors import UserError
+
+IGNORE_INDEX = -100
+PAD_DOC = -1  # document id of padding: real tokens never attend to it
+BUCKET_BATCHES = 64  # a length bucket spans this many batches (sorting window)
+
+
+# -- rows of the datasets -> messages -------------------------------------------------------
+
+def conversation(row: dict, where: str = "") -> list[dict]:
+    """The messages of an SFT row: its `messages`, or `prompt` then `response`."""
+    messages = row.get("messages")
+    if messages:
+        out = [{"role": m["role"], "content": m["content"]} for m in messages]
+    elif row.get("prompt") is not None and row.get("response") is not None:
+        out = [{"role": "user", "content": row["prompt"]},
+               {"role": "assistant", "content": row["response"]}]
+    else:
+        raise UserError(f"{where or 'row'} {row.get('id', '')!r}: an SFT row needs `messages` or "
+                        "`prompt` and `response`; ingest the data with `llmkit ingest --kind sft`")
+    if not any(m["role"] == "assistant" for m in out):
+        raise UserError(f"{where or 'row'} {row.get('id', '')!r} has no assistant turn to learn")
+    return out
+
+
+def prompt_messages(row: dict) -> list[dict]:
+    """The turns a reply is generated for: `messages` up to the last assistant turn, or `prompt`."""
+    messages = row.get("messages")
+    if messages:
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"),
+                   default=len(messages))
+        return [{"role": m["role"], "content": m["content"]} for m in messages[:last]]
+    return [{"role": "user", "content": row["prompt"]}]
+
+
+def reference_answer(row: dict) -> str:
+    """What a reply is compared to: `answer`, else the reply the data gives (last assistant
+    turn, `response` or `chosen`)."""
+    if row.get("answer") is not None:
+        return row["answer"]
+    messages = row.get("messages")
+    if messages:
+        return [m["content"] for m in messages if m["role"] == "assistant"][-1]
+    return row.get("response") if row.get("response") is not None else row["chosen"]
+
+
+# -- tokenisation --------------------------------------------------------------------------
+
+@dataclass
+class Example:
+    """One tokenised conversation (or completion): ids and aligned labels."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def encode_conversation(tokenizer, messages: list[dict]) -> Example:
+    ids, mask = tokenizer.encode_chat(messages)
+    return Example(ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask)])
+
+
+def truncate(example: Example, seq_len: int) -> Example | None:
+    """The first seq_len tokens, or None when nothing left in them is trained on."""
+    if len(example) <= seq_len:
+        return example
+    cut = Example(example.input_ids[:seq_len], example.labels[:seq_len])
+    return cut if any(t != IGNORE_INDEX for t in cut.labels[1:]) else None
+
+
+def encode_sft_rows(tokenizer, rows: list[dict], seq_len: int) -> tuple[list[Example], dict]:
+    """Tokenised conversations cut to seq_len, and counts of what was cut or dropped."""
+    out, truncated, dropped = [], 0, 0
+    for row in rows:
+        example = encode_conversation(tokenizer, conversation(row))
+        kept = truncate(example, seq_len)
+        if kept is None:
+            dropped += 1
+            continue
+        truncated += kept is not example
+        out.append(kept)
+    return out, {"examples": len(out), "truncated": truncated, "dropped_too_long": dropped}
+
+
+# -- packing -------------------------------------------------------------------------------
+
+def pack(examples: list[Example], seq_len: int) -> list[list[int]]:
+    """Groups of example indices whose lengths sum to at most seq_len (best-fit decreasing)."""
+    order = sorted(range(len(examples)), key=lambda i: -len(examples[i]))
+    room: list[int] = []  # free space of each open pack, kept sorted, with…
+    packs_by_room: list[int] = []  # …the pack each entry belongs to
+    packs: list[list[int]] = []
+    for i in order:
+        need = len(examples[i])
+        j = bisect.bisect_left(room, need)
+        if j == len(room):
+            packs.append([i])
+            target, left = len(packs) - 1, seq_len - need
+        else:
+            target, left = packs_by_room.pop(j), room.pop(j) - need
+            packs[target].append(i)
+        k = bisect.bisect_left(room, left)
+        room.insert(k, left)
+        packs_by_room.insert(k, target)
+    return packs
+
+
+@dataclass
+class PackedRow:
+    """Several examples in one sequence: positions restart and doc ids change at each one."""
+
+    input_ids: list[int]
+    labels: list[int]
+    position_ids: list[int]
+    doc_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def packed_row(examples: list[Example]) -> PackedRow:
+    row = PackedRow([], [], [], [])
+    for doc, ex in enumerate(examples):
+        row.input_ids += ex.input_ids
+        # the first token of a document is never a target, so the shift by one in the loss
+        # never asks a document to predict the next one's start
+        row.labels += [IGNORE_INDEX] + ex.labels[1:]
+        row.position_ids += range(len(ex))
+        row.doc_ids += [doc] * len(ex)
+    return row
+
+
+# -- batches -------------------------------------------------------------------------------
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Index batches of similar lengths: shuffle, sort within windows of BUCKET_BATCHES
+    batches, cut into batches (the order of batches is shuffled later by the loader)."""
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    window = batch_size * BUCKET_BATCHES
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start:start + window].tolist(), key=lambda i: lengths[i])
+        batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
+    return batches
+
+
+def _padded(seqs: list[list[int]], value: int, width: int) -> np.ndarray:
+    out = np.full((len(seqs), width), value, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+    return out
+
+
+def collate_sft(rows: list, pad_id: int) -> dict:
+    """Right-padded arrays; packed rows add position_ids and doc_ids (padding is its own doc)."""
+    width = max(map(len, rows))
+    batch = {"input_ids": _padded([r.input_ids for r in rows], pad_id, width),
+             "labels": _padded([r.labels for r in rows], IGNORE_INDEX, width)}
+    if isinstance(rows[0], PackedRow):
+        batch["position_ids"] = _padded([r.position_ids for r in rows], 0, width)
+        batch["doc_ids"] = _padded([r.doc_ids for r in rows], PAD_DOC, width)
+    return batch
+
+
+def sft_batches(examples: list[Example], *, seq_len: int, batch_size: int, pad_id: int,
+                packing: bool, seed: int) -> list[dict]:
+    """Micro-batches of `batch_size` sequences (packed rows or single conversations)."""
+    rows = [packed_row([examples[i] for i in group]) for group in pack(examples, seq_len)] \
+        if packing else examples
+    return [collate_sft([rows[i] for i in idx], pad_id)
+            for idx in length_bucketed_batches([len(r) for r in rows], batch_size, seed)]
+
+
+# -- preference pairs ----------------------------------------------------------------------
+
+@dataclass
+class Pair:
+    chosen: Example
+    rejected: Example
+    margin: float = 0.0
+
+
+def encode_pair(tokenizer, row: dict, seq_len: int) -> Pair | None:
+    """Prompt + chosen and prompt + rejected as assistant replies (labels on the replies);
+    None when the prompt leaves no room for a reply within seq_len."""
+    prompt = prompt_messages(row)
+    sides = []
+    for reply in (row["chosen"], row["rejected"]):
+        example = truncate(encode_conversation(
+            tokenizer, prompt + [{"role": "assistant", "content": reply}]), seq_len)
+        if example is None:
+            return None
+        sides.append(example)
+    return Pair(*sides, margin=float(row.get("margin") or 0.0))
+
+
+def encode_pairs(tokenizer, rows: list[dict], seq_len: int) -> tuple[list[Pair], dict]:
+    pairs = [encode_pair(tokenizer, row, seq_len) for row in rows]
+    kept = [p for p in pairs if p is not None]
+    return kept, {"pairs": len(kept), "dropped_too_long": len(pairs) - len(kept)}
+
+
+def collate_pairs(pairs: list[Pair], pad_id: int) -> dict:
+    """One [2B, T] batch: the B chosen sequences, then the B rejected ones, right-padded."""
+    seqs = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    width = max(map(len, seqs))
+    return {"input_ids": _padded([s.input_ids for s in seqs], pad_id, width),
+            "labels": _padded([s.labels for s in seqs], IGNORE_INDEX, width),
+            "attention_mask": _padded([[1] * len(s) for s in seqs], 0, width),
+            "margin": np.array([p.margin for p in pairs], dtype=np.float32)}
+
+
+def pair_batches(pairs: list[Pair], *, batch_size: int, pad_id: int, seed: int) -> list[dict]:
+    lengths = [max(len(p.chosen), len(p.rejected)) for p in pairs]
+    return [collate_pairs([pairs[i] for i in idx], pad_id)
+            for idx in length_bucketed_batches(lengths, batch_size, seed)]
+
+
+# -- serving batches -----------------------------------------------------------------------
+
+class BatchLoader:
+    """Prepared batches in a fresh shuffled order each epoch, endlessly; `state_dict()` is the
+    position (epoch, index), so a resumed run draws the batches the stopped one would have."""
+
+    def __init__(self, batches: list[dict], seed: int, shuffle: bool = True):
+        if not batches:
+            raise UserError("no training batches: the dataset is empty after tokenisation")
+        self.batches, self.seed, self.shuffle = batches, seed, shuffle
+        self.epoch, self.index = 0, 0
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.batches)))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.batches)).tolist()
+
+    def __iter__(self):
+        while True:
+            order = self._order(self.epoch)
+            while self.index < len(order):
+                batch = self.batches[order[self.index]]
+                self.index += 1
+                yield batch
+            self.epoch, self.index = self.epoch + 1, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])

@@ -1,0 +1,147 @@
+import numpy as np
+import pytest
+import torch
+
+from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchLoader, Example, collate_pairs, collate_sft,
+                              conversation, encode_conversation, encode_pair, encode_sft_rows,
+                              length_bucketed_batches, pack, packed_row, pair_batches,
+                              prompt_messages, reference_answer, sft_batches)
+from llmkit.errors import UserError
+from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
+
+CHAT = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 12+34?"},
+        {"role": "assistant", "content": "46"},
+        {"role": "user", "content": "Reverse: abcd"},
+        {"role": "assistant", "content": "dcba"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_labels_cover_exactly_the_assistant_replies_and_their_end_tokens(tok):
+    ex = encode_conversation(tok, CHAT)
+    trained = [t for t in ex.labels if t != IGNORE_INDEX]
+    replies = tok.encode("46") + [tok.end_of_turn_id] + tok.encode("dcba") + [tok.end_of_turn_id]
+    assert trained == replies
+    # every labelled position holds its own input token; all others are masked
+    for i, (t, lab) in enumerate(zip(ex.input_ids, ex.labels)):
+        assert lab in (IGNORE_INDEX, t)
+    masked = [t for t, lab in zip(ex.input_ids, ex.labels) if lab == IGNORE_INDEX]
+    for text in ("Be brief.", "What is 12+34?", "Reverse: abcd"):
+        assert set(tok.encode(text)) <= set(masked)
+    assert tok.role_ids["assistant"] in masked and tok.role_ids["user"] in masked
+
+
+def test_one_bos_and_exactly_one_end_after_each_assistant_turn(tok):
+    ex = encode_conversation(tok, CHAT)
+    ids = ex.input_ids
+    assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
+    assert tok.eos_id not in ids
+    assert ids.count(tok.end_of_turn_id) == len(CHAT)  # every turn is closed once
+    for pos in [i for i, t in enumerate(ids) if t == tok.role_ids["assistant"]]:
+        end = ids.index(tok.end_of_turn_id, pos)
+        assert ex.labels[end] == tok.end_of_turn_id  # the model learns to stop
+        assert ids[end + 1:end + 2] != [tok.end_of_turn_id]
+    # packing conversations never duplicates BOS inside one document either
+    row = packed_row([ex, ex])
+    assert row.input_ids.count(tok.bos_id) == 2 and row.input_ids[len(ex)] == tok.bos_id
+
+
+def test_rows_become_conversations_and_prompts():
+    pr = {"id": "a", "prompt": "Hi", "response": "Yo", "messages": None}
+    assert conversation(pr) == [{"role": "user", "content": "Hi"},
+                                {"role": "assistant", "content": "Yo"}]
+    msg = {"id": "b", "messages": CHAT, "answer": None}
+    assert conversation(msg) == CHAT
+    assert prompt_messages(msg) == CHAT[:4]
+    assert reference_answer(msg) == "dcba" and reference_answer({**pr, "answer": "42"}) == "42"
+    with pytest.raises(UserError, match="needs `messages` or `prompt` and `response`"):
+        conversation({"id": "c", "prompt": "x"})
+
+
+def test_long_conversations_are_cut_and_prompt_only_ones_dropped(tok):
+    rows = [{"id": "1", "prompt": "What is 12+34?", "response": "46 " * 30},
+            {"id": "2", "prompt": "What is 12+34? " * 10, "response": "46"},
+            {"id": "3", "prompt": "Hi", "response": "46"}]
+    examples, counts = encode_sft_rows(tok, rows, seq_len=24)
+    assert counts == {"examples": 2, "truncated": 1, "dropped_too_long": 1}
+    assert all(len(e) <= 24 for e in examples)
+
+
+def test_packing_fits_every_example_once_within_seq_len():
+    examples = [Example([1] * n, [1] * n) for n in (9, 7, 5, 4, 3, 3, 2, 1)]
+    packs = pack(examples, seq_len=10)
+    assert sorted(i for p in packs for i in p) == list(range(8))
+    assert all(sum(len(examples[i]) for i in p) <= 10 for p in packs)
+    assert len(packs) == 4  # 34 tokens need at least 4 sequences of 10
+
+
+def test_packed_rows_restart_positions_and_number_documents(tok):
+    a = encode_conversation(tok, CHAT[1:3])
+    b = encode_conversation(tok, CHAT[3:])
+    row = packed_row([a, b])
+    assert row.position_ids == list(range(len(a))) + list(range(len(b)))
+    assert row.doc_ids == [0] * len(a) + [1] * len(b)
+    assert row.labels[len(a)] == IGNORE_INDEX  # no target across the document boundary
+    batch = sft_batches([a, b, a], seq_len=64, batch_size=4, pad_id=tok.pad_id, packing=True,
+                        seed=0)[0]
+    assert (batch["doc_ids"] == PAD_DOC).sum() == (batch["input_ids"] == tok.pad_id).sum()
+    assert ((batch["labels"] == IGNORE_INDEX) | (batch["labels"] == batch["input_ids"])).all()
+
+
+def test_packing_blocks_attention_between_conversations(tok):
+    """Changing one packed conversation leaves the other's logits unchanged."""
+    model = tiny_model(tok.vocab_size).eval()
+    a = encode_conversation(tok, CHAT[1:3])
+    b = encode_conversation(tok, CHAT[3:])
+    b2 = encode_conversation(tok, [{"role": "user", "content": "计算 11+22"},
+                                   {"role": "assistant", "content": "33"}])
+    logits = []
+    for first in (b, b2):
+        batch = collate_sft([packed_row([first, a])], tok.pad_id)
+        start = len(first)  # `a` follows the other conversation
+        with torch.no_grad():
+            out = model(*(torch.from_numpy(batch[k]) for k in ("input_ids", "position_ids",
+                                                                "doc_ids")))
+        logits.append(out[0, start:start + len(a)])
+    alone = model(torch.tensor([a.input_ids]))[0]
+    torch.testing.assert_close(logits[0], logits[1])
+    torch.testing.assert_close(logits[0], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_length_buckets_group_similar_lengths():
+    lengths = list(np.random.default_rng(0).integers(1, 500, 256))
+    batches = length_bucketed_batches(lengths, batch_size=8, seed=0)
+    assert sorted(i for b in batches for i in b) == list(range(256))
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches])
+    assert spread < 50  # random batches of 8 would spread ~390
+
+
+def test_preference_pairs_share_the_prompt_and_label_only_replies(tok):
+    pair = encode_pair(tok, {"prompt": "What is 12+34?", "chosen": "46", "rejected": "56"}, 64)
+    for side, reply in ((pair.chosen, "46"), (pair.rejected, "56")):
+        assert [t for t in side.labels if t != IGNORE_INDEX] == tok.encode(reply) + [tok.end_of_turn_id]
+    n_prompt = len(pair.chosen) - len(tok.encode("46")) - 1
+    assert pair.chosen.input_ids[:n_prompt] == pair.rejected.input_ids[:n_prompt]
+    batch = collate_pairs([pair, pair], tok.pad_id)
+    assert batch["input_ids"].shape[0] == 4
+    assert batch["attention_mask"][0].sum() == len(pair.chosen)
+    assert (batch["input_ids"][2] == batch["input_ids"][3]).all()  # rejected rows come second
+    assert len(pair_batches([pair] * 5, batch_size=2, pad_id=tok.pad_id, seed=0)) == 3
+
+
+def test_loader_replays_the_same_order_after_resume():
+    batches = [{"i": np.array([i])} for i in range(5)]
+    loader = BatchLoader(batches, seed=3)
+    it = iter(loader)
+    first = [int(next(it)["i"][0]) for _ in range(7)]
+    state = loader.state_dict()
+    rest = [int(next(it)["i"][0]) for _ in range(6)]
+    resumed = BatchLoader(batches, seed=3)
+    resumed.load_state_dict(state)
+    it2 = iter(resumed)
+    assert [int(next(it2)["i"][0]) for _ in range(6)] == rest
+    assert sorted(first[:5]) == list(range(5))  # each epoch serves every batch once

@@ -1,0 +1,112 @@
+"""Tiny fixtures shared by the sft / rm / dpo / chat tests: a tokenizer trained in a fraction of a
+second on task-like sentences, a small model, task rows, and checkpoint runs in a workspace."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from llmkit.model import ModelConfig, Transformer
+from llmkit.tokenizer import (CONFIG_FILE, MODEL_FILE, Tokenizer, TokenizerConfig,
+                              tokenizer_config_json, train_sentencepiece)
+from llmkit.train import checkpoint as ckpt
+
+LETTERS = "abcdefgh"
+
+
+def task_sentences(n: int = 300, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        word = "".join(rng.choice(LETTERS) for _ in range(4))
+        out += [f"What is {a}+{b}? {a + b}", f"计算 {a}+{b} 等于 {a + b}",
+                f"Reverse: {word} {word[::-1]} 反转：{word}"]
+    return out
+
+
+def make_tokenizer(directory: Path, vocab_size: int = 330) -> Tokenizer:
+    cfg = TokenizerConfig(vocab_size=vocab_size)
+    model, _ = train_sentencepiece(task_sentences(), cfg, log=lambda *a: None)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MODEL_FILE).write_bytes(model)
+    (directory / CONFIG_FILE).write_text(json.dumps(tokenizer_config_json(cfg, model)))
+    return Tokenizer(directory)
+
+
+def tiny_model(vocab_size: int, seed: int = 0, **overrides) -> Transformer:
+    shape = dict(vocab_size=vocab_size, hidden_size=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                 intermediate_size=64, max_seq_len=128)
+    model = Transformer(ModelConfig(**{**shape, **overrides}))
+    model.init_weights(seed=seed)
+    return model
+
+
+def addition_rows(n: int, seed: int = 0, start: int = 0) -> list[dict]:
+    """SFT rows (prompt/response and messages alternately) with an `answer`."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(10, 49), rng.randint(10, 49)
+        prompt, answer = f"What is {a}+{b}?", str(a + b)
+        row = {"id": f"r{start + i}", "answer": answer, "messages": None, "prompt": None,
+               "response": None}
+        if i % 2:
+            row["messages"] = [{"role": "user", "content": prompt},
+                               {"role": "assistant", "content": answer}]
+        else:
+            row.update(prompt=prompt, response=answer)
+        rows.append(row)
+    return rows
+
+
+def preference_rows(n: int, seed: int = 0) -> list[dict]:
+    """Pairs where the chosen reply is the sum and the rejected one is off by ten."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(10, 49), rng.randint(10, 49)
+        rows.append({"id": f"p{i}", "prompt": f"What is {a}+{b}?", "chosen": str(a + b),
+                     "rejected": str(a + b + rng.choice([-10, 10])), "answer": str(a + b)})
+    return rows
+
+
+def write_dataset(ws_root: Path, name: str, rows: list[dict]) -> Path:
+    """A dataset artifact (parquet + manifest) as `llmkit ingest` leaves it."""
+    import pyarrow as pa
+
+    from llmkit.data.io import DatasetWriter
+    from llmkit.workspace import Workspace
+
+    b = Workspace(ws_root).builder(name, stage="ingest", config={"rows": len(rows)}, quiet=True)
+    with b:
+        rows = [{**r, "text": r.get("prompt") or "", "source": "test"} for r in rows]
+        w = DatasetWriter(b.dir)
+        w.write(pa.Table.from_pylist(rows))
+        w.close()
+    return b.final
+
+
+def write_checkpoint_run(ws_root: Path, name: str, model: torch.nn.Module, tokenizer: Tokenizer,
+                         config: dict | None = None) -> Path:
+    """A checkpoint-run artifact with one complete step folder, as the engine writes it."""
+    import dataclasses
+
+    from llmkit.workspace import Workspace
+
+    b = Workspace(ws_root).builder(name, stage="pretrain", config={"name": name}, in_place=True,
+                                   quiet=True)
+    with b:
+        step = b.dir / ckpt.step_dir_name(1)
+        step.mkdir(parents=True)
+        named = model.state_dict(keep_vars=True)
+        ckpt.save_weights(step / ckpt.WEIGHTS, {k: v.detach() for k, v in named.items()},
+                          ckpt.tied_groups(named))
+        cfg = config if config is not None else dataclasses.asdict(model.config)
+        (step / ckpt.MODEL_CONFIG).write_text(json.dumps(cfg))
+        tokenizer.save(step / ckpt.TOKENIZER)
+        ckpt.mark_complete(step)
+    return b.final
