@@ -1,0 +1,300 @@
+"""Supervised fine-tuning (`llmkit sft`): learn the assistant turns of chat conversations.
+
+The loss is the cross-entropy of assistant tokens only (each reply and its `<|end|>`); several
+conversations are packed into one sequence with attention blocked between them. The run is
+scored before and after training by greedy exact match on held-out rows
+(`evaluate_exact_match`), recorded as `stats.base_accuracy` and `stats.accuracy`.
+
+This module also holds what the post-training stages (sft, rm, dpo) share: opening the
+starting checkpoint and its tokenizer, reading and splitting the data, the checkpoint-run
+directory, and the log-probabilities of labelled tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.train.engine import Task, TrainConfig
+
+RUN_FINGERPRINT = "run_fingerprint"  # file in a run dir: the fingerprint of the run it holds
+
+
+# -- configuration -------------------------------------------------------------------------
+
+@dataclass
+class PostTrainConfig(TrainConfig):
+    """The engine's settings (flat: `--set lr=…`) plus what every post-training stage reads."""
+
+    seq_len: int = 512  # longest sequence (conversation, or prompt + reply); longer ones are cut
+    eval_fraction: float = 0.05  # share of --in held out for evaluation when --eval is not given
+    eval_records: int = 200  # held-out rows scored at the end (and at the start); 0 = skip
+    max_new_tokens: int = 32  # generation budget of the exact-match evaluation
+    eval_every: int = 100  # validation loss (and metrics) on held-out batches every N steps
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seq_len < 8:
+            raise ConfigError(f"seq_len must be >= 8, got {self.seq_len}")
+        if not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.eval_records < 0 or self.max_new_tokens < 1:
+            raise ConfigError("eval_records must be >= 0 and max_new_tokens >= 1")
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+@dataclass
+class SftConfig(PostTrainConfig):
+    max_steps: int = 300  # optimizer steps
+    lr: float = 1e-4  # fine-tuning moves a trained model: a lower peak than pretraining
+    min_lr: float = 1e-5  # learning rate at the end of the cosine decay
+    warmup_steps: int = 10  # linear warmup steps
+    weight_decay: float = 0.0  # AdamW decay of matrices
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    packing: bool = True  # several conversations per sequence, attention blocked between them
+
+
+# -- the starting checkpoint ---------------------------------------------------------------
+
+def load_transformer(path):
+    """(Transformer, step folder) of a language-model checkpoint (run or step folder)."""
+    from llmkit.model import Transformer
+    from llmkit.train.checkpoint import load_weights, resolve_step_dir
+    from llmkit.train.rm import HEAD_KEY, model_config_from
+
+    step_dir = resolve_step_dir(path)
+    state_dict, config = load_weights(step_dir)
+    if config.get(HEAD_KEY):
+        raise UserError(f"{path} is a {config[HEAD_KEY]} model, not a language model; "
+                        "start from a pretrain / sft / dpo checkpoint")
+    model = Transformer(model_config_from(config, step_dir))
+    model.load_state_dict(state_dict, strict=True)
+    return model, step_dir
+
+
+def checkpoint_tokenizer(step_dir: Path):
+    from llmkit.tokenizer import Tokenizer
+    from llmkit.train.checkpoint import TOKENIZER
+
+    if not (step_dir / TOKENIZER).is_dir():
+        raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; checkpoints carry their tokenizer, "
+                        "so this one was not written by llmkit's engine")
+    return Tokenizer(step_dir / TOKENIZER)
+
+
+def check_seq_len(cfg: PostTrainConfig, model) -> None:
+    if cfg.seq_len > model.config.max_seq_len:
+        raise ConfigError(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len="
+                          f"{model.config.max_seq_len}; use --set seq_len={model.config.max_seq_len}")
+
+
+# -- data ----------------------------------------------------------------------------------
+
+def read_rows(artifact, required: tuple[str, ...]) -> list[dict]:
+    from llmkit.data.io import read_table
+
+    table = read_table(artifact.path)
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise UserError(f"{artifact.path} has no column {', '.join(missing)}; ingest it with the "
+                        "right --kind (sft: prompt/response or messages; preference: prompt/chosen/"
+                        "rejected)")
+    return table.to_pylist()
+
+
+def is_heldout(row_id, fraction: float, seed: int) -> bool:
+    digest = hashlib.blake2b(f"{seed}:{row_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0 ** 64 < fraction
+
+
+def split_rows(rows: list[dict], eval_rows: list[dict] | None, fraction: float,
+               seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held-out): the --eval dataset when given, else a stable share of the rows."""
+    if eval_rows is not None:
+        return rows, eval_rows
+    train = [r for r in rows if not is_heldout(r.get("id"), fraction, seed)]
+    return train, [r for r in rows if is_heldout(r.get("id"), fraction, seed)]
+
+
+# -- the checkpoint run --------------------------------------------------------------------
+
+def open_run(ctx, stage: str, cfg, inputs: list):
+    """(Builder of a checkpoint run, whether its directory holds a run to resume): a run of the
+    same fingerprint that did not finish resumes; anything else is cleared by `start_run`."""
+    from llmkit.workspace import MANIFEST
+
+    b = ctx.workspace.builder(ctx.out_name(stage), stage=stage, config=cfg, inputs=inputs,
+                              force=ctx.force, in_place=True)
+    marker = b.final / RUN_FINGERPRINT
+    resumable = (marker.is_file() and marker.read_text().strip() == b.fingerprint
+                 and not (b.final / MANIFEST).exists())
+    return b, resumable
+
+
+def start_run(b, resumable: bool) -> None:
+    """Inside `with b:` — clear a run dir that holds another (or a finished) run, mark ours."""
+    if not resumable:
+        for p in b.dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (b.dir / RUN_FINGERPRINT).write_text(b.fingerprint + "\n")
+
+
+def default_device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# -- log-probabilities of labelled tokens --------------------------------------------------
+
+def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=None):
+    """log p of each labelled token (labels != -100) given its prefix, the row it belongs to,
+    and whether it is the model's argmax; flat [N] tensors.
+
+    Equal to `losses.token_logps(model(input_ids), labels)` at the labelled positions, but the
+    vocabulary projection runs only there: prompts (most tokens in chat data) cost no logits.
+    """
+    from llmkit.train.losses import IGNORE_INDEX
+
+    hidden = model.hidden_states(input_ids, position_ids, doc_ids)
+    targets = labels[:, 1:]
+    mask = targets != IGNORE_INDEX
+    logits = model.lm_head(hidden[:, :-1][mask]).float()
+    picked = targets[mask]
+    logps = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    rows = mask.nonzero()[:, 0]
+    return logps, rows, logits.argmax(-1) == picked
+
+
+# -- generation and exact match ------------------------------------------------------------
+
+def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int,
+                     batch_size: int = 64) -> list[str]:
+    """Greedy replies (text up to the first stop token) to each conversation's prompt."""
+    import torch
+
+    from llmkit.model import generate
+
+    device = next(model.parameters()).device
+    keep = max(1, model.config.max_seq_len - max_new_tokens)
+    prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0][-keep:]
+               for c in conversations]
+    stop = set(tokenizer.stop_ids)
+    replies: list[str] = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.full((len(idx), width), tokenizer.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, i in enumerate(idx):  # left padding: every prompt ends at the same column
+                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                mask[row, width - len(prompts[i]):] = 1
+            out = generate(model, ids.to(device), min(max_new_tokens, model.config.max_seq_len - width),
+                           greedy=True, eos_id=tokenizer.end_of_turn_id, attention_mask=mask.to(device))
+            for row, i in enumerate(idx):
+                reply = []
+                for t in out[row, width:].tolist():
+                    if t in stop:
+                        break
+                    reply.append(t)
+                replies[i] = tokenizer.decode(reply)
+    finally:
+        model.train(was_training)
+    return replies
+
+
+def evaluate_exact_match(model, tokenizer, records: list[dict], max_new_tokens: int = 32) -> float:
+    """Share of records whose greedy reply (chat template) equals the record's answer.
+
+    A record is a row of an SFT, preference or prompt dataset: the prompt is its `messages`
+    before the last assistant turn, or its `prompt`; the answer is its `answer`, else its
+    reference reply. Comparison is `llmkit.rewards.exact_match` (whitespace-insensitive).
+    """
+    from llmkit.data.chat import prompt_messages, reference_answer
+    from llmkit.rewards import exact_match
+
+    if not records:
+        return float("nan")
+    replies = generate_replies(model, tokenizer, [prompt_messages(r) for r in records],
+                               max_new_tokens)
+    return sum(exact_match(rep, reference_answer(r)) for rep, r in zip(replies, records)) / len(records)
+
+
+# -- the trainer ---------------------------------------------------------------------------
+
+class SftTask(Task):
+    """Cross-entropy of the assistant tokens (mean over the micro-batch's labelled tokens)."""
+
+    def __init__(self, model, train_data, eval_data, seq_len: int, pad_id: int):
+        super().__init__(model, train_data, eval_data)
+        self.seq_len, self.pad_id = seq_len, pad_id
+
+    def loss(self, model, batch):
+        logps, _, correct = labelled_token_logps(model, batch["input_ids"], batch["labels"],
+                                                 batch.get("position_ids"), batch.get("doc_ids"))
+        loss = -logps.mean() + model.aux_loss
+        return loss, {"accuracy": correct.float().mean().item(), "trained_tokens": float(len(logps))}
+
+    def batch_tokens(self, batch) -> int:
+        return int((batch["input_ids"] != self.pad_id).sum())
+
+    def flops_per_token(self) -> float:
+        return self.model.flops_per_token(self.seq_len)
+
+
+def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
+    """`llmkit sft`: fine-tune checkpoint `base` on the SFT dataset of --in (default sft_train)."""
+    from llmkit.data.chat import BatchLoader, encode_sft_rows, sft_batches
+    from llmkit.progress import print_summary
+    from llmkit.train.engine import Engine
+
+    base_art = ctx.workspace.artifact(base)
+    data_art = ctx.input(default="sft_train")
+    eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
+    inputs = [a for a in (base_art, data_art, eval_art) if a is not None]
+    b, resumable = open_run(ctx, "sft", cfg, inputs)
+    if b.up_to_date:
+        return b
+    model, step_dir = load_transformer(base_art.path)
+    check_seq_len(cfg, model)
+    tokenizer = checkpoint_tokenizer(step_dir)
+    rows = read_rows(data_art, ())
+    train_rows, heldout = split_rows(rows, read_rows(eval_art, ()) if eval_art else None,
+                                     cfg.eval_fraction, cfg.seed)
+    examples, counts = encode_sft_rows(tokenizer, train_rows, cfg.seq_len)
+    eval_examples, _ = encode_sft_rows(tokenizer, heldout, cfg.seq_len)
+    batches = sft_batches(examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size,
+                          pad_id=tokenizer.pad_id, packing=cfg.packing, seed=cfg.seed)
+    eval_batches = sft_batches(eval_examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size,
+                               pad_id=tokenizer.pad_id, packing=cfg.packing, seed=cfg.seed)
+    scored = heldout[:cfg.eval_records]
+    with b:
+        start_run(b, resumable)
+        device = default_device()
+        base_accuracy = evaluate_exact_match(model.to(device), tokenizer, scored, cfg.max_new_tokens)
+        task = SftTask(model, BatchLoader(batches, cfg.seed), eval_batches or None, cfg.seq_len,
+                       tokenizer.pad_id)
+        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
+        accuracy = evaluate_exact_match(model, tokenizer, scored, cfg.max_new_tokens)
+        b.stats.update(
+            **counts, train_rows=len(train_rows), heldout_rows=len(heldout),
+            sequences=sum(len(x["input_ids"]) for x in batches), steps=result.step,
+            tokens_seen=result.tokens_seen, final_loss=result.metrics.get("loss"),
+            val_loss=result.metrics.get("val_loss"), eval_records=len(scored),
+            base_accuracy=base_accuracy, accuracy=accuracy)
+    print_summary(f"{b.name} done", [
+        ("steps", result.step), ("final loss", result.metrics.get("loss")),
+        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
+        ("seconds", round(time.time() - b.started, 1))])
+    return b

@@ -1,0 +1,115 @@
+import json
+
+import pytest
+import torch
+
+from llmkit.data.chat import collate_sft, encode_conversation, packed_row
+from llmkit.errors import ConfigError, UserError
+from llmkit.train.losses import sft_loss, token_logps
+from llmkit.train.sft import (SftConfig, evaluate_exact_match, generate_replies,
+                              labelled_token_logps, load_transformer, run_sft)
+from llmkit.workspace import Workspace
+from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,
+                                            write_checkpoint_run, write_dataset)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def setup(tmp_path, tok):
+    ws = tmp_path / "ws"
+    write_checkpoint_run(ws, "pretrain", tiny_model(tok.vocab_size), tok)
+    write_dataset(ws, "sft_train", addition_rows(48))
+    write_dataset(ws, "sft_eval", addition_rows(8, seed=1, start=100))
+    return ws
+
+
+def fast(**overrides) -> dict:
+    base = dict(max_steps=12, micro_batch_size=4, lr=1e-2, min_lr=1e-3, warmup_steps=2,
+                seq_len=64, log_every=1, eval_every=0, eval_records=8, max_new_tokens=4)
+    return {k: str(v) for k, v in {**base, **overrides}.items()}
+
+
+def run(make_ctx, ws, force=False, **overrides):
+    from llmkit.config import _Raw
+
+    ctx = make_ctx(inputs=["sft_train"], force=force)
+    ctx.overrides = {k: _Raw(v) for k, v in fast(**overrides).items()}
+    return run_sft(ctx, ctx.config(SftConfig, "sft"), base="pretrain", eval_data="sft_eval")
+
+
+def test_labelled_logps_equal_the_full_logits_formula(tok):
+    model = tiny_model(tok.vocab_size).eval()
+    a = encode_conversation(tok, [{"role": "user", "content": "What is 12+34?"},
+                                  {"role": "assistant", "content": "46"}])
+    b = encode_conversation(tok, [{"role": "user", "content": "计算 20+22"},
+                                  {"role": "assistant", "content": "42"}])
+    batch = {k: torch.from_numpy(v) for k, v in
+             collate_sft([packed_row([a, b]), packed_row([b])], tok.pad_id).items()}
+    args = (batch["input_ids"], batch["position_ids"], batch["doc_ids"])
+    logps, rows, _ = labelled_token_logps(model, batch["input_ids"], batch["labels"], *args[1:])
+    full, mask = token_logps(model(*args), batch["labels"])
+    torch.testing.assert_close(logps, full[mask])
+    assert rows.tolist() == mask.nonzero()[:, 0].tolist()
+    torch.testing.assert_close(-logps.mean(), sft_loss(model(*args), batch["labels"]))
+
+
+def test_sft_run_lowers_the_loss_changes_weights_and_records_accuracy(make_ctx, setup):
+    ws = setup
+    before, _ = load_transformer(ws / "pretrain")
+    b = run(make_ctx, ws)
+    manifest = json.loads((ws / "sft" / "manifest.json").read_text())
+    stats = manifest["stats"]
+    assert stats["steps"] == 12 and stats["eval_records"] == 8
+    assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
+    losses = [json.loads(line)["loss"] for line in (ws / "sft" / "metrics.jsonl").open()]
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
+    after, step_dir = load_transformer(ws / "sft")
+    changed = [not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters())]
+    assert all(changed)
+    assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
+    assert run(make_ctx, ws).up_to_date  # same inputs and config: nothing to do
+    assert b.stats["examples"] == 48 and b.stats["truncated"] == 0
+
+
+def test_force_starts_a_fresh_run_instead_of_resuming(make_ctx, setup):
+    ws = setup
+    run(make_ctx, ws, max_steps=3)
+    run(make_ctx, ws, force=True, max_steps=3)
+    steps = [json.loads(line)["step"] for line in (ws / "sft" / "metrics.jsonl").open()]
+    assert steps == [1, 2, 3]
+
+
+def test_exact_match_scores_greedy_replies_against_answers(tok, tmp_path):
+    """A model trained to always answer "46" is right exactly where the answer is 46."""
+    model = tiny_model(tok.vocab_size)
+    target = encode_conversation(tok, [{"role": "user", "content": "What is 12+34?"},
+                                       {"role": "assistant", "content": "46"}])
+    ids, labels = torch.tensor([target.input_ids]), torch.tensor([target.labels])
+    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+    for _ in range(25):
+        opt.zero_grad()
+        logps, _, _ = labelled_token_logps(model, ids, labels)
+        (-logps.mean()).backward()
+        opt.step()
+    records = [{"prompt": "What is 12+34?", "answer": "46"},
+               {"messages": [{"role": "user", "content": "What is 12+34?"},
+                             {"role": "assistant", "content": "46"}], "answer": None},
+               {"prompt": "What is 12+34?", "answer": "47"}]
+    assert generate_replies(model, tok, [[{"role": "user", "content": "What is 12+34?"}]], 4) == ["46"]
+    assert evaluate_exact_match(model, tok, records, max_new_tokens=4) == pytest.approx(2 / 3)
+    assert model.training  # the evaluation leaves the mode as it found it
+
+
+def test_bad_settings_are_user_errors(make_ctx, setup, tok):
+    with pytest.raises(ConfigError, match="seq_len=512 exceeds the model's max_seq_len=128"):
+        run(make_ctx, setup, seq_len=512)
+    with pytest.raises(ConfigError, match="eval_fraction"):
+        SftConfig(eval_fraction=1.5)
+    rm_like = write_checkpoint_run(setup, "rm", tiny_model(tok.vocab_size), tok,
+                                   config={"llmkit_head": "reward"})
+    with pytest.raises(UserError, match="is a reward model, not a language model"):
+        load_transformer(rm_like)
