@@ -1,0 +1,618 @@
+"""The one training loop every trainer shares (pretrain, sft, rm, dpo, ppo), on DeepSpeed.
+
+A trainer supplies a `Task` — its model, its batches and its loss — and the `Engine` does the
+rest: ZeRO 0-3 (+ CPU offload), fp32 / bf16 / fp16 with dynamic loss scaling, gradient
+accumulation and clipping, AdamW with warmup + cosine decay, activation checkpointing, NaN/Inf
+steps skipped and counted, metrics (metrics.jsonl, TensorBoard, console, tokens/s, MFU),
+periodic validation, and checkpoints that resume exactly (the same per-step losses as a run
+that was never stopped).
+
+    class MyTask(Task):
+        def loss(self, model, batch):
+            logits = model(batch["input_ids"])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            return loss, {}
+
+    Engine(run_dir, TrainConfig(max_steps=100), MyTask(model, train_data=loader)).fit()
+
+It runs as one process with no launcher (CPU or one GPU) and under `torchrun` / `deepspeed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.train import checkpoint as ckpt
+from llmkit.train.distributed import DistEnv, barrier, seed_everything, setup_distributed
+from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
+
+log = logging.getLogger("llmkit.train")
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps of the whole run
+    micro_batch_size: int = 8  # sequences per forward pass, per process
+    grad_accum: int = 1  # micro-batches accumulated into one optimizer step
+    lr: float = 3e-4  # peak learning rate, reached at the end of warmup
+    min_lr: float = 3e-5  # learning rate at the end of the cosine decay
+    warmup_steps: int = 100  # linear warmup from 0 to lr
+    weight_decay: float = 0.1  # AdamW decay of matrices (norms and biases are not decayed)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW moment coefficients
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (GPU only; dynamic loss scale from 2^14)
+    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters
+    offload_optimizer: bool = False  # ZeRO >= 1: optimizer state in CPU memory
+    offload_params: bool = False  # ZeRO 3: parameters in CPU memory
+    activation_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% slower)
+    compile: bool = False  # torch.compile the model
+    save_every: int = 1000  # checkpoint every N steps and at the end; 0 = only at the end
+    keep_last: int = 3  # complete checkpoints kept (older ones are pruned); 0 keeps all
+    eval_every: int = 0  # validate every N steps and at the end; 0 = never
+    eval_batches: int = 20  # micro-batches per validation, per process
+    log_every: int = 10  # write metrics every N steps (and at the last step)
+    seed: int = 0  # seeds python/numpy/torch at the start of a fresh run
+    max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
+    resume_from: str | None = None  # step folder to resume from; None = the newest complete one
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
+
+    def __post_init__(self):
+        self.betas = tuple(self.betas)
+        positive = ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "log_every",
+                    "max_bad_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "save_every", "keep_last", "eval_every", "weight_decay",
+                     "grad_clip", "min_lr"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.warmup_steps > self.max_steps:
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ConfigError("offload_optimizer needs zero_stage >= 1")
+        if self.offload_params and self.zero_stage != 3:
+            raise ConfigError("offload_params needs zero_stage 3")
+        if self.resume_from is not None and ckpt.STEP_DIR.match(self.resume_from) is None:
+            raise ConfigError(f"resume_from must name a step folder like 'step-00001000', "
+                              f"got {self.resume_from!r}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ConfigError(f"peak_flops must be > 0 or null, got {self.peak_flops}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step `step` (1-based): linear warmup, then cosine to min_lr."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+
+
+class Task:
+    """What one trainer adds to the shared loop: the model, its batches and its loss.
+
+    Implement `loss(model, batch) -> (loss_tensor, {name: float})`; the metrics are averaged over
+    micro-batches and processes and logged beside the loss (every process must return the same
+    keys). `model` is the DeepSpeed engine: call it like the module; other attributes of the
+    module (`model.hidden_states`, `model.aux_loss`) pass through.
+
+    Batches: give `train_data` — an iterable of batches (dicts of tensors or numpy arrays) with
+    `state_dict()` / `load_state_dict()` for exact resume, such as `TokenLoader` — and the default
+    `next_batch` draws from it, starting over when it ends. A trainer that makes its own batches
+    overrides `next_batch(model)`: PPO generates rollouts with the current policy there when its
+    buffer is empty, and returns one micro-batch per call. Override `state_dict` /
+    `load_state_dict` to resume such a position.
+
+    `eval_data`: an iterable that starts over on each `iter()` (a list, a fresh loader), or a
+    zero-argument function returning one; `eval_loss` defaults to `loss`.
+
+    `device` is set by the engine before the first batch: move frozen helper models (reference
+    policy, reward model) there. One trained module per engine: a policy with a value head is one
+    module with two outputs.
+    """
+
+    warn_undertrained = False  # pretraining sets this: warn when planned tokens < 20 x parameters
+    device = None
+
+    def __init__(self, model, train_data=None, eval_data=None):
+        self.model = model
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self._train_iter = None
+
+    def loss(self, model, batch):
+        raise NotImplementedError
+
+    def eval_loss(self, model, batch):
+        return self.loss(model, batch)
+
+    def next_batch(self, model):
+        if self.train_data is None:
+            raise NotImplementedError("give train_data or override next_batch")
+        if self._train_iter is None:
+            self._train_iter = iter(self.train_data)
+        try:
+            return next(self._train_iter)
+        except StopIteration:  # a finite dataset: next epoch
+            self._train_iter = iter(self.train_data)
+            return next(self._train_iter)
+
+    def eval_batches(self):
+        if self.eval_data is None:
+            return None
+        return iter(self.eval_data() if callable(self.eval_data) else self.eval_data)
+
+    def batch_tokens(self, batch) -> int:
+        """Tokens a batch puts through the model, for tokens/s and MFU."""
+        return int(batch["input_ids"].numel())
+
+    def flops_per_token(self) -> float | None:
+        """Training FLOPs per token (forward + backward); None = 6 x parameters."""
+        return None
+
+    def state_dict(self) -> dict:
+        return {"data": self.train_data.state_dict()} if hasattr(self.train_data, "state_dict") else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "data" in state:
+            self.train_data.load_state_dict(state["data"])
+        self._train_iter = None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM arrived; a checkpoint of the last finished step was saved first."""
+
+
+class TrainingDiverged(UserError):
+    """Too many consecutive steps had NaN/Inf loss or gradients."""
+
+
+@dataclass
+class FitResult:
+    step: int  # optimizer steps done
+    tokens_seen: int  # training tokens over all processes
+    skipped_steps: int  # steps skipped for NaN/Inf
+    metrics: dict  # the last logged record
+    checkpoint: Path | None  # the newest complete step folder
+
+
+def _guarded_adamw():
+    import torch
+
+    class GuardedAdamW(torch.optim.AdamW):
+        """AdamW that clips the global gradient norm itself and skips a step whose gradients hold
+        NaN/Inf. DeepSpeed's ZeRO and mixed-precision optimizers do both; its plain fp32 path
+        does neither, so the engine gives it this one (DeepSpeed reads `overflow` to count skips).
+        """
+
+        def __init__(self, params, max_norm: float, **kwargs):
+            super().__init__(params, **kwargs)
+            self.max_norm = max_norm
+            self.overflow = False
+            self._global_grad_norm = None
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            self._global_grad_norm = float(norm)
+            self.overflow = not math.isfinite(self._global_grad_norm)
+            if self.overflow:
+                return None
+            if self.max_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
+            return super().step(closure)
+
+    return GuardedAdamW
+
+
+def to_device(batch, device):
+    """Tensors and numpy arrays (integers become int64) moved to `device`, nested containers kept."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    if isinstance(batch, np.ndarray):
+        batch = torch.from_numpy(batch.astype(np.int64) if batch.dtype.kind in "iu" else batch)
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=True)
+    return batch
+
+
+class Engine:
+    """Trains `task.model` into `run_dir` (a checkpoint run) and resumes whatever is there.
+
+    `tokenizer_dir` is copied into every checkpoint; `init_state_dict` (e.g. from
+    `checkpoint.load_weights`) starts a new run from existing weights with a fresh optimizer and
+    schedule — it is ignored when run_dir already holds a checkpoint to resume. `model_config` is
+    written as each checkpoint's config.json (default: `task.model.config`).
+    """
+
+    def __init__(self, run_dir, train_cfg: TrainConfig, task: Task, tokenizer_dir=None,
+                 init_state_dict: dict | None = None, model_config=None):
+        self.run_dir = Path(run_dir)
+        self.cfg = train_cfg
+        self.task = task
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+        self.init_state_dict = init_state_dict
+        self.model_config = _as_dict(model_config if model_config is not None
+                                     else getattr(task.model, "config", None))
+        self.step = 0
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self.bad_streak = 0
+        self.last_record: dict = {}
+        self._stop_signal: int | None = None
+        self._saved_step: int | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def fit(self) -> FitResult:
+        """Train to max_steps (resuming if run_dir holds a checkpoint); checkpoint at the end."""
+        self.dist = setup_distributed()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(self.run_dir, enabled=self.dist.is_main)
+        self.console = ConsoleLine(enabled=self.dist.is_main)
+        self._build()
+        resumed = self._resume()
+        if resumed is None:
+            seed_everything(self.cfg.seed + self.dist.rank)
+        self.metrics.resume_at(self.step)
+        handlers = self._catch_signals()
+        try:
+            self._train_loop()
+        finally:
+            self._restore_signals(handlers)
+            self.metrics.close()
+            self.console.close()
+        return FitResult(self.step, self.tokens_seen, self.skipped_steps, self.last_record,
+                         ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None)
+
+    def _build(self) -> None:
+        import deepspeed
+        import torch
+
+        cfg, model = self.cfg, self.task.model
+        if cfg.precision == "fp16" and not self.dist.device.startswith("cuda"):
+            raise ConfigError("precision fp16 needs a GPU (DeepSpeed has no fp16 on CPU); use bf16 or fp32")
+        if self.init_state_dict is not None and not any(map(ckpt.is_complete, ckpt.step_dirs(self.run_dir))):
+            model.load_state_dict(self.init_state_dict, strict=True)
+        if cfg.activation_checkpointing:
+            if not hasattr(model, "gradient_checkpointing"):
+                raise ConfigError(f"activation_checkpointing: {type(model).__name__} has no "
+                                  "gradient_checkpointing switch")
+            model.gradient_checkpointing = True
+        self.n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.flops_per_token = self.task.flops_per_token() or 6 * self.n_params
+        self.peak_flops = cfg.peak_flops or device_peak_flops(self.dist.device)
+        if cfg.compile:
+            model.compile()  # in place: state_dict names stay those of the module
+        guarded = cfg.zero_stage == 0 and cfg.precision == "fp32"
+        self.optimizer = self._make_optimizer(model, guarded)
+        self.model, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer,
+                                              config=self._deepspeed_config(guarded))
+        self.device = self.task.device = torch.device(self.dist.device)
+
+    def _make_optimizer(self, model, guarded: bool):
+        import torch
+
+        cfg = self.cfg
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+        if guarded:
+            return _guarded_adamw()(groups, max_norm=cfg.grad_clip, **kwargs)
+        if cfg.offload_optimizer and self.dist.device.startswith("cuda"):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam  # C++ op, built on first use
+
+            return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+        return torch.optim.AdamW(groups, **kwargs)
+
+    def _deepspeed_config(self, guarded: bool) -> dict:
+        cfg = self.cfg
+        zero: dict = {"stage": cfg.zero_stage}
+        pin = self.dist.device.startswith("cuda")
+        if cfg.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if cfg.offload_params:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        ds = {
+            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "gradient_clipping": 0.0 if guarded else cfg.grad_clip,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 2**62,
+            "wall_clock_breakdown": False,
+        }
+        if cfg.precision == "bf16":
+            ds["bf16"] = {"enabled": True, "check_grad_overflow": True}
+        elif cfg.precision == "fp16":
+            ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 14,
+                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+        return ds
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def _resume(self) -> Path | None:
+        for step_dir in ckpt.resume_candidates(self.run_dir, self.cfg.resume_from):
+            try:
+                self._load_checkpoint(step_dir)
+            except UserError:
+                raise
+            except Exception as e:  # a damaged ds/ folder: the previous checkpoint may be whole
+                log.warning("skipping checkpoint %s: DeepSpeed could not load it (%s)", step_dir, e)
+                continue
+            self.console.note(f"resumed from {step_dir} (step {self.step})")
+            return step_dir
+        return None
+
+    def _load_checkpoint(self, step_dir: Path) -> None:
+        state = json.loads((step_dir / ckpt.TRAINER_STATE).read_text(encoding="utf-8"))
+        if state["world_size"] != self.dist.world_size:
+            raise UserError(
+                f"{step_dir} was written by {state['world_size']} processes, this run has "
+                f"{self.dist.world_size}; resume with the same number, or start a new run from its "
+                "weights (--from)")
+        load_path, _ = self.model.load_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED,
+                                                  load_optimizer_states=True,
+                                                  load_lr_scheduler_states=False)
+        if load_path is None:
+            raise RuntimeError("no DeepSpeed checkpoint found")
+        mine = state["ranks"][self.dist.rank]
+        self.task.load_state_dict(mine["task"])
+        ckpt.set_rng_state(mine["rng"])
+        self.step = state["step"]
+        self.tokens_seen = state["tokens_seen"]
+        self.skipped_steps = state["skipped_steps"]
+        self.bad_streak = state["bad_streak"]
+        self.last_record = state.get("metrics", {})
+        self._saved_step = self.step
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _train_loop(self) -> None:
+        cfg = self.cfg
+        while self.step < cfg.max_steps:
+            record = self._train_step(self.step + 1)
+            self.step += 1
+            last = self.step == cfg.max_steps
+            tokens, stopping = record.pop("tokens"), record.pop("_stop")
+            if self.step == 1:
+                self._warn_if_undertrained(tokens)
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
+                record.update(self.evaluate())
+            if self.step % cfg.log_every == 0 or last or any(k.startswith("val_") for k in record):
+                self.metrics.write(record)
+                self.console.show(record)
+            self.last_record = record
+            if self.bad_streak >= cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"training stopped at step {self.step}: {self.bad_streak} consecutive steps had "
+                    f"NaN/Inf loss or gradients ({self.skipped_steps} skipped in all). The last good "
+                    f"checkpoint is {ckpt.read_latest(self.run_dir) or 'none'} in {self.run_dir}; "
+                    "lower lr, raise warmup_steps, use bf16 instead of fp16, or check the data")
+            if last or stopping or (cfg.save_every and self.step % cfg.save_every == 0):
+                self.save_checkpoint()
+            if stopping:
+                raise TrainingInterrupted(f"stopped by signal {stopping} after step {self.step}; "
+                                          f"checkpoint saved in {self.run_dir}")
+
+    def _train_step(self, step: int) -> dict:
+        import torch
+
+        cfg, model = self.cfg, self.model
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        model.train()
+        start = time.perf_counter()
+        data_s, tokens = 0.0, 0
+        losses, sums = [], {}
+        skipped_before = model.skipped_steps
+        for _ in range(cfg.grad_accum):
+            t = time.perf_counter()
+            batch = to_device(self.task.next_batch(model), self.device)
+            data_s += time.perf_counter() - t
+            loss, task_metrics = self.task.loss(model, batch)
+            model.backward(loss)
+            model.step()
+            losses.append(loss.detach().float())
+            tokens += self.task.batch_tokens(batch)
+            for k, v in task_metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        skipped = model.skipped_steps != skipped_before
+        keys = sorted(sums)
+        stats = torch.stack(losses).sum().double().reshape(1)
+        stats = torch.cat([stats, torch.tensor(
+            [len(losses), tokens, float(self._stop_signal or 0)] + [sums[k] for k in keys],
+            dtype=torch.float64, device=stats.device)])
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(stats)
+        stats = stats.tolist()
+        step_s = time.perf_counter() - start
+        loss_sum, n_micro, global_tokens, stop = stats[:4]
+        self.tokens_seen += int(global_tokens)
+        if skipped:
+            self.skipped_steps += 1
+            self.bad_streak += 1
+        else:
+            self.bad_streak = 0
+        tokens_per_s = global_tokens / step_s
+        grad_norm = model.get_global_grad_norm()
+        record = {
+            "step": step,
+            "loss": loss_sum / n_micro,
+            "lr": lr,
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops * self.dist.world_size),
+            "data_s": data_s,
+            "step_s": step_s,
+            "tokens_seen": self.tokens_seen,
+            "skipped_steps": self.skipped_steps,
+            **{k: v / n_micro for k, v in zip(keys, stats[4:])},
+        }
+        if cfg.precision == "fp16":
+            record["loss_scale"] = float(getattr(model.optimizer, "loss_scale", math.nan))
+        record["tokens"] = int(global_tokens)
+        record["_stop"] = int(self._stop_signal or signal.SIGTERM) if stop else 0
+        return record
+
+    def evaluate(self) -> dict:
+        """Mean loss (and task metrics) over up to eval_batches batches per process, with
+        val_ppl = exp(val_loss). Leaves the training RNG streams untouched."""
+        import torch
+
+        batches = self.task.eval_batches()
+        if batches is None:
+            return {}
+        taken = list(itertools.islice(batches, self.cfg.eval_batches))
+        count = torch.tensor([len(taken)], dtype=torch.float64, device=self.device)
+        if self.dist.world_size > 1:  # ZeRO-3 gathers weights in forward: all ranks run as many
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+        n = int(count.item())
+        if n == 0:
+            return {}
+        sums: dict[str, float] = {}
+        self.model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            for batch in taken[:n]:
+                loss, task_metrics = self.task.eval_loss(self.model, to_device(batch, self.device))
+                for k, v in {"loss": loss, **task_metrics}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        self.model.train()
+        keys = sorted(sums)
+        stats = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(stats)
+        means = {f"val_{k}": v / (n * self.dist.world_size) for k, v in zip(keys, stats.tolist())}
+        means["val_ppl"] = math.exp(min(means["val_loss"], 700.0))
+        return means
+
+    def _warn_if_undertrained(self, tokens_per_step: int) -> None:
+        planned = tokens_per_step * self.cfg.max_steps
+        if self.task.warn_undertrained and self.dist.is_main and planned < 20 * self.n_params:
+            log.warning("planned %s training tokens for %s parameters: compute-optimal training "
+                        "(Chinchilla) wants ~20 tokens per parameter (%s)", f"{planned:,}",
+                        f"{self.n_params:,}", f"{20 * self.n_params:,}")
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Write step-%08d/ for the current step (all processes take part), then mark it complete,
+        point `latest` at it and prune to keep_last."""
+        import torch
+
+        if self._saved_step == self.step:
+            return self.run_dir / ckpt.step_dir_name(self.step)
+        step_dir = self.run_dir / ckpt.step_dir_name(self.step)
+        main = self.dist.is_main
+        if main:
+            shutil.rmtree(step_dir, ignore_errors=True)  # debris of a save killed earlier
+            step_dir.mkdir(parents=True)
+        barrier()
+        tensors, tied = self._consolidated_weights()
+        rank_state = {"rng": ckpt.rng_state(), "task": ckpt.to_json_safe(self.task.state_dict())}
+        ranks = [rank_state]
+        if self.dist.world_size > 1:
+            ranks = [None] * self.dist.world_size
+            torch.distributed.all_gather_object(ranks, rank_state)
+        if main:
+            ckpt.save_weights(step_dir / ckpt.WEIGHTS, tensors, tied)
+            _write_json(step_dir / ckpt.MODEL_CONFIG, self.model_config)
+            _write_json(step_dir / ckpt.TRAINER_STATE, {
+                "step": self.step, "tokens_seen": self.tokens_seen,
+                "skipped_steps": self.skipped_steps, "bad_streak": self.bad_streak,
+                "world_size": self.dist.world_size, "metrics": self.last_record,
+                "train_config": dataclasses.asdict(self.cfg), "ranks": ranks})
+            if self.tokenizer_dir is not None:
+                shutil.copytree(self.tokenizer_dir, step_dir / ckpt.TOKENIZER)
+        self.model.save_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED, save_latest=False)
+        barrier()
+        if main:
+            ckpt.mark_complete(step_dir)
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        barrier()
+        self._saved_step = self.step
+        return step_dir
+
+    def _consolidated_weights(self) -> tuple[dict, dict]:
+        """Full weights on rank 0 (ZeRO-3 gathers each parameter in turn; all ranks must call)."""
+        import deepspeed
+
+        module = self.model.module
+        named = module.state_dict(keep_vars=True)
+        tied = ckpt.tied_groups(named)
+        out = {}
+        for name, tensor in named.items():
+            if name in tied:
+                continue
+            if hasattr(tensor, "ds_id"):  # a ZeRO-3 partition
+                with deepspeed.zero.GatheredParameters([tensor]):
+                    if self.dist.is_main:
+                        out[name] = tensor.detach().cpu().clone()
+            elif self.dist.is_main:
+                out[name] = tensor.detach().cpu()
+        return out, tied
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _catch_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def request_stop(signum, frame):
+            if self._stop_signal is not None:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            self.console.note(f"signal {signum}: saving a checkpoint after this step, then stopping")
+
+        return {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signals(handlers) -> None:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def _as_dict(config) -> dict:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=1, allow_nan=True) + "\n", encoding="utf-8")

@@ -1,0 +1,218 @@
+"""Training metrics: `metrics.jsonl` (one JSON object per logged step), TensorBoard event files,
+a console line, and model-FLOPs utilisation (MFU).
+
+MFU = model FLOPs per token (attention included) x tokens/s / peak FLOP/s of the devices used.
+The peak comes from a table of dense bf16 tensor-core figures for known GPUs; on CPU it is the
+fp32 matmul throughput measured once per process, so CPU MFU says how close the run gets to
+what this machine's BLAS can do.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+# Dense (no sparsity) bf16 peak per device, from the vendors' datasheets.
+GPU_PEAK_FLOPS = {
+    "GB200": 2.5e15,
+    "B200": 2.25e15,
+    "H200": 989e12,
+    "H100": 989e12,  # SXM; the PCIe card is matched by "H100 PCIe" below
+    "H100 PCIe": 756e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L40": 181e12,
+    "L4": 121e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "A6000": 155e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+    "V100": 125e12,  # fp16: V100 has no bf16
+    "T4": 65e12,
+    "MI300X": 1307e12,
+    "MI250X": 383e12,
+}
+
+
+def gpu_peak_flops(device_name: str) -> float | None:
+    """The table entry whose key is the longest substring of `device_name`, else None."""
+    matches = [k for k in GPU_PEAK_FLOPS if k.lower() in device_name.lower()]
+    return GPU_PEAK_FLOPS[max(matches, key=len)] if matches else None
+
+
+@functools.cache
+def measured_cpu_peak_flops(size: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 matmul FLOP/s of this process's torch threads (measured once, ~0.1 s)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm the BLAS thread pool
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def device_peak_flops(device: str) -> float:
+    """Peak FLOP/s of one device: the GPU table, or a measured CPU matmul peak."""
+    import torch
+
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+        peak = gpu_peak_flops(name)
+        if peak is None:
+            import warnings
+
+            warnings.warn(f"no peak FLOP/s known for {name!r}; set peak_flops to get a true MFU "
+                          "(using 312e12, an A100)")
+            return 312e12
+        return peak
+    return measured_cpu_peak_flops()
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    return flops_per_token * tokens_per_s / peak_flops
+
+
+class MetricsLog:
+    """Writes metrics.jsonl and TensorBoard events (rank 0 only; other ranks pass enabled=False).
+
+    On resume the lines after the resumed step are dropped, so a resumed run's file equals an
+    uninterrupted run's, and TensorBoard purges its later events the same way.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.tb_dir = Path(run_dir) / TENSORBOARD_DIR
+        self.enabled = enabled
+        self.tensorboard = tensorboard
+        self._writer = None
+        self._purge_step: int | None = None
+
+    def resume_at(self, step: int) -> None:
+        """Keep only records of steps <= step (all of them are rewritten by the resumed run)."""
+        self._purge_step = step + 1
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                if _step_of(line) is not None and _step_of(line) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+        if self.tensorboard:
+            writer = self._tensorboard()
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    writer.add_scalar(_tb_tag(key), value, record["step"])
+            writer.flush()
+
+    def _tensorboard(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.tb_dir), purge_step=self._purge_step)
+        return self._writer
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line torn by a kill is dropped
+
+
+def _tb_tag(key: str) -> str:
+    return f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"
+
+
+class ConsoleLine:
+    """One live status line on a terminal (rich), plain lines otherwise."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._live = None
+
+    def show(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        text = format_record(record)
+        if sys.stderr.isatty():
+            if self._live is None:
+                from rich.console import Console
+                from rich.live import Live
+
+                self._live = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
+                self._live.start()
+            self._live.update(text, refresh=True)
+            if any(k.startswith("val_") for k in record):
+                self._live.console.print(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._live is not None:
+            self._live.console.print(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+_SHOWN = ("loss", "val_loss", "val_ppl", "lr", "grad_norm", "tokens_per_s", "mfu", "skipped_steps")
+
+
+def format_record(record: dict) -> str:
+    parts = [f"step {record['step']}"]
+    for key in _SHOWN + tuple(sorted(k for k in record if k not in _SHOWN and k not in _QUIET)):
+        if key not in record or record[key] is None:
+            continue
+        value = record[key]
+        if key == "tokens_per_s":
+            parts.append(f"{value:,.0f} tok/s")
+        elif key == "mfu":
+            parts.append(f"mfu {100 * value:.1f}%")
+        elif key == "lr":
+            parts.append(f"lr {value:.2e}")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        else:
+            parts.append(f"{key} {value}")
+    return " | ".join(parts)
+
+
+_QUIET = {"step", "data_s", "step_s", "tokens_seen"}

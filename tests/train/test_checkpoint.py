@@ -1,0 +1,130 @@
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from llmkit.errors import UserError
+from llmkit.train import checkpoint as ckpt
+from llmkit.train.metrics import read_metrics
+from tests.train.conftest import TinyLM, make_engine
+
+
+def fake_step(run, step, complete=True):
+    d = run / ckpt.step_dir_name(step)
+    d.mkdir(parents=True)
+    if complete:
+        (d / ckpt.COMPLETE).write_text("")
+    return d
+
+
+def test_prune_keeps_the_newest_complete_and_clears_older_debris(tmp_path):
+    for step in (1, 2, 3, 5):
+        fake_step(tmp_path, step)
+    fake_step(tmp_path, 4, complete=False)  # a save killed before step 5's
+    fake_step(tmp_path, 6, complete=False)  # a save in progress: newer than every complete one
+    removed = ckpt.prune_checkpoints(tmp_path, keep_last=2)
+    assert sorted(p.name for p in removed) == ["step-00000001", "step-00000002", "step-00000004"]
+    assert [p.name for p in ckpt.step_dirs(tmp_path)] == ["step-00000003", "step-00000005",
+                                                            "step-00000006"]
+
+
+def test_engine_writes_step_folders_latest_and_prunes_to_keep_last(tmp_path):
+    run = tmp_path / "run"
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.model").write_bytes(b"spm")
+    make_engine(run, max_steps=5, save_every=1, keep_last=2, tokenizer_dir=tokenizer).fit()
+    assert [p.name for p in ckpt.step_dirs(run)] == ["step-00000004", "step-00000005"]
+    assert (run / ckpt.LATEST).read_text() == "step-00000005\n"
+    step = run / "step-00000005"
+    assert ckpt.checkpoint_problem(step) is None
+    assert json.loads((step / ckpt.MODEL_CONFIG).read_text()) == TinyLM().config
+    state = json.loads((step / ckpt.TRAINER_STATE).read_text())
+    assert state["step"] == 5 and state["tokens_seen"] == 5 * 4 * 8
+    assert state["ranks"][0]["task"] == {"data": {"index": 5}}
+    assert state["metrics"]["step"] == 5
+    assert (step / "tokenizer" / "tokenizer.model").read_bytes() == b"spm"
+
+
+def test_tied_weights_are_stored_once_and_restored_as_one_tensor(tmp_path):
+    model = TinyLM()
+    named = model.state_dict(keep_vars=True)
+    tied = ckpt.tied_groups(named)
+    assert tied == {"head.weight": "embed.weight"}
+    ckpt.save_weights(tmp_path / "w.safetensors", named, tied)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "w.safetensors"), "pt") as f:
+        assert "head.weight" not in f.keys()
+    loaded = ckpt.read_weights(tmp_path / "w.safetensors")
+    assert loaded["head.weight"] is loaded["embed.weight"]
+    fresh = TinyLM()
+    fresh.load_state_dict(loaded, strict=True)
+    assert torch.equal(fresh.head.weight, model.embed.weight)
+
+
+def test_load_weights_resolves_a_run_to_its_latest_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    engine = make_engine(run, max_steps=4, save_every=2)
+    engine.fit()
+    weights, config = ckpt.load_weights(run)
+    assert config == TinyLM().config
+    assert torch.equal(weights["mix.weight"], engine.task.model.mix.weight.detach())
+    older, _ = ckpt.load_weights(run / "step-00000002")
+    assert not torch.equal(older["mix.weight"], weights["mix.weight"])
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        ckpt.load_weights(tmp_path)
+
+
+def test_truncated_weights_are_detected(tmp_path):
+    path = tmp_path / "w.safetensors"
+    ckpt.save_weights(path, {"a": torch.ones(100)}, {})
+    assert ckpt.weights_problem(path) is None
+    path.write_bytes(path.read_bytes()[:-10])
+    assert "truncated" in ckpt.weights_problem(path)
+
+
+def _remove_marker(step_dir):
+    (step_dir / ckpt.COMPLETE).unlink()
+
+
+def _truncate_weights(step_dir):
+    path = step_dir / ckpt.WEIGHTS
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _damage_deepspeed_states(step_dir):
+    (step_dir / ckpt.DEEPSPEED / "mp_rank_00_model_states.pt").write_bytes(b"garbage")
+
+
+@pytest.mark.parametrize("damage", [_remove_marker, _truncate_weights, _damage_deepspeed_states])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, damage):
+    run = tmp_path / "run"
+    make_engine(run, max_steps=4, save_every=2).fit()
+    straight = [r["loss"] for r in read_metrics(run)]
+    damage(run / "step-00000004")
+    engine = make_engine(run, max_steps=4, save_every=2)
+    engine.fit()
+    assert "skipping checkpoint" in caplog.text and "step-00000004" in caplog.text
+    assert [r["loss"] for r in read_metrics(run)] == straight  # steps 3-4 re-run identically
+    assert ckpt.checkpoint_problem(run / "step-00000004") is None  # and re-saved whole
+
+
+def test_resume_from_names_the_step_to_continue_from(tmp_path):
+    run = tmp_path / "run"
+    make_engine(run, max_steps=4, save_every=2).fit()
+    engine = make_engine(run, max_steps=4, save_every=2, resume_from="step-00000002")
+    engine.fit()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    with pytest.raises(UserError, match="step-00000003"):
+        make_engine(run, max_steps=4, resume_from="step-00000003").fit()
+
+
+def test_rng_states_round_trip_through_json():
+    state = json.loads(json.dumps(ckpt.rng_state()))
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    ckpt.set_rng_state(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])

@@ -1,0 +1,202 @@
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmkit.errors import ConfigError
+from llmkit.train import checkpoint as ckpt
+from llmkit.train.distributed import free_port
+from llmkit.train.engine import TrainConfig, TrainingDiverged, TrainingInterrupted, lr_at
+from llmkit.train.metrics import read_metrics
+
+from tests.train.conftest import REPO, make_engine
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+COMPARED = ("step", "loss", "lr", "grad_norm", "accuracy", "skipped_steps", "tokens_seen")
+
+
+def run_script(*runs, launcher=()):
+    """Train (run_dir, options) pairs one after the other in a fresh process, optionally under
+    a launcher; returns the finished process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                             "MASTER_ADDR", "MASTER_PORT")}
+    args = [str(a) if isinstance(a, Path) else json.dumps(a) for run in runs for a in run]
+    cmd = [*(launcher or [sys.executable]), str(CONFTEST), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def losses(run_dir, keys=COMPARED):
+    return [{k: r.get(k) for k in keys} for r in read_metrics(run_dir)]
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    cfg = TrainConfig(max_steps=110, lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at(1, cfg) == pytest.approx(0.1)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.1 + 0.5 * 0.9)  # halfway through the cosine
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("bad", [
+    {"precision": "fp8"}, {"zero_stage": 4}, {"offload_params": True, "zero_stage": 2},
+    {"offload_optimizer": True}, {"min_lr": 1.0, "lr": 0.1}, {"warmup_steps": 20, "max_steps": 10},
+    {"resume_from": "latest"}, {"grad_accum": 0}, {"betas": (0.9, 1.5)},
+])
+def test_invalid_train_config_is_rejected(bad):
+    with pytest.raises(ConfigError):
+        TrainConfig(**bad)
+
+
+def test_loss_falls_parameters_change_and_metrics_are_logged(tmp_path):
+    engine = make_engine(tmp_path / "run", max_steps=30, dropout=0.0)
+    before = {k: v.clone() for k, v in engine.task.model.state_dict().items()}
+    result = engine.fit()
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == list(range(1, 31))
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_s", "step_s", "accuracy"):
+        assert all(isinstance(r[key], float) for r in records), key
+    assert sum(r["loss"] for r in records[-5:]) / 5 < 0.5 * records[0]["loss"]
+    assert records[-1]["tokens_seen"] == 30 * 4 * 8 == result.tokens_seen
+    assert records[0]["mfu"] == pytest.approx(
+        6 * engine.n_params * records[0]["tokens_per_s"] / 1e9)
+    after = engine.task.model.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert result.checkpoint == tmp_path / "run" / "step-00000030"
+
+
+def test_zero_stages_and_bf16_agree_on_first_losses(tmp_path):
+    first = {}
+    for stage in (0, 1, 2, 3):
+        make_engine(tmp_path / f"z{stage}", zero_stage=stage, max_steps=4, dropout=0.0).fit()
+        first[stage] = [r["loss"] for r in read_metrics(tmp_path / f"z{stage}")]
+    for stage in (1, 2, 3):
+        assert first[stage] == pytest.approx(first[0], rel=1e-4), stage
+    make_engine(tmp_path / "bf16", zero_stage=2, precision="bf16", max_steps=4, dropout=0.0).fit()
+    assert [r["loss"] for r in read_metrics(tmp_path / "bf16")] == pytest.approx(first[0], rel=0.05)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_nan_step_is_skipped_counted_and_training_goes_on(tmp_path, zero_stage):
+    # grad_accum 2: batch 5 is the first micro-batch of step 3, which must be skipped whole
+    engine = make_engine(tmp_path / "run", grad_accum=2, nan_batches={5}, zero_stage=zero_stage,
+                         max_steps=5)
+    result = engine.fit()
+    records = read_metrics(tmp_path / "run")
+    assert math.isnan(records[2]["loss"])
+    assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1]
+    assert result.skipped_steps == 1
+    assert all(torch.isfinite(p).all() for p in engine.task.model.parameters())
+    assert math.isfinite(records[3]["loss"]) and records[4]["loss"] < records[0]["loss"]
+
+
+def test_nan_step_leaves_weights_untouched(tmp_path):
+    first = make_engine(tmp_path / "run", max_steps=1)
+    first.fit()
+    resumed = make_engine(tmp_path / "run", max_steps=2, nan_batches={1})  # its first batch: step 2
+    resumed.fit()
+    assert resumed.skipped_steps == 1
+    after_one = first.task.model.state_dict()
+    for k, v in resumed.task.model.state_dict().items():
+        assert torch.equal(v, after_one[k]), k
+
+
+def test_consecutive_bad_steps_stop_with_last_good_checkpoint_intact(tmp_path):
+    run = tmp_path / "run"
+    engine = make_engine(run, max_steps=10, save_every=2, max_bad_steps=2, nan_batches={5, 6})
+    with pytest.raises(TrainingDiverged, match="step-00000004"):
+        engine.fit()
+    assert ckpt.read_latest(run) == "step-00000004"
+    assert ckpt.checkpoint_problem(run / "step-00000004") is None
+    assert not (run / "step-00000006").exists()
+    weights, _ = ckpt.load_weights(run)
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert [r["skipped_steps"] for r in read_metrics(run)] == [0, 0, 0, 0, 1, 2]
+
+
+def test_sigterm_saves_the_current_step_then_stops(tmp_path):
+    run = tmp_path / "run"
+    engine = make_engine(run, max_steps=10, save_every=0)
+    original = engine.task.next_batch
+
+    def next_batch(model):
+        if engine.task.batches_drawn == 2:  # during step 3
+            os.kill(os.getpid(), 15)
+        return original(model)
+
+    engine.task.next_batch = next_batch
+    with pytest.raises(TrainingInterrupted):
+        engine.fit()
+    assert ckpt.read_latest(run) == "step-00000003"
+    assert ckpt.checkpoint_problem(run / "step-00000003") is None
+
+
+def test_eval_logs_val_loss_and_perplexity_without_changing_training(tmp_path):
+    make_engine(tmp_path / "plain", max_steps=4).fit()
+    make_engine(tmp_path / "eval", max_steps=4, eval_every=2, eval_batches=True).fit()
+    plain, evaluated = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "eval")
+    assert [r["loss"] for r in evaluated] == [r["loss"] for r in plain]
+    assert [("val_loss" in r) for r in evaluated] == [False, True, False, True]
+    last = evaluated[-1]
+    assert last["val_ppl"] == pytest.approx(math.exp(last["val_loss"]))
+    assert 0 <= last["val_accuracy"] <= 1
+
+
+def test_new_run_from_existing_weights_starts_where_they_left_off(tmp_path):
+    make_engine(tmp_path / "first", max_steps=20, dropout=0.0).fit()
+    trained_loss = read_metrics(tmp_path / "first")[-1]["loss"]
+    weights, _ = ckpt.load_weights(tmp_path / "first")
+    make_engine(tmp_path / "second", max_steps=1, dropout=0.0, init_state_dict=weights).fit()
+    fresh_loss = read_metrics(tmp_path / "first")[0]["loss"]
+    second = read_metrics(tmp_path / "second")[0]["loss"]
+    assert abs(second - trained_loss) < 0.3 * (fresh_loss - trained_loss)
+
+
+def test_planned_tokens_far_below_twenty_per_parameter_warn(tmp_path, caplog):
+    engine = make_engine(tmp_path / "run", max_steps=1)
+    engine.task.warn_undertrained = True
+    engine.fit()
+    assert "20 tokens per parameter" in caplog.text
+
+
+def test_killed_run_resumes_to_the_same_losses_bitwise(tmp_path):
+    options = dict(max_steps=10, save_every=3)
+    make_engine(tmp_path / "straight", **options).fit()
+    killed = run_script((tmp_path / "killed", {**options, "kill_at_batch": 8}))
+    assert killed.returncode == -9
+    assert ckpt.read_latest(tmp_path / "killed") == "step-00000006"
+    assert [r["step"] for r in read_metrics(tmp_path / "killed")] == list(range(1, 8))
+    resumed = run_script((tmp_path / "killed", options))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
+    a = ckpt.read_weights(tmp_path / "killed" / "step-00000010" / ckpt.WEIGHTS)
+    b = ckpt.read_weights(tmp_path / "straight" / "step-00000010" / ckpt.WEIGHTS)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.slow
+def test_two_processes_zero2_and_zero3_match_one_process_with_the_same_global_batch(tmp_path):
+    make_engine(tmp_path / "one", max_steps=4, dropout=0.0, grad_accum=2).fit()
+    one = read_metrics(tmp_path / "one")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(free_port())]
+    runs = [(tmp_path / f"two-z{stage}", {"max_steps": 4, "dropout": 0.0, "zero_stage": stage})
+            for stage in (2, 3)]
+    done = run_script(*runs, launcher=torchrun)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for run_dir, _ in runs:
+        two = read_metrics(run_dir)
+        assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
+        assert [r["tokens_seen"] for r in two] == [r["tokens_seen"] for r in one]
+        assert ckpt.checkpoint_problem(run_dir / "step-00000004") is None
+        state = json.loads((run_dir / "step-00000004" / ckpt.TRAINER_STATE).read_text())
+        assert [r["task"]["data"]["index"] for r in state["ranks"]] == [4, 4]
+        gathered = ckpt.read_weights(run_dir / "step-00000004" / ckpt.WEIGHTS)
+        reference = ckpt.read_weights(tmp_path / "one" / "step-00000004" / ckpt.WEIGHTS)
+        assert gathered.keys() == reference.keys()
+        assert all(torch.allclose(gathered[k], reference[k], atol=1e-5) for k in reference)
