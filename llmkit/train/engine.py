@@ -173,6 +173,12 @@ class Task:
         """Training FLOPs per token (forward + backward); None = 6 x parameters."""
         return None
 
+    def checkpoint_module(self, module):
+        """The part of the trained module written as model.safetensors (default: all of it).
+        PPO returns its policy: the value head trains and resumes (DeepSpeed's ds/ shards) but is
+        not part of the stage's output checkpoint."""
+        return module
+
     def state_dict(self) -> dict:
         return {"data": self.train_data.state_dict()} if hasattr(self.train_data, "state_dict") else {}
 
@@ -571,7 +577,7 @@ class Engine:
         """Full weights on rank 0 (ZeRO-3 gathers each parameter in turn; all ranks must call)."""
         import deepspeed
 
-        module = self.model.module
+        module = self.task.checkpoint_module(self.model.module)
         named = module.state_dict(keep_vars=True)
         tied = ckpt.tied_groups(named)
         out = {}
