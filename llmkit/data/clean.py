@@ -1,0 +1,305 @@
+"""`llmkit clean`: normalise text, drop boilerplate lines, remove documents that fail a rule.
+
+Per document, in order:
+1. normalise: HTML tags/entities, control and invisible characters, Unicode NFKC, whitespace,
+   runs of repeated punctuation;
+2. drop boilerplate lines: navigation bars, cookie/copyright/JavaScript notices (C4's line
+   filter, extended with common Chinese site chrome);
+3. the quality rules of `llmkit.data.rules`, first objection wins.
+
+Kept rows carry the normalised text; removed rows keep their original text plus a `reason`
+(the rule's name). Every step is a pure function of one row and the config, so any batching
+and any number of workers give the same output.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmkit.errors import ConfigError
+
+GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
+# C4 drops lines containing "javascript" and these policy phrases; the rest are the same kind
+# of site chrome in English and Chinese (analytics snippets, copyright and ICP notices,
+# "follow our WeChat account", "download our app"). Matched case-insensitively.
+BOILERPLATE_PHRASES = [
+    "javascript", "terms of use", "privacy policy", "cookie policy", "uses cookies",
+    "use of cookies", "use cookies",
+    "all rights reserved", "skip to main content", "subscribe to our newsletter",
+    "_gaq.push(", "gtag(", "datalayer.push(",
+    "版权所有", "保留所有权利", "icp备", "免责声明", "隐私政策", "微信公众号", "扫描二维码",
+    "手机客户端",
+]
+
+
+@dataclass
+class CleanConfig:
+    # --- normalisation
+    strip_html: bool = True  # drop HTML tags, comments, <script>/<style> blocks; unescape &entities;
+    strip_control: bool = True  # drop control chars (NUL, ESC, DEL…) and invisible ones (zero-width, BOM, soft hyphen, bidi marks)
+    nfkc: bool = True  # Unicode NFKC: full-width ASCII → ASCII, ligatures and compatibility forms unfolded
+    keep_cjk_punctuation: bool = True  # exempt ，！？：；（）～… from NFKC, which would make them ASCII in Chinese text
+    normalize_whitespace: bool = True  # CR/LF → LF; trailing spaces cut; inner runs of spaces → one; ≤ 1 blank line
+    max_punctuation_run: int = 3  # "!!!!!" / "。。。。" → 3 marks (sentence punctuation only, not "====" rules); 0 = off
+    # --- line filter (switched off with disabled_rules: [boilerplate_lines])
+    boilerplate_phrases: list[str] = field(default_factory=lambda: list(BOILERPLATE_PHRASES))  # lines containing one are dropped
+    c4_drop_unterminated_lines: bool = False  # C4: drop lines not ending in terminal punctuation (off: wrecks code, verse, titles)
+    # --- words
+    cjk_words: Literal["chars", "jieba"] = "chars"  # CJK words: one per character (fast) or jieba segmentation
+    cjk_min_fraction: float = 0.25  # a document is CJK when CJK characters are this share of its words
+    # --- Gopher quality
+    min_words: int = 50  # gopher_min_words: fewer non-symbol words → removed (Gopher: 50)
+    cjk_min_words: int = 8  # the same for CJK documents, a word being a character (8: 吃不言，睡不语 + 《谚语》)
+    max_words: int = 100_000  # gopher_max_words (Gopher: 100,000)
+    min_mean_word_length: float = 3.0  # gopher_mean_word_length, non-CJK only (Gopher: 3 … 10)
+    max_mean_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1  # gopher_symbol_ratio: "#" or ellipses per word (Gopher: 0.1)
+    max_bullet_lines: float = 0.9  # gopher_bullet_lines: share of lines starting with a bullet (Gopher: 0.9)
+    max_ellipsis_lines: float = 0.3  # gopher_ellipsis_lines: share of lines ending in "…" (Gopher: 0.3)
+    min_alpha_words: float = 0.8  # gopher_alpha_words: share of words with a letter (Gopher: 0.8)
+    stop_words: list[str] = field(default_factory=lambda: list(GOPHER_STOP_WORDS))  # gopher_stop_words (Gopher's 8)
+    min_stop_words: int = 2  # distinct stop words a non-CJK document needs (Gopher: 2)
+    cjk_min_common_chars: float = 0.15  # cjk_common_chars: share of Han chars among the 1,000 most common
+    cjk_common_chars_min_han: int = 20  # … checked from this many Han characters on
+    # --- Gopher repetition
+    max_dup_lines: float = 0.3  # gopher_dup_lines: share of lines repeating an earlier line
+    max_dup_paragraphs: float = 0.3  # gopher_dup_paragraphs
+    max_dup_line_chars: float = 0.2  # gopher_dup_line_chars: share of characters in repeated lines
+    max_dup_paragraph_chars: float = 0.2  # gopher_dup_paragraph_chars
+    ngram_min_words: int = 50  # the two n-gram rules skip shorter documents (a couplet's echo is style, not spam)
+    cjk_ngram_scale: float = 2.0  # CJK, cjk_words=chars: n-gram sizes and ngram_min_words × this (a word ≈ 2 characters)
+    max_top_ngram_chars: list[float] = field(default_factory=lambda: [0.20, 0.18, 0.16])  # gopher_top_ngrams, n = 2, 3, 4
+    max_dup_ngram_chars: list[float] = field(
+        default_factory=lambda: [0.15, 0.14, 0.13, 0.12, 0.11, 0.10])  # gopher_dup_ngrams, n = 5 … 10
+    # --- FineWeb
+    min_terminal_lines: float = 0.12  # fineweb_line_punctuation: share of lines ending a sentence (FineWeb: 0.12)
+    # --- switches
+    disabled_rules: list[str] = field(default_factory=list)  # rule names to skip, e.g. [gopher_stop_words]
+
+    def __post_init__(self):
+        from llmkit.data.rules import RULE_NAMES
+
+        for name in self.disabled_rules:
+            if name not in RULE_NAMES:
+                close = difflib.get_close_matches(name, RULE_NAMES, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"rules: {', '.join(RULE_NAMES)}"
+                raise ConfigError(f"clean.disabled_rules: unknown rule {name!r}; {hint}")
+        fractions = ["cjk_min_fraction", "max_symbol_word_ratio", "max_bullet_lines",
+                     "max_ellipsis_lines", "min_alpha_words", "cjk_min_common_chars",
+                     "max_dup_lines", "max_dup_paragraphs", "max_dup_line_chars",
+                     "max_dup_paragraph_chars", "min_terminal_lines"]
+        for name in fractions:
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"clean.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("max_top_ngram_chars", "max_dup_ngram_chars"):
+            if any(not 0.0 <= v <= 1.0 for v in getattr(self, name)):
+                raise ConfigError(f"clean.{name}: every value must be in [0, 1]")
+        for name in ("max_punctuation_run", "min_words", "cjk_min_words", "max_words",
+                     "min_stop_words", "cjk_common_chars_min_han", "ngram_min_words"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"clean.{name} must be ≥ 0, got {getattr(self, name)}")
+        if self.cjk_ngram_scale < 1:
+            raise ConfigError(f"clean.cjk_ngram_scale must be ≥ 1, got {self.cjk_ngram_scale}")
+        if self.min_mean_word_length > self.max_mean_word_length:
+            raise ConfigError("clean.min_mean_word_length must not exceed max_mean_word_length")
+        if self.min_words > self.max_words:
+            raise ConfigError("clean.min_words must not exceed max_words")
+        if any(not p.strip() for p in self.boilerplate_phrases):
+            raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
+
+
+# ---------------------------------------------------------------- normalisation
+
+_SCRIPT_STYLE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<!--.*?-->", re.I | re.S)
+_BLOCK_TAGS = ("p|div|br|hr|li|ul|ol|dl|dt|dd|tr|table|thead|tbody|tfoot|h[1-6]|blockquote|pre|"
+               "article|section|header|footer|nav|aside|main|figure|figcaption|form|title|body|html|"
+               "head")
+_INLINE_TAGS = ("a|abbr|b|i|u|s|em|strong|small|sub|sup|code|span|font|center|cite|q|strike|del|"
+                "ins|mark|time|wbr|img|td|th|caption|label|input|button|select|option|textarea|"
+                "iframe|meta|link|noscript|svg|path|source|video|audio|picture|canvas|tt|kbd|big")
+_BR = re.compile(r"<br\s*/?>[ \t]*\n?", re.I)
+_BLOCK_TAG = re.compile(rf"</?(?:{_BLOCK_TAGS})\b[^<>]*>", re.I)
+_INLINE_TAG = re.compile(rf"</?(?:{_INLINE_TAGS})\b[^<>]*>", re.I)
+# Only entities closed by ";": html.unescape alone would also turn "&not=2" in a URL into "¬=2".
+_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
+
+_LINE_BREAKS = re.compile("\r\n?|[\x0b\x0c\x85\u2028\u2029]")
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f]")
+
+# NFKC folds these to ASCII; Chinese text keeps them. Each is parked on a private-use
+# character during NFKC (which leaves those alone) and put back after.
+_CJK_PUNCTUATION = "，！？：；（）～…"
+_PARKING = "".join(chr(0xE000 + i) for i in range(len(_CJK_PUNCTUATION)))
+
+_TRAILING_SPACE = re.compile(r"[ \t]+$", re.M)
+_INNER_SPACE = re.compile(r"(?<=\S)(?: {2,}|[ \t]*\t[ \t]*)")
+_BLANK_LINES = re.compile(r"\n{3,}")
+_RUN_MARKS = "!?.,;:。！？，、；：~～…"
+
+
+def strip_html(text: str) -> str:
+    """Tags out (block tags become line breaks), entities decoded."""
+    if "<" in text:
+        text = _SCRIPT_STYLE.sub("", text)
+        text = _BR.sub("\n", text)
+        text = _BLOCK_TAG.sub("\n", text)
+        text = _INLINE_TAG.sub("", text)
+    if "&" in text:
+        text = _ENTITY.sub(lambda m: html.unescape(m.group()), text)
+    return text
+
+
+def strip_control(text: str) -> str:
+    """Line breaks of every kind → "\\n"; control and invisible characters removed; tabs kept."""
+    text = _LINE_BREAKS.sub("\n", text)
+    return _INVISIBLE.sub("", text)
+
+
+def nfkc(text: str, keep_cjk_punctuation: bool = True) -> str:
+    if text.isascii():
+        return text
+    if not keep_cjk_punctuation:
+        return unicodedata.normalize("NFKC", text)
+    if any(p in text for p in _PARKING):  # the rare text that already uses them: go piecewise
+        pieces = re.split(f"([{_CJK_PUNCTUATION}])", text)
+        return "".join(p if i % 2 else unicodedata.normalize("NFKC", p) for i, p in enumerate(pieces))
+    parked = [(c, p) for c, p in zip(_CJK_PUNCTUATION, _PARKING) if c in text]
+    for c, p in parked:
+        text = text.replace(c, p)
+    text = unicodedata.normalize("NFKC", text)
+    for c, p in parked:
+        text = text.replace(p, c)
+    return text
+
+
+def normalize_whitespace(text: str) -> str:
+    """Trailing spaces cut, inner runs of spaces and tabs → one space, at most one blank line.
+
+    Leading indentation stays: it is the structure of code and verse.
+    """
+    text = _TRAILING_SPACE.sub("", text)
+    text = _INNER_SPACE.sub(" ", text)
+    text = _BLANK_LINES.sub("\n\n", text)
+    return text.strip("\n ") if text[:1] in "\n " or text[-1:] in "\n " else text
+
+
+def collapse_punctuation(text: str, limit: int) -> str:
+    """Runs longer than `limit` of one sentence mark shrink to `limit` ("!!!!!" → "!!!")."""
+    return _run_pattern(limit).sub("\\1" * limit, text)
+
+
+_RUN_PATTERNS: dict = {}
+
+
+def _run_pattern(limit: int):
+    if limit not in _RUN_PATTERNS:
+        _RUN_PATTERNS[limit] = re.compile(f"([{re.escape(_RUN_MARKS)}])\\1{{{limit},}}")
+    return _RUN_PATTERNS[limit]
+
+
+def normalize_text(text: str, cfg: CleanConfig) -> str:
+    if cfg.strip_html:
+        text = strip_html(text)
+    if cfg.strip_control:
+        text = strip_control(text)
+    if cfg.nfkc:
+        text = nfkc(text, cfg.keep_cjk_punctuation)
+    if cfg.normalize_whitespace:
+        text = normalize_whitespace(text)
+    if cfg.max_punctuation_run:
+        text = collapse_punctuation(text, cfg.max_punctuation_run)
+    return text
+
+
+# ---------------------------------------------------------------- line filter
+
+_NAV_ITEM = re.compile(r"[^\W\d_][\w '’&:：()-]{0,29}")
+
+
+def is_navigation_line(line: str) -> bool:
+    """A menu: three or more short "|"-separated items, each starting with a capital or CJK."""
+    items = line.split("|")
+    if len(items) < 3 or not items[0].strip():  # "| a | b |" is a table row
+        return False
+    for item in items:
+        item = item.strip()
+        if not _NAV_ITEM.fullmatch(item) or len(item.split()) > 4:
+            return False
+        if not (item[0].isupper() or "\u3400" <= item[0] <= "\u9fff"):
+            return False
+    return True
+
+
+def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
+    """(text without boilerplate lines, number of lines dropped)."""
+    from llmkit.data.rules import TERMINAL_PUNCTUATION
+
+    boilerplate = "boilerplate_lines" not in cfg.disabled_rules
+    low = text.lower()
+    phrases = [p for p in cfg.boilerplate_phrases if p.lower() in low] if boilerplate else []
+    phrases = [p.lower() for p in phrases]
+    menus = boilerplate and text.count("|") >= 2
+    if not (phrases or menus or cfg.c4_drop_unterminated_lines):
+        return text, 0
+    lines = text.split("\n")
+    kept = []
+    for line in lines:
+        stripped = line.strip()
+        drop = stripped and (
+            (phrases and any(p in stripped.lower() for p in phrases))
+            or (menus and "|" in line and is_navigation_line(stripped))
+            or (cfg.c4_drop_unterminated_lines and not stripped.endswith(TERMINAL_PUNCTUATION)))
+        if not drop:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if not dropped:
+        return text, 0
+    return _BLANK_LINES.sub("\n\n", "\n".join(kept)).strip("\n"), dropped
+
+
+# ---------------------------------------------------------------- rows and batches
+
+
+def clean_text(text: str, cfg: CleanConfig) -> tuple[str, str | None]:
+    """(normalised text, None) to keep a document, or (normalised text, reason) to remove it."""
+    from llmkit.data.rules import Doc, first_failed_rule
+
+    text = normalize_text(text, cfg)
+    text, dropped = drop_boilerplate_lines(text, cfg)
+    return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, _active_rules(cfg))
+
+
+def _active_rules(cfg: CleanConfig):
+    from llmkit.data.rules import RULES
+
+    return tuple(r for r in RULES if r.__name__ not in cfg.disabled_rules)
+
+
+def clean_batch(batch, config: CleanConfig):
+    """(kept table with normalised `text`, removed table with original `text` and `reason`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    texts = table.column("text").to_pylist()
+    cleaned, reasons = [], []
+    for text in texts:
+        new, reason = clean_text(text or "", config)
+        cleaned.append(new)
+        reasons.append(reason)
+    keep = pa.array([r is None for r in reasons], pa.bool_())
+    index = table.schema.get_field_index("text")
+    text_field = table.schema.field(index)
+    normalised = table.set_column(index, text_field, pa.array(cleaned, text_field.type))
+    kept = normalised.filter(keep)
+    removed = table.filter(pc.invert(keep))
+    removed = removed.append_column("reason", pa.array([r for r in reasons if r is not None],
+                                                       pa.string()))
+    return kept, removed

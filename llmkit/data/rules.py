@@ -1,0 +1,423 @@
+"""Document quality rules (Gopher, C4, FineWeb) as small functions.
+
+A rule is `rule(doc, cfg) -> str | None`: None keeps the document, a string is the reason it is
+removed, and the reason is always the rule's own name, so the manifest counts removals per rule
+and `disabled_rules` switches rules off by the same name. `RULES` is the order they run in
+(cheap, decisive checks first); the first rule that objects decides the reason.
+
+Words. Text in Chinese or Japanese has no spaces, so counting whitespace-separated words would
+make a whole paragraph one "word". Here every CJK character (Han, kana) is one word and the rest
+of the text is split on whitespace, so a mixed line like "在 Debian 中" has 4 words; with
+`cjk_words="jieba"` CJK text is segmented into real words instead (slower). A document is CJK
+when at least `cjk_min_fraction` of its non-space characters are CJK; CJK documents get their
+own minimum length (`cjk_min_words`: a 10-character saying is a document, 50 characters would
+kill most quatrains), skip the mean-word-length rule (a character-word is 1 long by definition)
+and check common characters instead of English stop words.
+
+Thresholds are the published ones unless a field's comment in `CleanConfig` says otherwise:
+Gopher = Rae et al. 2021, "Scaling Language Models", appendix A; C4 = Raffel et al. 2020;
+FineWeb = Penedo et al. 2024 (datatrove's FineWebQualityFilter).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import cached_property
+
+import numpy as np
+
+# Han (BMP, extension A, compatibility, supplementary planes) and kana: written without spaces.
+# Hangul is not here: Korean separates words with spaces.
+CJK_CLASS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3041-\u3096\u30a1-\u30fa\u30fc-\u30ff"
+             "\U00020000-\U0003134f")
+CJK_CHAR = re.compile(f"[{CJK_CLASS}]")
+HAN_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+_TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")
+# A word is delimited by whitespace, a CJK character or the text's ends.
+_EDGE_BEFORE = f"(?<![^\\s{CJK_CLASS}])"
+_EDGE_AFTER = f"(?![^\\s{CJK_CLASS}])"
+_SYMBOL_WORD = re.compile(f"{_EDGE_BEFORE}[^\\w\\s]+{_EDGE_AFTER}")  # no letter, digit or _
+_HAS_WORD_CHAR = re.compile(r"\w")
+_LETTERLESS_WORD = re.compile(f"{_EDGE_BEFORE}(?:[^\\w\\s]|[\\d_])+{_EDGE_AFTER}")
+
+GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+BULLETS = ("•", "‣", "●", "○", "◦", "▪", "■", "□", "-", "*", "·", "–")
+ELLIPSES = ("...", "…")
+# C4's end-of-sentence marks plus closing quotes and brackets after them, and the Chinese
+# comma: a line of verse ends with "，" when its couplet continues on the next line.
+TERMINAL_PUNCTUATION = (".", "!", "?", "…", '"', "'", "”", "’", ")", "。", "！", "？", "；",
+                        "」", "』", "）", "】", "》", "，")
+
+# The 1,000 most frequent Han characters, ranked by jieba's dictionary (a character's frequency
+# is the summed frequency of the dictionary words containing it). Real Chinese, classical
+# poetry included, draws 45-95 % of its characters from them; uniformly random characters
+# (mojibake, spam, gibberish) draw about 5 %. This is the CJK counterpart of Gopher's stop
+# words: a word list cannot work, since 300 random characters contain one or two of any
+# 100-character stop list by chance.
+COMMON_HAN = frozenset(
+    "一是人了不在有大中国和为这上他个地年来我会以到时要出的生学说道民家子也成行下们于后就发自之对得主长可"
+    "过天作分方用多你着部能市等业全里工公经本都而高政法面门动日进区事代那去心小同北定开产前其军还然起种所"
+    "如现理机体表力好外与文当两实重新三么只山水关明从化平建又制南内西没此将员名手最东头者月间无安看见各城"
+    "十相但已些正口通想度加第她合院物性战由位常点海意场武使次二向治因立数样身情入原问把路被并利石老教万知"
+    "级量任江及应省资委务元美特期世湖回系比气汉总展电科金先声提品设或义王社很统处四首共马形己儿司太目基领"
+    "队直计别女权话少流命至报米给打变果书清活几州华解议更称程今决张导术府才保交放管结师便走达族反再题色五"
+    "京河接条规县式白它改风光运信受什组听布百济党指论强做取技黄神选记斯真却职号界件花类何眼兵传带空干农边"
+    "据集联古广完质阳难增历史专官每住商即步认车台林必死游举线言皇土团收考求德叫近备研争非具李众连调感转笑"
+    "革该持始英克士尔让拉思根格造较际亲单朝红型价校约器字段周亚深候则功属积快图火千准究往极育装许参半令吃"
+    "观鱼精办像帝八复影告远群包整构料随划算象容示投势热值夫网望源息语股铁断派速怎需片爱律纪支早况病境证编"
+    "越局推满且列觉服双未居除乐企引标确织初青志率项飞球察节龙响药站施均消客失轻存低甚般击曾防请离落显罗营"
+    "足素视护副食创余照兴占巴虽洲村费易试星木黑左宝置跟央识维采六底宫房音环案批切斗富乡另倒若按查故突责严"
+    "桥模仅胜杀围席态破承招杨负层须父供续状域似依银范修找九致密终血旅钱赛独细效玉冲获习医演毛尽脸弹楼艺航"
+    "陆右协七攻镇检写苏宗章注阿抗弟坐验封紧劳户优财养适陈喜卫排射哥油刻留急降念云微伤例景拿绝阶座刘刚害印"
+    "亿沙母酒助闻超审待压升送监策略限竟香配藏敌呢差仍兰温园树征善波哪词岛止预怕继皮执味份角草男普答益谁船"
+    "惊核街夏宣掌田久著画辑奇尼剑吧谈背免孩礼材愿洋春架筑括晚乱乎讲尚良友临激刀夜室既敢邦挥昌板胡欧福港叶"
+    "简苦担句岁荆贵娘守辖威宜衣帮块堂额错剧充欢够孙班呼阵销坚练脚退读测吴希宁换版异某顾曲楚典朱毒菜判救宋"
+    "茶洪含顺啊鲜败货矿端兄归冷忙买险康评肉吗厂永哈沉散遗停笔假输牛洞松渐顶训录否述毕督控丰献姑忽爷互亮纳"
+    "襄登咱钟伯臣雄季脑介鄂召饭暗扩祖齐短烈赶牌恩诉移诗础露届蒙静喝盘卖植授伊湾博痛减穿逐秘庭陵固禁票灵杂"
+    "姓泽吸侧庆妈遇追甲馆补唐炮沿殿刺怪彩俄旧警索岸轮妇载靠附毫怀软骨探雷旁罪枪牙迎序慢盛雨墙恶谷顿危稳熟"
+)
+
+
+class Doc:
+    """One normalised document and the measurements rules share, each computed at most once."""
+
+    def __init__(self, text: str, cfg, *, dropped_lines: int = 0):
+        self.text = text
+        self.cfg = cfg
+        self.dropped_lines = dropped_lines  # boilerplate lines removed before the rules ran
+
+    @cached_property
+    def cjk_chars(self) -> int:
+        if self.text.isascii():
+            return 0
+        return len(self.text) - len(CJK_CHAR.sub("", self.text))
+
+    @cached_property
+    def words(self) -> list[str]:
+        if not self.cjk_chars:
+            return self.text.split()
+        if self.cfg.cjk_words == "jieba":
+            return _jieba_words(self.text)
+        return _TOKEN.findall(self.text)
+
+    @cached_property
+    def symbol_words(self) -> list[str]:
+        """Words with no letter, digit or underscore: "|", "--", "，", "...". """
+        if self.cjk_chars and self.cfg.cjk_words == "jieba":
+            return [w for w in self.words if not _HAS_WORD_CHAR.search(w)]
+        return _SYMBOL_WORD.findall(self.text)
+
+    @cached_property
+    def content_words(self) -> int:
+        """Gopher's word count: words that are not just punctuation or symbols."""
+        return len(self.words) - len(self.symbol_words)
+
+    @cached_property
+    def is_cjk(self) -> bool:
+        """CJK characters are at least `cjk_min_fraction` of the words (one per character)."""
+        if not self.cjk_chars:
+            return False
+        if self.cfg.cjk_words == "jieba":
+            other = len(_TOKEN.findall(self.text)) - self.cjk_chars - len(_SYMBOL_WORD.findall(self.text))
+        else:
+            other = self.content_words - self.cjk_chars
+        return self.cjk_chars >= self.cfg.cjk_min_fraction * (self.cjk_chars + other)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """Non-empty lines (normalisation has already stripped trailing whitespace)."""
+        return [line for line in self.text.split("\n") if line]
+
+    @cached_property
+    def paragraphs(self) -> list[str]:
+        return [p for p in self.text.split("\n\n") if p]
+
+    @cached_property
+    def ngram_scale(self) -> float:
+        """How many of this document's words make one word of Gopher's n-grams."""
+        return self.cfg.cjk_ngram_scale if self.is_cjk and self.cfg.cjk_words == "chars" else 1.0
+
+    @cached_property
+    def ngram_stats(self):
+        """(top n-gram chars by n, repeated n-gram chars by n, total word chars, n scale).
+
+        Documents shorter than `ngram_min_words` (scaled) get all zeros: in a short text one
+        echoed phrase is a large fraction, and that is style (a refrain, a couplet), not spam.
+        """
+        words, scale = self.words, self.ngram_scale
+        n_top = round((len(self.cfg.max_top_ngram_chars) + 1) * scale)
+        n_dup = round((len(self.cfg.max_dup_ngram_chars) + 4) * scale)
+        if len(words) < self.cfg.ngram_min_words * scale:
+            return np.zeros(n_top + 1, np.int64), np.zeros(n_dup + 1, np.int64), 0, scale
+        # Python's string hash is salted per process, but only equality within one document
+        # matters here, so results are the same in every worker (barring a 2**-64 collision).
+        hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
+        lengths = np.fromiter(map(len, words), np.int64, len(words))
+        top, dup = _repetition_kernel()(hashes, lengths, n_top, n_dup)
+        return top, dup, int(lengths.sum()), scale
+
+
+def repetition_stats(hashes, lengths, n_top: int, n_dup: int):
+    """Gopher's n-gram repetition measures over a document's words (given as hashes, lengths).
+
+    top[n], n = 2 … n_top: characters covered by the most frequent n-gram (count × length;
+    0 when no n-gram repeats). dup[n], n = 5 … n_dup: characters in n-grams that repeat an
+    earlier n-gram, scanning left to right and skipping past each repeat (datatrove's
+    `find_all_duplicate`). Characters are the words' own, spaces excluded.
+    """
+    size = hashes.shape[0]
+    top = np.zeros(n_top + 1, np.int64)
+    dup = np.zeros(n_dup + 1, np.int64)
+    gram = hashes.copy()  # gram[i] = hash of the n-gram starting at word i
+    chars = lengths.copy()
+    for n in range(2, max(n_top, n_dup) + 1):
+        m = size - n + 1
+        if m < 2:
+            break
+        for i in range(m):
+            gram[i] = gram[i] * np.uint64(1000003) + hashes[i + n - 1]
+            chars[i] += lengths[i + n - 1]
+        if n <= n_top:
+            order = np.argsort(gram[:m])
+            best, run = 0, 1
+            for k in range(1, m + 1):
+                if k < m and gram[order[k]] == gram[order[k - 1]]:
+                    run += 1
+                    continue
+                if run > 1:
+                    best = max(best, run * chars[order[k - 1]])
+                run = 1
+            top[n] = best
+        if n >= 5 and n <= n_dup:
+            seen = set()
+            i = 0
+            while i < m:
+                if gram[i] in seen:
+                    dup[n] += chars[i]
+                    i += n
+                else:
+                    seen.add(gram[i])
+                    i += 1
+    return top, dup
+
+
+_KERNEL = None
+
+
+def _repetition_kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        import numba
+
+        _KERNEL = numba.njit(cache=True, nogil=True)(repetition_stats)
+    return _KERNEL
+
+
+def _jieba_words(text: str) -> list[str]:
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    return [w for w in jieba.lcut(text) if not w.isspace()]
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(items that repeat an earlier one, characters in those repeats)."""
+    counts = Counter(items)
+    repeats = [(item, n - 1) for item, n in counts.items() if n > 1]
+    return sum(r for _, r in repeats), sum(len(item) * r for item, r in repeats)
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def boilerplate_lines(doc: Doc, cfg) -> str | None:
+    """Nothing but boilerplate: every line was navigation, cookie or copyright chrome."""
+    if doc.dropped_lines and not doc.text:
+        return "boilerplate_lines"
+    return None
+
+
+def c4_lorem_ipsum(doc: Doc, cfg) -> str | None:
+    """C4: placeholder text marks a template page, not content."""
+    if "lorem ipsum" in doc.text.lower():
+        return "c4_lorem_ipsum"
+    return None
+
+
+def gopher_min_words(doc: Doc, cfg) -> str | None:
+    limit = cfg.cjk_min_words if doc.is_cjk else cfg.min_words
+    if doc.content_words < limit:
+        return "gopher_min_words"
+    return None
+
+
+def gopher_max_words(doc: Doc, cfg) -> str | None:
+    if doc.content_words > cfg.max_words:
+        return "gopher_max_words"
+    return None
+
+
+def gopher_mean_word_length(doc: Doc, cfg) -> str | None:
+    """Mean length of non-symbol words outside [min, max]: tables of numbers, base64, URLs.
+
+    Not for CJK documents, whose words are single characters.
+    """
+    if doc.is_cjk or not doc.content_words:
+        return None
+    chars = sum(map(len, doc.words)) - sum(map(len, doc.symbol_words))
+    mean = chars / doc.content_words
+    if not cfg.min_mean_word_length <= mean <= cfg.max_mean_word_length:
+        return "gopher_mean_word_length"
+    return None
+
+
+def gopher_symbol_ratio(doc: Doc, cfg) -> str | None:
+    """Hash marks or ellipses per word above the limit: tag clouds, truncated teasers."""
+    n = len(doc.words)
+    if not n:
+        return None
+    hashes = doc.text.count("#")
+    ellipses = doc.text.count("...") + doc.text.count("…")
+    if max(hashes, ellipses) / n > cfg.max_symbol_word_ratio:
+        return "gopher_symbol_ratio"
+    return None
+
+
+def gopher_bullet_lines(doc: Doc, cfg) -> str | None:
+    """Almost every line a bullet point: menus and link lists."""
+    lines = doc.lines
+    if lines and sum(line.lstrip().startswith(BULLETS) for line in lines) > \
+            cfg.max_bullet_lines * len(lines):
+        return "gopher_bullet_lines"
+    return None
+
+
+def gopher_ellipsis_lines(doc: Doc, cfg) -> str | None:
+    """Many lines cut off with an ellipsis: lists of truncated teasers."""
+    lines = doc.lines
+    if lines and sum(line.endswith(ELLIPSES) for line in lines) > cfg.max_ellipsis_lines * len(lines):
+        return "gopher_ellipsis_lines"
+    return None
+
+
+def gopher_alpha_words(doc: Doc, cfg) -> str | None:
+    """Too few words with a letter (CJK characters are letters): numbers, codes, tables.
+
+    Punctuation-only words are left out of the ratio: in CJK text every mark is its own word.
+    """
+    if not doc.content_words:
+        return None
+    letterless = len(_LETTERLESS_WORD.findall(doc.text)) - len(doc.symbol_words)
+    if (doc.content_words - letterless) < cfg.min_alpha_words * doc.content_words:
+        return "gopher_alpha_words"
+    return None
+
+
+def gopher_stop_words(doc: Doc, cfg) -> str | None:
+    """Fewer than `min_stop_words` distinct English stop words: not running English prose."""
+    if doc.is_cjk:
+        return None
+    if len(set(cfg.stop_words).intersection(doc.words)) < cfg.min_stop_words:
+        return "gopher_stop_words"
+    return None
+
+
+def cjk_common_chars(doc: Doc, cfg) -> str | None:
+    """Too few of the 1,000 most common Han characters: random characters, not Chinese."""
+    if not doc.is_cjk:
+        return None
+    han = HAN_CHAR.findall(doc.text)
+    if len(han) < cfg.cjk_common_chars_min_han:
+        return None
+    common = sum(map(COMMON_HAN.__contains__, han))
+    if common < cfg.cjk_min_common_chars * len(han):
+        return "cjk_common_chars"
+    return None
+
+
+def gopher_dup_lines(doc: Doc, cfg) -> str | None:
+    lines = doc.lines
+    if lines and _duplicates(lines)[0] > cfg.max_dup_lines * len(lines):
+        return "gopher_dup_lines"
+    return None
+
+
+def gopher_dup_paragraphs(doc: Doc, cfg) -> str | None:
+    paragraphs = doc.paragraphs
+    if paragraphs and _duplicates(paragraphs)[0] > cfg.max_dup_paragraphs * len(paragraphs):
+        return "gopher_dup_paragraphs"
+    return None
+
+
+def gopher_dup_line_chars(doc: Doc, cfg) -> str | None:
+    if doc.text and _duplicates(doc.lines)[1] > cfg.max_dup_line_chars * len(doc.text):
+        return "gopher_dup_line_chars"
+    return None
+
+
+def gopher_dup_paragraph_chars(doc: Doc, cfg) -> str | None:
+    if doc.text and _duplicates(doc.paragraphs)[1] > cfg.max_dup_paragraph_chars * len(doc.text):
+        return "gopher_dup_paragraph_chars"
+    return None
+
+
+def gopher_top_ngrams(doc: Doc, cfg) -> str | None:
+    """The most frequent word n-gram (n = 2, 3, 4) covers too many characters: spam, chants."""
+    top, _, total, scale = doc.ngram_stats
+    for n, limit in enumerate(cfg.max_top_ngram_chars, start=2):
+        if total and top[round(n * scale)] > limit * total:
+            return "gopher_top_ngrams"
+    return None
+
+
+def gopher_dup_ngrams(doc: Doc, cfg) -> str | None:
+    """Repeated word n-grams (n = 5 … 10) cover too many characters: copy-pasted blocks."""
+    _, dup, total, scale = doc.ngram_stats
+    for n, limit in enumerate(cfg.max_dup_ngram_chars, start=5):
+        if total and dup[round(n * scale)] > limit * total:
+            return "gopher_dup_ngrams"
+    return None
+
+
+def fineweb_line_punctuation(doc: Doc, cfg) -> str | None:
+    """Too few lines end a sentence: menus, lists of links, keyword dumps."""
+    lines = doc.lines
+    if lines and sum(line.endswith(TERMINAL_PUNCTUATION) for line in lines) < \
+            cfg.min_terminal_lines * len(lines):
+        return "fineweb_line_punctuation"
+    return None
+
+
+RULES = (
+    boilerplate_lines,
+    c4_lorem_ipsum,
+    gopher_min_words,
+    gopher_max_words,
+    gopher_mean_word_length,
+    gopher_symbol_ratio,
+    gopher_bullet_lines,
+    gopher_ellipsis_lines,
+    gopher_alpha_words,
+    gopher_stop_words,
+    cjk_common_chars,
+    gopher_dup_lines,
+    gopher_dup_paragraphs,
+    gopher_dup_line_chars,
+    gopher_dup_paragraph_chars,
+    gopher_top_ngrams,
+    gopher_dup_ngrams,
+    fineweb_line_punctuation,
+)
+RULE_NAMES = tuple(rule.__name__ for rule in RULES)
+
+
+def first_failed_rule(doc: Doc, cfg, rules=RULES) -> str | None:
+    """The reason of the first rule in `rules` that rejects `doc`, or None to keep it."""
+    for rule in rules:
+        reason = rule(doc, cfg)
+        if reason is not None:
+            return reason
+    return None
