@@ -33,8 +33,6 @@ class PostTrainConfig(TrainConfig):
 
     seq_len: int = 512  # longest sequence (conversation, or prompt + reply); longer ones are cut
     eval_fraction: float = 0.05  # share of --in held out for evaluation when --eval is not given
-    eval_records: int = 200  # held-out rows scored at the end (and at the start); 0 = skip
-    max_new_tokens: int = 32  # generation budget of the exact-match evaluation
     eval_every: int = 100  # validation loss (and metrics) on held-out batches every N steps
 
     def __post_init__(self):
@@ -43,15 +41,26 @@ class PostTrainConfig(TrainConfig):
             raise ConfigError(f"seq_len must be >= 8, got {self.seq_len}")
         if not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.eval_records < 0 or self.max_new_tokens < 1:
-            raise ConfigError("eval_records must be >= 0 and max_new_tokens >= 1")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
 @dataclass
-class SftConfig(PostTrainConfig):
+class GenerativeConfig(PostTrainConfig):
+    """A stage whose result is a policy, scored by greedy exact match before and after."""
+
+    eval_records: int = 200  # held-out rows scored by exact match at the start and end; 0 = skip
+    max_new_tokens: int = 32  # generation budget of that evaluation
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.eval_records < 0 or self.max_new_tokens < 1:
+            raise ConfigError("eval_records must be >= 0 and max_new_tokens >= 1")
+
+
+@dataclass
+class SftConfig(GenerativeConfig):
     max_steps: int = 300  # optimizer steps
     lr: float = 1e-4  # fine-tuning moves a trained model: a lower peak than pretraining
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
