@@ -3,7 +3,7 @@
 # Without PPO_REWARD the reward is the verifiable exact match against each prompt's `answer`;
 # PPO_FLAGS = --set algo=grpo switches to GRPO, --set reward=mix adds exact match to the RM score.
 PPO_FROM ?= sft
-PPO_PROMPTS ?= prompts
+PPO_PROMPTS ?= prompts_train
 PPO_REWARD ?=
 PPO_EVAL ?=
 PPO_FLAGS ?=

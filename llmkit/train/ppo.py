@@ -8,15 +8,16 @@ end-of-sequence token included) and 0 on padding.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
 import torch.nn as nn
 
-from llmkit.errors import ConfigError
+from llmkit.errors import ConfigError, UserError
 from llmkit.model import Transformer, generate
-from llmkit.train.engine import Task, TrainConfig
+from llmkit.train.engine import Task
+from llmkit.train.sft import GenerativeConfig
 
 
 # ---- masked statistics ----------------------------------------------------------------------
@@ -212,21 +213,20 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 # ---- configuration -------------------------------------------------------------------------------
 
-def _ppo_train_defaults() -> TrainConfig:
-    # RL fine-tuning moves a trained policy a little: a small constant lr, no decay, no warmup
-    return TrainConfig(max_steps=200, micro_batch_size=8, lr=1e-5, min_lr=1e-5, warmup_steps=0,
-                       weight_decay=0.0, save_every=100, log_every=1)
-
-
 @dataclass
-class PPOConfig:
+class PPOConfig(GenerativeConfig):
+    """The engine's settings (flat, as for sft/rm/dpo: `--set lr=…`) plus PPO's own.
+
+    One optimizer step takes micro_batch_size × grad_accum responses of the current rollout;
+    max_new_tokens bounds both rollouts and the held-out evaluation.
+    """
+
     algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
     verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × exact match (0 or 1)
     prompts_per_rollout: int = 16  # prompts sampled per rollout batch
     group_size: int = 4  # grpo: responses sampled per prompt (ppo samples one)
-    ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of train.micro_batch_size
-    max_new_tokens: int = 24  # longest response sampled
+    ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of micro_batch_size
     temperature: float = 1.0  # sampling temperature of rollouts
     top_k: int | None = None  # sample among the k likeliest tokens only; None = all
     top_p: float = 1.0  # nucleus sampling threshold; 1 = off
@@ -245,16 +245,23 @@ class PPOConfig:
     reward_clip: float | None = 5.0  # scores are clamped to ±reward_clip; None = no clamp
     normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
     value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
-    eval_prompts: int = 200  # held-out prompts scored (greedy) before and after training; 0 = skip
-    train: TrainConfig = field(default_factory=_ppo_train_defaults)  # the shared engine's settings
+    # the engine's settings, with defaults for RL fine-tuning: a small constant lr, no warmup
+    max_steps: int = 200  # optimizer steps
+    lr: float = 1e-5  # learning rate (constant unless min_lr is set lower)
+    min_lr: float = 1e-5  # learning rate at the end of the cosine decay
+    warmup_steps: int = 0  # linear warmup steps
+    weight_decay: float = 0.0  # AdamW decay of matrices
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    log_every: int = 1  # write metrics every N steps
+    eval_every: int = 0  # ppo has no validation loss; held-out exact match runs at start and end
 
     def __post_init__(self):
-        for name in ("prompts_per_rollout", "group_size", "ppo_epochs", "max_new_tokens",
-                     "kl_horizon"):
+        super().__post_init__()
+        for name in ("prompts_per_rollout", "group_size", "ppo_epochs", "kl_horizon"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("clip_range", "clip_range_value", "vf_coef", "entropy_coef", "kl_coef",
-                     "eval_prompts", "verify_weight"):
+                     "verify_weight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
@@ -263,16 +270,21 @@ class PPOConfig:
             raise ConfigError(f"temperature must be > 0 (rollouts sample), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1 or null, got {self.top_k}")
         if self.reward_clip is not None and not self.reward_clip > 0:
             raise ConfigError(f"reward_clip must be > 0 or null, got {self.reward_clip}")
         if not self.kl_target > 0:
             raise ConfigError(f"kl_target must be > 0, got {self.kl_target}")
         if self.algo == "grpo" and self.group_size < 2:
             raise ConfigError("algo=grpo compares responses within a group: group_size must be >= 2")
-        if self.rollout_size % self.train.micro_batch_size:
+        if self.zero_stage == 3:
+            raise ConfigError("ppo samples rollouts from the whole policy on every process: use "
+                              "zero_stage 0, 1 or 2")
+        if self.rollout_size % self.micro_batch_size:
             raise ConfigError(
                 f"a rollout of {self.rollout_size} responses does not split into minibatches of "
-                f"train.micro_batch_size={self.train.micro_batch_size}; make prompts_per_rollout"
+                f"micro_batch_size={self.micro_batch_size}; make prompts_per_rollout"
                 f"{' × group_size' if self.algo == 'grpo' else ''} a multiple of it")
 
     @property
@@ -445,7 +457,7 @@ class PPOTask(Task):
         return select_rows(self._rollout, self._pending.pop(0))
 
     def _start_rollout(self, rollout: dict) -> None:
-        n, size = len(rollout["input_ids"]), self.cfg.train.micro_batch_size
+        n, size = len(rollout["input_ids"]), self.cfg.micro_batch_size
         self._rollout = rollout
         self._pending = [rows for _ in range(self.cfg.ppo_epochs)
                          for rows in torch.randperm(n).split(size)]
@@ -454,7 +466,7 @@ class PPOTask(Task):
         out = []
         while len(out) < self.cfg.prompts_per_rollout:
             order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
-                self.cfg.train.seed * 100_003 + self.prompt_epoch))
+                self.cfg.seed * 100_003 + self.prompt_epoch))
             take = order[self.prompt_cursor:self.prompt_cursor + self.cfg.prompts_per_rollout - len(out)]
             out += [self.prompts[i] for i in take.tolist()]
             self.prompt_cursor += len(take)
@@ -556,6 +568,9 @@ class PPOTask(Task):
     def batch_tokens(self, batch) -> int:
         return int(batch["attention_mask"].sum())
 
+    def checkpoint_module(self, module: ActorCritic) -> Transformer:
+        return module.policy  # the stage's output is a plain policy; the value head stays in ds/
+
     # -- resume ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -588,3 +603,170 @@ def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
 
 def _strip_eos(tokens: list[int], eos_id: int | None) -> list[int]:
     return tokens[:-1] if tokens and eos_id is not None and tokens[-1] == eos_id else tokens
+
+
+# ---- the stage -----------------------------------------------------------------------------------
+
+def reward_model_scorer(reward_model) -> Scorer:
+    """The reward model's score of prompt + response, read at the response's last token."""
+
+    def score(samples: Samples) -> torch.Tensor:
+        device = samples.input_ids.device
+        return reward_model.to(device)(samples.input_ids, samples.attention_mask).float()
+
+    return score
+
+
+def mixed_scorer(reward_model, verify_weight: float) -> Scorer:
+    """Reward-model score plus verify_weight for a response that matches its answer."""
+    by_model = reward_model_scorer(reward_model)
+
+    def score(samples: Samples) -> torch.Tensor:
+        return by_model(samples) + verify_weight * verify_scorer(samples).to(samples.input_ids.device)
+
+    return score
+
+
+def reward_mode(cfg: PPOConfig, has_reward_model: bool) -> str:
+    """model | verify | mix, checked against what was given."""
+    mode = cfg.reward if cfg.reward != "auto" else ("model" if has_reward_model else "verify")
+    if mode in ("model", "mix") and not has_reward_model:
+        raise ConfigError(f"reward={mode} needs a reward model: pass --reward RM (a `llmkit rm` "
+                          "run), or use reward=verify")
+    return mode
+
+
+def prompt_set(tokenizer, rows: list[dict], cfg: PPOConfig, where, needs_answer: bool):
+    """(prompts rendered for generation, rows dropped because no reply would fit in seq_len)."""
+    from llmkit.data.chat import prompt_messages
+
+    room = cfg.seq_len - cfg.max_new_tokens
+    prompts, dropped = [], 0
+    for row in rows:
+        if row.get("prompt") is None and not row.get("messages"):
+            raise UserError(f"{where}: row {row.get('id')!r} has no prompt; ingest prompts with "
+                            "`llmkit ingest --kind prompt`")
+        answer = row.get("answer")
+        if needs_answer and answer is None:
+            raise UserError(f"{where}: row {row.get('id')!r} has no `answer`, which the verifiable "
+                            "reward checks; give every row an answer or pass --reward RM")
+        ids, _ = tokenizer.encode_chat(prompt_messages(row), add_generation_prompt=True)
+        if len(ids) > room:
+            dropped += 1
+            continue
+        prompts.append(Prompt(ids, None if answer is None else str(answer)))
+    return prompts, dropped
+
+
+def build_actor_critic(policy: Transformer, cfg: PPOConfig, reward_model=None) -> ActorCritic:
+    """The trained module: grpo has no value model; ppo's value head sits on the policy's trunk
+    or on a trunk of its own, started from the reward model when there is one (as InstructGPT
+    does: it already reads how good a response is), else from the policy."""
+    import copy
+
+    if cfg.algo == "grpo":
+        return ActorCritic(policy, with_value=False)
+    if cfg.value_model == "shared":
+        return ActorCritic(policy)
+    trunk = copy.deepcopy(reward_model.trunk if reward_model is not None else policy)
+    if not trunk.config.tie_embeddings:
+        trunk.lm_head.requires_grad_(False)  # a value trunk never predicts tokens
+    model = ActorCritic(policy, value_trunk=trunk)
+    if reward_model is not None:
+        with torch.no_grad():
+            model.value_head.weight.copy_(reward_model.score.weight)
+    return model
+
+
+def same_tokenizer(a, b) -> bool:
+    from llmkit.tokenizer import MODEL_FILE
+
+    return (a.path / MODEL_FILE).read_bytes() == (b.path / MODEL_FILE).read_bytes()
+
+
+def window_mean(values: list[float], first: bool) -> float | None:
+    """Mean of the first (or last) tenth of `values`, at least one of them."""
+    if not values:
+        return None
+    k = max(1, len(values) // 10)
+    chunk = values[:k] if first else values[-k:]
+    return sum(chunk) / len(chunk)
+
+
+def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None = None,
+            eval_data: str | None = None):
+    """`llmkit ppo`: PPO (or GRPO) of checkpoint `policy` on the prompts of --in (default
+    prompts_train), rewarded by a reward model and/or exact match against each prompt's answer.
+
+    Held-out prompts (--eval, else a stable share of --in) are answered greedily before and
+    after training: `stats.base_accuracy` and `stats.accuracy`. `stats.reward_start` /
+    `reward_end` are the mean training reward of the first and last tenth of the rollouts.
+    """
+    import copy
+    import time
+
+    from llmkit.progress import print_summary
+    from llmkit.train.engine import Engine
+    from llmkit.train.rm import load_reward_model
+    from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
+                                  evaluate_exact_match, load_transformer, open_run, read_rows,
+                                  split_rows, start_run)
+
+    policy_art = ctx.workspace.artifact(policy)
+    prompts_art = ctx.input(default="prompts_train")
+    rm_art = ctx.workspace.artifact(reward_model) if reward_model else None
+    eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
+    mode = reward_mode(cfg, rm_art is not None)
+    inputs = [a for a in (policy_art, prompts_art, rm_art, eval_art) if a is not None]
+    b, resumable = open_run(ctx, "ppo", cfg, inputs)
+    if b.up_to_date:
+        return b
+
+    model, step_dir = load_transformer(policy_art.path)
+    check_seq_len(cfg, model)
+    tokenizer = checkpoint_tokenizer(step_dir)
+    rm = None
+    if rm_art is not None and (mode != "verify" or cfg.value_model == "separate"):
+        rm = load_reward_model(rm_art.path)
+        from llmkit.train.checkpoint import resolve_step_dir
+
+        rm_tokenizer = checkpoint_tokenizer(resolve_step_dir(rm_art.path))
+        if not same_tokenizer(tokenizer, rm_tokenizer):
+            raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
+                            "the reward model from the same base as the policy")
+    rows = read_rows(prompts_art, ())
+    train_rows, heldout = split_rows(rows, read_rows(eval_art, ()) if eval_art else None,
+                                     cfg.eval_fraction, cfg.seed)
+    prompts, dropped = prompt_set(tokenizer, train_rows, cfg, prompts_art.path,
+                                  needs_answer=mode != "model")
+    if not prompts:
+        raise UserError(f"{prompts_art.path}: no prompt leaves room for a reply within seq_len="
+                        f"{cfg.seq_len} and max_new_tokens={cfg.max_new_tokens}")
+    scorer = {"model": lambda: reward_model_scorer(rm), "verify": lambda: verify_scorer,
+              "mix": lambda: mixed_scorer(rm, cfg.verify_weight)}[mode]()
+    scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
+
+    with b:
+        start_run(b, resumable)
+        device = default_device()
+        base_accuracy = evaluate_exact_match(model.to(device), tokenizer, scored, cfg.max_new_tokens)
+        reference = copy.deepcopy(model)
+        task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
+                       eos_id=tokenizer.end_of_turn_id, pad_id=tokenizer.pad_id,
+                       decode=tokenizer.decode)
+        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
+                        model_config=model.config).fit()
+        accuracy = evaluate_exact_match(model, tokenizer, scored, cfg.max_new_tokens)
+        b.stats.update(
+            reward=mode, algo=cfg.algo, train_prompts=len(prompts), dropped_too_long=dropped,
+            heldout_rows=len(heldout), eval_records=len(scored), steps=result.step,
+            rollouts=task.rollouts_done, tokens_seen=result.tokens_seen,
+            reward_start=window_mean(task.reward_history, first=True),
+            reward_end=window_mean(task.reward_history, first=False),
+            kl=result.metrics.get("kl"), base_accuracy=base_accuracy, accuracy=accuracy)
+    print_summary(f"{b.name} done", [
+        ("steps", result.step), ("rollouts", task.rollouts_done),
+        ("reward", f"{b.stats['reward_start']:.3f} -> {b.stats['reward_end']:.3f} ({mode})"),
+        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
+        ("seconds", round(time.time() - b.started, 1))])
+    return b

@@ -182,7 +182,7 @@ import copy  # noqa: E402
 import json  # noqa: E402
 
 from llmkit.model import ModelConfig, Transformer  # noqa: E402
-from llmkit.train.engine import Engine, TrainConfig  # noqa: E402
+from llmkit.train.engine import Engine  # noqa: E402
 from llmkit.train.ppo import ActorCritic, PPOConfig, PPOTask, Prompt, Samples  # noqa: E402
 
 TARGET = 5  # the token the toy reward asks for
@@ -200,11 +200,9 @@ def tiny_setup(algo="ppo", max_steps=20, **overrides):
                                      n_kv_heads=1, intermediate_size=64, max_seq_len=16))
     policy.init_weights(seed=0)
     reference = copy.deepcopy(policy)
-    train = TrainConfig(max_steps=max_steps, micro_batch_size=8, lr=2e-2, min_lr=2e-2,
-                        warmup_steps=0, weight_decay=0.0, save_every=0, log_every=1,
-                        peak_flops=1e9)
     cfg = PPOConfig(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
-                    ppo_epochs=2, max_new_tokens=6, kl_coef=0.01, train=train, **overrides)
+                    ppo_epochs=2, max_new_tokens=6, kl_coef=0.01, max_steps=max_steps,
+                    micro_batch_size=8, lr=2e-2, min_lr=2e-2, peak_flops=1e9, **overrides)
     prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
     model = ActorCritic(policy, with_value=algo == "ppo")
     task = PPOTask(model, reference, prompts, fraction_of_target, cfg, eos_id=None, pad_id=0,
@@ -216,7 +214,7 @@ def tiny_setup(algo="ppo", max_steps=20, **overrides):
 def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     task, cfg = tiny_setup(algo)
     before = {k: v.clone() for k, v in task.model.policy.state_dict().items()}
-    Engine(tmp_path / "run", cfg.train, task).fit()
+    Engine(tmp_path / "run", cfg.train_config(), task).fit()
     after = task.model.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     history = task.reward_history
@@ -248,22 +246,100 @@ def make_dry_run(ws: Path, *variables: str) -> str:
 
 
 def test_make_fragment_runs_ppo_on_its_inputs(tmp_path):
-    for name in ("sft", "prompts", "rm", "prompts_eval"):
+    for name in ("sft", "prompts_train", "rm", "prompts_eval"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
     verify = make_dry_run(tmp_path)
-    assert verify == f"llmkit ppo --from sft --in prompts -w {tmp_path}"
+    assert verify == f"llmkit ppo --from sft --in prompts_train -w {tmp_path}"
     with_rm = make_dry_run(tmp_path, "PPO_REWARD=rm", "PPO_EVAL=prompts_eval",
                            "PPO_FLAGS=--set algo=grpo")
-    assert with_rm == (f"llmkit ppo --from sft --in prompts --reward rm --eval prompts_eval "
+    assert with_rm == (f"llmkit ppo --from sft --in prompts_train --reward rm --eval prompts_eval "
                        f"-w {tmp_path} --set algo=grpo")
 
 
 def test_make_fragment_waits_for_the_reward_model(tmp_path):
-    for name in ("sft", "prompts"):
+    for name in ("sft", "prompts_train"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
     fragments = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
     out = subprocess.run(["make", "-n", *fragments, f"WS={tmp_path}", "PPO_REWARD=rm",
                           f"{tmp_path}/ppo/manifest.json"], capture_output=True, text=True)
     assert out.returncode != 0 and "rm/manifest.json" in out.stderr
+
+
+# ---- the stage ----------------------------------------------------------------------------------
+
+from llmkit.errors import ConfigError, UserError  # noqa: E402
+from llmkit.train.ppo import run_ppo  # noqa: E402
+from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,  # noqa: E402
+                                            write_checkpoint_run, write_dataset)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def prompt_rows(n: int, start: int = 0) -> list[dict]:
+    return [{"id": f"q{start + i}", "prompt": r["prompt"], "answer": r["answer"]}
+            for i, r in enumerate(preference_rows(n, seed=start))]
+
+
+@pytest.fixture
+def stage_ws(tmp_path, tok):
+    from llmkit.train.rm import RewardModel
+
+    ws = tmp_path / "ws"
+    write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
+    rm = RewardModel(tiny_model(tok.vocab_size, seed=1))
+    write_checkpoint_run(ws, "rm", rm, tok, config=rm.checkpoint_config())
+    write_dataset(ws, "prompts_train", prompt_rows(16))
+    write_dataset(ws, "prompts_eval", prompt_rows(4, start=100))
+    return ws
+
+
+def run_stage(make_ctx, reward_model=None, **overrides):
+    from llmkit.config import _Raw
+
+    base = dict(max_steps=2, prompts_per_rollout=4, micro_batch_size=4, ppo_epochs=1,
+                max_new_tokens=4, seq_len=64, eval_records=4, lr=1e-3, min_lr=1e-3)
+    ctx = make_ctx(inputs=["prompts_train"])
+    ctx.overrides = {k: _Raw(str(v)) for k, v in {**base, **overrides}.items()}
+    return run_ppo(ctx, ctx.config(PPOConfig, "ppo"), policy="sft", reward_model=reward_model,
+                   eval_data="prompts_eval")
+
+
+def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_ctx, stage_ws):
+    from llmkit.train.sft import load_transformer
+
+    before, _ = load_transformer(stage_ws / "sft")
+    b = run_stage(make_ctx, reward_model="rm")
+    stats = json.loads((stage_ws / "ppo" / "manifest.json").read_text())["stats"]
+    assert stats["reward"] == "model" and stats["rollouts"] == 2 and stats["steps"] == 2
+    assert stats["reward_start"] is not None and stats["reward_end"] is not None
+    assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
+    after, step_dir = load_transformer(stage_ws / "ppo")  # a plain policy: no value head inside
+    assert any(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
+    assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
+    records = [json.loads(line) for line in (stage_ws / "ppo" / "metrics.jsonl").open()]
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-5)
+    assert run_stage(make_ctx, reward_model="rm").up_to_date and b.stats["train_prompts"] == 16
+
+
+def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
+    b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2)
+    assert b.stats["reward"] == "verify" and b.stats["algo"] == "grpo"
+    assert b.stats["reward_start"] == 0.0  # an untrained model does not add up
+
+
+def test_stage_rejects_a_model_reward_without_a_reward_model(make_ctx, stage_ws):
+    with pytest.raises(ConfigError, match="--reward RM"):
+        run_stage(make_ctx, reward="model")
+
+
+def test_stage_names_the_row_without_an_answer(make_ctx, stage_ws):
+    rows = prompt_rows(4)
+    rows[2]["answer"] = None
+    write_dataset(stage_ws, "prompts_train", rows)
+    with pytest.raises(UserError, match="'q2' has no `answer`"):
+        run_stage(make_ctx)

@@ -1,0 +1,24 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def ppo(
+    ctx,
+    from_: Annotated[str, typer.Option(
+        "--from", help="Policy checkpoint run (or step folder) to start from, e.g. sft.")] = "sft",
+    reward: Annotated[Optional[str], typer.Option(
+        "--reward", help="Reward-model run (`llmkit rm`); without it the reward is exact match "
+                         "against each prompt's answer.")] = None,
+    eval_: Annotated[Optional[str], typer.Option(
+        "--eval", help="Held-out prompt dataset for exact match before/after (default: a share "
+                       "of --in).")] = None,
+):
+    """PPO / GRPO of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
+    from llmkit.train.ppo import PPOConfig, run_ppo
+
+    cfg = ctx.config(PPOConfig, "ppo")
+    run_ppo(ctx, cfg, policy=from_, reward_model=reward, eval_data=eval_)
