@@ -1,0 +1,256 @@
+"""Benchmark: `llmkit dedup` (exact / simhash / minhash) against datasketch and rensa.
+
+A planted corpus (originals, exact copies, copies with 3–10 % of words edited, look-alikes
+sharing a 30–60 % prefix, unrelated documents; ~300 words each) is written as a `clean`
+dataset. Each llmkit method runs as the whole stage (`llmkit dedup`, parquet in and out) in a
+fresh process on one worker; the peers run in this process on the same texts, the way their
+users ordinarily call them:
+
+* datasketch: `MinHash.update` per shingle, `MinHashLSH` with the same threshold and the
+  same false-positive/negative weights (so the same bands × rows), query then insert;
+* rensa: `RMinHash.update(shingles)` per document and `RMinHashLSH` with the same bands ×
+  rows, query then insert.
+
+Peers shingle in Python (lower-cased word 3-grams), as their users do. Printed: docs/s, MB/s,
+peak RSS, pair precision/recall against the planted truth, and the speed ratios.
+
+    python bench/dedup.py [--docs 50000] [--datasketch-docs 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmkit.data.dedup.minhash import MinHashConfig  # noqa: E402
+from llmkit.data.dedup.planted import pair_scores, planted_corpus  # noqa: E402
+
+# run inside the child: the whole stage as `llmkit dedup` runs it, then report time and RSS
+CHILD = """
+import json, sys, time
+def peak_rss_mb():
+    # VmHWM, not ru_maxrss: the latter carries the parent's size across fork + exec
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+t0 = time.perf_counter()
+from llmkit.cli.app import build_app
+app = build_app()
+t1 = time.perf_counter()
+try:
+    app(sys.argv[1:], standalone_mode=False)
+finally:
+    t2 = time.perf_counter()
+    print("BENCH" + json.dumps({"import_s": t1 - t0, "stage_s": t2 - t1,
+          "peak_rss_mb": peak_rss_mb()}))
+"""
+
+
+@dataclass
+class Result:
+    name: str
+    docs: int
+    seconds: float
+    precision: float
+    recall: float
+    peak_rss_mb: float | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.docs / self.seconds
+
+
+def build_corpus(n_docs: int, seed: int):
+    # per original: 1 + 0.3 exact + 1.0 edited + 0.3 look-alike ≈ 2.6 documents
+    n_originals = max(1, int(n_docs * 0.25))
+    corpus = planted_corpus(n_originals, unique=max(0, n_docs - int(n_originals * 2.6)),
+                            seed=seed)
+    return corpus
+
+
+def write_clean(ws: Path, corpus) -> int:
+    import pyarrow as pa
+
+    from llmkit.data.io import DatasetWriter
+    from llmkit.workspace import Workspace
+
+    @dataclass
+    class Planted:
+        docs: int
+
+    b = Workspace(ws).builder("clean", stage="clean", config=Planted(len(corpus)), quiet=True)
+    with b:
+        w = DatasetWriter(b.dir)
+        w.write(pa.table({"id": [f"doc{i}" for i in range(len(corpus))], "text": corpus.texts,
+                          "source": ["bench"] * len(corpus)}))
+        w.close()
+    return sum(len(t.encode()) for t in corpus.texts)
+
+
+def run_llmkit(ws: Path, method: str, corpus) -> Result:
+    out = f"dedup-{method}"
+    cmd = [sys.executable, "-c", CHILD, "dedup", "-w", str(ws), "--method", method,
+           "--out", out, "--force"]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"llmkit dedup --method {method} failed:\n{proc.stdout}\n{proc.stderr}")
+    report = json.loads(proc.stdout.split("BENCH")[-1])
+    labels = predicted_labels_llmkit(ws / out, len(corpus))
+    precision, recall = pair_scores(corpus.truth, labels)
+    return Result(f"llmkit {method}", len(corpus), report["stage_s"], precision, recall,
+                  report["peak_rss_mb"],
+                  f"process wall {wall:.1f}s incl. start-up/imports {report['import_s']:.1f}s")
+
+
+def predicted_labels_llmkit(artifact: Path, n: int) -> np.ndarray:
+    from llmkit.data.io import read_table
+
+    labels = np.arange(n)
+    removed = read_table(artifact / "removed", columns=["id", "duplicate_of"])
+    for doc, kept in zip(removed.column("id").to_pylist(),
+                         removed.column("duplicate_of").to_pylist()):
+        labels[int(doc[3:])] = int(kept[3:])
+    return labels
+
+
+_WORD = re.compile(r"\w+")
+
+
+def word_shingles(text: str, n: int = 3) -> list[str]:
+    words = _WORD.findall(text.lower())
+    if len(words) < n:
+        return [" ".join(words)]
+    return [" ".join(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def run_datasketch(texts: list[str], truth, mh: MinHashConfig) -> tuple[Result, tuple]:
+    from datasketch import MinHash, MinHashLSH
+
+    weights = (mh.false_positive_weight, mh.false_negative_weight)
+    started = time.perf_counter()
+    lsh = MinHashLSH(threshold=mh.threshold, num_perm=mh.num_perm, weights=weights)
+    links = []
+    for i, text in enumerate(texts):
+        m = MinHash(num_perm=mh.num_perm)
+        for shingle in word_shingles(text):
+            m.update(shingle.encode("utf-8"))
+        links.extend((i, j) for j in lsh.query(m))
+        lsh.insert(i, m)
+    seconds = time.perf_counter() - started
+    precision, recall = pair_scores(truth, labels_from_links(len(texts), links))
+    return (Result("datasketch", len(texts), seconds, precision, recall),
+            (lsh.b, lsh.r))
+
+
+def run_rensa(texts: list[str], truth, bands: int, rows: int) -> Result:
+    from rensa import RMinHash, RMinHashLSH
+
+    started = time.perf_counter()
+    num_perm = bands * rows
+    lsh = RMinHashLSH(threshold=0.5, num_perm=num_perm, num_bands=bands)
+    links = []
+    for i, text in enumerate(texts):
+        m = RMinHash(num_perm=num_perm, seed=42)
+        m.update(word_shingles(text))
+        links.extend((i, j) for j in lsh.query(m))
+        lsh.insert(i, m)
+    seconds = time.perf_counter() - started
+    precision, recall = pair_scores(truth, labels_from_links(len(texts), links))
+    return Result("rensa", len(texts), seconds, precision, recall,
+                  note=f"{bands} bands × {rows} rows = {num_perm} permutations")
+
+
+def labels_from_links(n: int, links) -> np.ndarray:
+    from llmkit.data.dedup import unionfind
+
+    parent = unionfind.new_parents(n)
+    for i, j in links:
+        unionfind.union(parent, i, j)
+    return unionfind.roots(parent)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel once, outside the timings."""
+    import pyarrow as pa
+
+    from llmkit.data.dedup.sketch import Sketcher, cluster_in_memory
+    from llmkit.data.dedup.stage import DedupConfig
+
+    texts = pa.array(["warm up the kernels", "warm up the kernels", "中文 文本"])
+    for method in ("exact", "simhash", "minhash"):
+        sketcher = Sketcher(DedupConfig(method=method))
+        cluster_in_memory(sketcher(texts), sketcher)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=50_000)
+    ap.add_argument("--datasketch-docs", type=int, default=5_000,
+                    help="datasketch runs on this many documents; its rate is per document")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    t = time.perf_counter()
+    corpus = build_corpus(args.docs, args.seed)
+    print(f"corpus: {len(corpus):,} documents generated in {time.perf_counter() - t:.1f}s")
+    warm_up()
+    with tempfile.TemporaryDirectory(prefix="llmkit-bench-dedup-") as tmp:
+        ws = Path(tmp) / "ws"
+        text_bytes = write_clean(ws, corpus)
+        mb = text_bytes / 1e6
+        print(f"corpus text: {mb:.1f} MB ({text_bytes / len(corpus):.0f} bytes/doc); "
+              f"one worker per tool\n")
+        results = [run_llmkit(ws, m, corpus) for m in ("exact", "simhash", "minhash")]
+    mh = MinHashConfig()
+    subset = min(args.datasketch_docs, len(corpus))
+    sub_corpus = build_corpus(subset, args.seed) if subset < len(corpus) else corpus
+    ds, (bands, rows) = run_datasketch(sub_corpus.texts, sub_corpus.truth, mh)
+    if subset < len(corpus):
+        ds.note = (f"measured on {subset:,} documents of the same make-up; rate extrapolated "
+                   "per document")
+    results.append(ds)
+    results.append(run_rensa(corpus.texts, corpus.truth, bands, rows))
+
+    print(f"{'tool':<18} {'docs/s':>9} {'MB/s':>7} {'peak RSS':>9} {'precision':>9} "
+          f"{'recall':>7}  note")
+    for r in results:
+        rss = f"{r.peak_rss_mb:.0f} MB" if r.peak_rss_mb else "-"
+        print(f"{r.name:<18} {r.rate:>9,.0f} {r.rate * text_bytes / len(corpus) / 1e6:>7.1f} "
+              f"{rss:>9} {r.precision:>9.4f} {r.recall:>7.4f}  {r.note}")
+    minhash = results[2]
+    print(f"\nLSH: {bands} bands × {rows} rows (threshold {mh.threshold}, weights "
+          f"{mh.false_positive_weight}/{mh.false_negative_weight}) for llmkit, datasketch, rensa")
+    print(f"llmkit minhash / datasketch: {minhash.rate / ds.rate:.1f}x")
+    print(f"llmkit minhash / rensa:      {minhash.rate / results[-1].rate:.2f}x")
+    print(f"peak RSS of llmkit minhash: {minhash.peak_rss_mb:.0f} MB for a corpus of "
+          f"{mb:.0f} MB of text ({minhash.peak_rss_mb / mb:.2f}x; the interpreter with "
+          f"numpy, pyarrow and numba loaded is ~{baseline_rss_mb():.0f} MB of it)")
+
+
+def baseline_rss_mb() -> float:
+    out = subprocess.run([sys.executable, "-c", "import resource, numpy, pyarrow.parquet, numba, "
+                          "llmkit.cli.app; print(resource.getrusage(resource.RUSAGE_SELF)"
+                          ".ru_maxrss / 1024)"], capture_output=True, text=True, cwd=ROOT)
+    return float(out.stdout.strip() or "nan")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()

@@ -1,0 +1,21 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command(sharded=True)
+def dedup(
+    ctx,
+    method: Annotated[Optional[str], typer.Option(
+        help="exact | simhash | minhash (default minhash).")] = None,
+    phase: Annotated[Optional[str], typer.Option(
+        help="Run only signatures | buckets | clusters | filter (with --rank: this rank's "
+             "tasks of it). A plain run afterwards assembles the artifact.")] = None,
+):
+    """Remove exact / SimHash / MinHash duplicates, keeping the first of each cluster -> `dedup`."""
+    from llmkit.data.dedup.stage import DedupConfig, run_dedup
+
+    cfg = ctx.config(DedupConfig, "dedup", **({"method": method} if method else {}))
+    run_dedup(ctx, cfg, phase=phase)

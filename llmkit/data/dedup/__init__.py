@@ -1,0 +1,1 @@
+"""Deduplication: exact, SimHash and MinHash, as resumable sharded phases (see `stage.py`)."""

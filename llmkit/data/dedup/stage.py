@@ -1,0 +1,106 @@
+"""`llmkit dedup`: remove exact or near duplicates, keeping the first document of each cluster.
+
+Runs the four phases of `phases.py` (signatures -> buckets -> clusters -> filter).
+
+* Locally (no `--rank`): every phase runs here, its tasks spread over `--workers` processes;
+  then the filter outputs are assembled into the artifact. `--phase P` stops after phase P
+  (only a run that reaches filter writes the artifact).
+* Across machines: `--phase P --rank R --world-size W` runs the tasks of phase P that fall
+  to rank R (a Slurm array, one phase after the other) and writes nothing but its tasks'
+  files in the shared work area. When every rank has run every phase, one plain
+  `llmkit dedup` (same config and input, no --rank) finds all tasks done and only
+  assembles and commits the artifact. Any task left undone, it runs itself.
+
+A rerun skips finished tasks (their `.done` markers); the work area is named after the
+stage fingerprint (config + input), so it is only reused for the same run, and it is
+deleted once the artifact is committed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmkit.data.dedup.exact import ExactConfig
+from llmkit.data.dedup.minhash import MinHashConfig
+from llmkit.data.dedup.phases import PHASES, DedupPlan
+from llmkit.data.dedup.simhash import SimHashConfig
+from llmkit.errors import ConfigError, UserError
+
+
+@dataclass
+class DedupConfig:
+    method: Literal["exact", "simhash", "minhash"] = "minhash"  # what counts as a duplicate
+    exact: ExactConfig = field(default_factory=ExactConfig)        # method=exact
+    simhash: SimHashConfig = field(default_factory=SimHashConfig)  # method=simhash
+    minhash: MinHashConfig = field(default_factory=MinHashConfig)  # method=minhash
+    batch_rows: int = 2048  # documents per batch (memory ∝ batch_rows × document size)
+
+    def __post_init__(self):
+        if self.batch_rows < 1:
+            raise ConfigError(f"dedup.batch_rows must be ≥ 1, got {self.batch_rows}")
+
+
+def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
+    """Run (or resume) the dedup stage; returns the Builder, or None for a partial run."""
+    if phase is not None and phase not in PHASES:
+        raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    if ctx.rank is not None and phase is None:
+        raise UserError("--rank runs one task of one phase: add --phase "
+                        f"({' | '.join(PHASES)}), one phase after the other")
+    src = ctx.input("clean")
+    b = ctx.workspace.builder(ctx.out_name("dedup"), stage="dedup", config=cfg, inputs=[src],
+                              force=ctx.force)
+    if b.up_to_date:
+        return b
+    plan = DedupPlan(src.path, b.work_dir, cfg)
+    if ctx.rank is not None:
+        tasks = [t for t in plan.tasks(phase) if t % ctx.world_size == ctx.rank]
+        run_tasks(plan, phase, tasks, ctx.workers)
+        print(f"dedup {phase}: rank {ctx.rank}/{ctx.world_size} done ({len(tasks)} tasks); "
+              f"{len(plan.pending(phase))} of {len(plan.tasks(phase))} still pending")
+        return None
+    last = PHASES.index(phase) if phase else len(PHASES) - 1
+    if last < len(PHASES) - 1:
+        for p in PHASES[:last + 1]:
+            run_tasks(plan, p, plan.pending(p), ctx.workers)
+        print(f"dedup: phases up to {phase} done in {plan.work}")
+        return None
+    with b:
+        for p in PHASES:
+            run_tasks(plan, p, plan.pending(p), ctx.workers)
+        b.stats.update(plan.assemble(b.dir))
+    _summary(b)
+    return b
+
+
+def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], workers: int) -> None:
+    """Tasks of one phase, here or on `workers` processes (clusters is one task)."""
+    from llmkit.progress import Progress
+
+    with Progress(f"dedup {phase}", total=len(tasks), unit="tasks") as bar:
+        if workers <= 1 or len(tasks) <= 1:
+            for t in tasks:
+                plan.run(phase, t)
+                bar.advance(1)
+            return
+        import multiprocessing as mp
+        import sys
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forking after torch has started its thread pools can deadlock
+        context = mp.get_context("spawn" if "torch" in sys.modules else "fork")
+        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
+            for _ in pool.map(plan.run, [phase] * len(tasks), tasks):
+                bar.advance(1)
+
+
+def _summary(b) -> None:
+    from llmkit.progress import data_stage_summary, print_summary
+
+    s = b.stats
+    data_stage_summary(b.name, s, time.time() - b.started)
+    print_summary("clusters", [("clusters", s["clusters"]), ("largest", s["largest_cluster"]),
+                               ("pairs verified", s["candidate_pairs_verified"]),
+                               ("pairs accepted", s["candidate_pairs_accepted"])])
