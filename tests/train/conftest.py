@@ -104,11 +104,21 @@ def fast_config(**overrides) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
+def tiny_transformer():
+    """llmkit's model at toy size: GQA, RoPE, tied embeddings (what ZeRO-3 must gather once)."""
+    from llmkit.model import ModelConfig, Transformer
+
+    return Transformer(ModelConfig(vocab_size=VOCAB, hidden_size=16, n_layers=2, n_heads=2,
+                                   n_kv_heads=1, intermediate_size=32, max_seq_len=16))
+
+
 def make_engine(run_dir, dropout=0.1, nan_batches=(), kill_at_batch=None, eval_batches=False,
-                rank=0, world_size=1, tokenizer_dir=None, init_state_dict=None, **cfg) -> Engine:
+                rank=0, world_size=1, tokenizer_dir=None, init_state_dict=None, transformer=False,
+                **cfg) -> Engine:
+    """The tiny task on TinyLM (dropout exercises the RNG streams), or on llmkit's Transformer."""
     train_cfg = fast_config(**cfg)
     seed_everything(train_cfg.seed)
-    model = TinyLM(dropout=dropout)
+    model = tiny_transformer() if transformer else TinyLM(dropout=dropout)
     data = StreamBatches(train_cfg.micro_batch_size, rank=rank, world_size=world_size)
     eval_data = None
     if eval_batches:

@@ -73,12 +73,27 @@ def test_loss_falls_parameters_change_and_metrics_are_logged(tmp_path):
 def test_zero_stages_and_bf16_agree_on_first_losses(tmp_path):
     first = {}
     for stage in (0, 1, 2, 3):
-        make_engine(tmp_path / f"z{stage}", zero_stage=stage, max_steps=4, dropout=0.0).fit()
+        make_engine(tmp_path / f"z{stage}", zero_stage=stage, max_steps=4, transformer=True).fit()
         first[stage] = [r["loss"] for r in read_metrics(tmp_path / f"z{stage}")]
     for stage in (1, 2, 3):
         assert first[stage] == pytest.approx(first[0], rel=1e-4), stage
-    make_engine(tmp_path / "bf16", zero_stage=2, precision="bf16", max_steps=4, dropout=0.0).fit()
+    make_engine(tmp_path / "bf16", zero_stage=2, precision="bf16", max_steps=4, transformer=True).fit()
     assert [r["loss"] for r in read_metrics(tmp_path / "bf16")] == pytest.approx(first[0], rel=0.05)
+    z3 = ckpt.read_weights(tmp_path / "z3" / "step-00000004" / ckpt.WEIGHTS)
+    z0 = ckpt.read_weights(tmp_path / "z0" / "step-00000004" / ckpt.WEIGHTS)
+    assert z3.keys() == z0.keys() and "lm_head.weight" in z3
+    assert all(torch.allclose(z3[k], z0[k], atol=1e-5) for k in z0)
+
+
+def test_activation_checkpointing_recomputes_to_the_same_losses(tmp_path):
+    plain = make_engine(tmp_path / "plain", max_steps=3, transformer=True)
+    plain.fit()
+    recomputed = make_engine(tmp_path / "ckpt", max_steps=3, transformer=True,
+                             activation_checkpointing=True)
+    recomputed.fit()
+    assert recomputed.task.model.gradient_checkpointing and not plain.task.model.gradient_checkpointing
+    assert [r["loss"] for r in read_metrics(tmp_path / "ckpt")] == pytest.approx(
+        [r["loss"] for r in read_metrics(tmp_path / "plain")], rel=1e-5)
 
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
@@ -181,11 +196,11 @@ def test_killed_run_resumes_to_the_same_losses_bitwise(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_zero2_and_zero3_match_one_process_with_the_same_global_batch(tmp_path):
-    make_engine(tmp_path / "one", max_steps=4, dropout=0.0, grad_accum=2).fit()
+    make_engine(tmp_path / "one", max_steps=4, grad_accum=2, transformer=True).fit()
     one = read_metrics(tmp_path / "one")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_port", str(free_port())]
-    runs = [(tmp_path / f"two-z{stage}", {"max_steps": 4, "dropout": 0.0, "zero_stage": stage})
+    runs = [(tmp_path / f"two-z{stage}", {"max_steps": 4, "transformer": True, "zero_stage": stage})
             for stage in (2, 3)]
     done = run_script(*runs, launcher=torchrun)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,203 @@
+"""Pretraining (`llmkit pretrain`): next-token prediction on token shards.
+
+Batches come from `TokenLoader` (sources mixed by p ∝ tokens^mixture_temperature); the loss is
+cross-entropy with optional label smoothing, plus the MoE load-balancing loss. Validation
+reports the plain cross-entropy and perplexity of the `val` split. Everything else — ZeRO,
+precision, schedule, checkpoints, resume, metrics — is the shared engine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.train.engine import Task, TrainConfig
+
+
+@dataclass
+class ModelSection:
+    """A preset of `llmkit.model` with any of its fields overridden; None keeps the preset's."""
+
+    preset: str = "small"  # tiny | small | smol-135m | 1b | 3b (see llmkit.model.PRESETS)
+    vocab_size: int | None = None  # None = the tokenizer's vocabulary
+    hidden_size: int | None = None  # width of the residual stream
+    n_layers: int | None = None  # transformer blocks
+    n_heads: int | None = None  # query heads
+    n_kv_heads: int | None = None  # key/value heads (fewer = grouped-query attention)
+    intermediate_size: int | None = None  # SwiGLU inner width (per expert for MoE)
+    max_seq_len: int | None = None  # longest sequence the model handles (RoPE table size)
+    rope_theta: float | None = None  # RoPE base frequency
+    norm: str | None = None  # rmsnorm | layernorm
+    norm_eps: float | None = None  # epsilon inside the norms
+    sliding_window: int | None = None  # attention window; None = the preset's (full attention)
+    tie_embeddings: bool | None = None  # share the embedding matrix with the output head
+    n_experts: int | None = None  # 0 = dense MLP; >= 2 = mixture of experts
+    experts_top_k: int | None = None  # experts per token (MoE)
+    router_aux_loss_coef: float | None = None  # weight of the MoE load-balancing loss
+    init_std: float | None = None  # std of the normal weight init
+
+    def __post_init__(self):
+        self.build(vocab_size=self.vocab_size or 2)  # validates preset and fields now
+
+    def build(self, vocab_size: int):
+        """The ModelConfig: preset < these overrides; vocab_size when not overridden."""
+        from llmkit.model import model_config
+
+        overrides = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.name != "preset" and getattr(self, f.name) is not None}
+        overrides.setdefault("vocab_size", vocab_size)
+        return model_config(self.preset, **overrides)
+
+
+@dataclass
+class PretrainConfig(TrainConfig):
+    """The engine's settings (flat: `--set lr=...`), the model, and what pretraining reads."""
+
+    model: ModelSection = field(default_factory=ModelSection)  # architecture: a preset + overrides
+    seq_len: int = 256  # tokens per training sequence
+    mixture_temperature: float = 0.7  # source sampling p ∝ tokens^T: 1 proportional, 0 uniform
+    mixture_weights: dict[str, float] | None = None  # explicit source weights (replace the temperature)
+    label_smoothing: float = 0.0  # cross-entropy label smoothing (validation loss is unsmoothed)
+    eval_every: int = 100  # validation on the val split every N steps (and at the end); 0 = never
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {self.seq_len}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.mixture_temperature < 0:
+            raise ConfigError(f"mixture_temperature must be >= 0, got {self.mixture_temperature}")
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+class PretrainTask(Task):
+    """Causal LM loss on TokenLoader batches; validation on the val split in document order."""
+
+    warn_undertrained = True
+
+    def __init__(self, model, train_loader, val_loader, seq_len: int, label_smoothing: float = 0.0,
+                 eval_batches: int = 20):
+        super().__init__(model, train_loader)
+        self.val_loader, self.seq_len = val_loader, seq_len
+        self.label_smoothing, self.n_eval_batches = label_smoothing, eval_batches
+
+    def loss(self, model, batch):
+        import torch.nn.functional as F
+
+        logits = model(batch["input_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                               label_smoothing=self.label_smoothing)
+        if self.model.config.n_experts:
+            return loss + model.aux_loss, {"aux_loss": float(model.aux_loss.detach())}
+        return loss, {}
+
+    def eval_loss(self, model, batch):
+        import torch.nn.functional as F
+
+        logits = model(batch["input_ids"])
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()), {}
+
+    def eval_batches(self):
+        if self.val_loader is None:
+            return None
+        return self.val_loader.eval_batches(self.n_eval_batches)
+
+    def flops_per_token(self) -> float:
+        return self.model.flops_per_token(self.seq_len)
+
+
+def tokenizer_of(tokens_art, workspace):
+    """The tokenizer artifact the token shards were made with (an input in their manifest)."""
+    for entry in tokens_art.manifest.get("inputs", []):
+        path = Path(entry["path"])
+        if (path / "tokenizer.model").is_file():
+            return workspace.artifact(path)
+    raise UserError(f"{tokens_art.path} does not name the tokenizer it was built with; rebuild it "
+                    "with `llmkit tokenize`")
+
+
+def starting_weights(workspace, from_: str):
+    """(input artifact, step folder) for --from: a checkpoint run (its latest) or one of its
+    step folders."""
+    from llmkit.train.checkpoint import WEIGHTS, resolve_step_dir
+    from llmkit.workspace import Artifact
+
+    path = Path(from_)
+    if (path / WEIGHTS).is_file():
+        return Artifact.open(path.parent), path
+    art = workspace.artifact(from_)
+    return art, resolve_step_dir(art.path)
+
+
+def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
+    """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
+    the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
+    import contextlib
+
+    from llmkit.data.loader import TokenLoader
+    from llmkit.model import Transformer
+    from llmkit.progress import print_summary
+    from llmkit.train.distributed import barrier, seed_everything, setup_distributed
+    from llmkit.train.engine import Engine
+    from llmkit.train.sft import load_transformer, open_run, start_run
+
+    tokens_art = ctx.input(default="tokens")
+    tokenizer_art = tokenizer_of(tokens_art, ctx.workspace)
+    inputs = [tokens_art, tokenizer_art]
+    from_step = None
+    if from_ is not None:
+        from_art, from_step = starting_weights(ctx.workspace, from_)
+        inputs.append(from_art)
+    b, resumable = open_run(ctx, "pretrain", cfg, inputs)
+    if b.up_to_date:
+        return b
+
+    vocab_size = tokens_art.manifest["stats"]["vocab_size"]
+    seed_everything(cfg.seed)  # every rank builds the same initial weights
+    if from_step is not None:
+        model, _ = load_transformer(from_step)
+        b.extra["from"] = str(from_step)
+    else:
+        model = Transformer(cfg.model.build(vocab_size))
+    if model.config.vocab_size < vocab_size:
+        raise ConfigError(f"the model's vocab_size ({model.config.vocab_size}) is smaller than the "
+                          f"tokenizer's ({vocab_size}); drop model.vocab_size or raise it")
+    if cfg.seq_len > model.config.max_seq_len:
+        raise ConfigError(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len="
+                          f"{model.config.max_seq_len}; set model.max_seq_len or lower seq_len")
+
+    dist = setup_distributed()
+    loader_args = dict(seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
+                       temperature=cfg.mixture_temperature, weights=cfg.mixture_weights,
+                       seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
+    train = TokenLoader(tokens_art.path, "train", **loader_args)
+    val_tokens = tokens_art.manifest["stats"].get("splits", {}).get("val", {}).get("tokens", 0)
+    val = TokenLoader(tokens_art.path, "val", **loader_args) if val_tokens > cfg.seq_len else None
+    task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
+
+    with b if dist.is_main else contextlib.nullcontext():  # one writer of the manifest
+        if dist.is_main:
+            start_run(b, resumable)
+        barrier()
+        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer_art.path,
+                        model_config=model.config).fit()
+        last = result.metrics
+        b.stats.update(
+            steps=result.step, tokens_seen=result.tokens_seen, skipped_steps=result.skipped_steps,
+            parameters=model.num_parameters(), final_loss=last.get("loss"),
+            val_loss=last.get("val_loss"), val_ppl=last.get("val_ppl"),
+            tokens_per_s=last.get("tokens_per_s"), mfu=last.get("mfu"),
+            mixture=train.probabilities, checkpoint=str(result.checkpoint))
+    if dist.is_main:
+        print_summary(f"{b.name} done", [
+            ("steps", result.step), ("parameters", f"{model.num_parameters():,}"),
+            ("tokens seen", f"{result.tokens_seen:,}"), ("final loss", last.get("loss")),
+            ("val perplexity", last.get("val_ppl")), ("checkpoint", result.checkpoint),
+            ("seconds", round(time.time() - b.started, 1))])
+    return b

@@ -1,0 +1,138 @@
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from llmkit.cli.app import build_app
+from llmkit.model import ModelConfig, Transformer
+from llmkit.train import checkpoint as ckpt
+from llmkit.train.metrics import read_metrics
+from llmkit.train.pretrain import ModelSection, PretrainTask
+from tests.conftest import write_jsonl
+from tests.test_tokenizer import small_corpus
+
+TINY = ["model.preset=tiny", "model.hidden_size=32", "model.n_layers=2", "model.n_heads=2",
+        "model.n_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=32", "seq_len=32",
+        "micro_batch_size=4", "lr=2e-2", "min_lr=2e-3", "warmup_steps=2", "log_every=1",
+        "eval_every=4", "eval_batches=2", "save_every=2"]
+
+
+def llmkit(*args, expect=0):
+    result = CliRunner().invoke(build_app(), [str(a) for a in args])
+    assert result.exit_code == expect, result.output
+    return result
+
+
+def pretrain(ws, *settings, expect=0, extra=()):
+    sets = [a for s in (*TINY, *settings) for a in ("--set", s)]
+    return llmkit("pretrain", "-w", ws, *extra, *sets, expect=expect)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """Token shards of two sources (prose, code) with a val split, and their tokenizer."""
+    tmp = tmp_path_factory.mktemp("pretrain")
+    docs = small_corpus(160)
+    rows = [{"id": f"d{i}", "text": t, "source": "code" if i % 4 == 1 else "prose"}
+            for i, t in enumerate(docs)]
+    ws = tmp / "ws"
+    llmkit("ingest", write_jsonl(tmp / "docs.jsonl", rows), "-w", ws, "--out", "dedup")
+    llmkit("tokenizer", "-w", ws, "--in", "dedup", "--set", "vocab_size=400")
+    llmkit("tokenize", "-w", ws, "--in", "dedup", "--set", "val_fraction=0.1")
+    return ws
+
+
+@pytest.fixture(scope="module")
+def trained(ws):
+    pretrain(ws, "max_steps=8")
+    return ws / "pretrain"
+
+
+def test_stage_trains_a_complete_checkpoint_run(trained, ws):
+    manifest = json.loads((trained / "manifest.json").read_text())
+    stats = manifest["stats"]
+    assert stats["steps"] == 8 and stats["tokens_seen"] == 8 * 4 * 32
+    assert math.isclose(stats["val_ppl"], math.exp(stats["val_loss"]))
+    assert set(stats["mixture"]) == {"code", "prose"}
+    records = read_metrics(trained)
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    assert [r["step"] for r in records if "val_loss" in r] == [4, 8]
+    assert ckpt.read_latest(trained) == "step-00000008"
+    assert [p.name for p in ckpt.step_dirs(trained)] == ["step-00000004", "step-00000006",
+                                                         "step-00000008"]
+    step = trained / "step-00000008"
+    assert (step / "tokenizer" / "tokenizer.model").read_bytes() == \
+        (ws / "tokenizer" / "tokenizer.model").read_bytes()
+    weights, config = ckpt.load_weights(trained)
+    model = Transformer(ModelConfig(**config))
+    model.load_state_dict(weights, strict=True)
+    assert config["vocab_size"] == 400 and config["hidden_size"] == 32
+    assert "up to date" in pretrain(ws, "max_steps=8").output
+
+
+def test_interrupted_stage_resumes_where_its_last_checkpoint_left_off(tmp_path, trained):
+    import shutil
+
+    run = tmp_path / "ws"
+    shutil.copytree(trained.parent, run)
+    straight = read_metrics(run / "pretrain")
+    (run / "pretrain" / "manifest.json").unlink()  # as if killed after step 6's checkpoint
+    shutil.rmtree(run / "pretrain" / "step-00000008")
+    out = pretrain(run, "max_steps=8").output
+    assert "resumed from" in out and "step-00000006" in out
+    assert [r["loss"] for r in read_metrics(run / "pretrain")] == [r["loss"] for r in straight]
+
+
+def test_from_starts_a_new_run_from_a_checkpoint(ws, trained):
+    pretrain(ws, "max_steps=1", "warmup_steps=0", extra=["--from", "pretrain", "--out", "more"])
+    first = read_metrics(ws / "more")[0]["loss"]
+    before = read_metrics(trained)
+    assert abs(first - before[-1]["loss"]) < 0.5 * (before[0]["loss"] - before[-1]["loss"])
+    manifest = json.loads((ws / "more" / "manifest.json").read_text())
+    assert manifest["from"].endswith("step-00000008")
+    assert {i["path"] for i in manifest["inputs"]} >= {str(trained)}
+
+
+def test_bad_settings_are_user_errors(ws):
+    assert "unknown model preset" in pretrain(ws, "model.preset=huge", expect=2).output
+    assert "max_seq_len" in pretrain(ws, "seq_len=64", expect=2).output
+    assert "precision" in pretrain(ws, "precision=fp8", expect=2).output
+
+
+def test_model_section_overrides_every_model_config_field():
+    section = {f.name for f in dataclasses.fields(ModelSection)} - {"preset"}
+    assert section == {f.name for f in dataclasses.fields(ModelConfig)}
+    built = ModelSection(preset="tiny", n_layers=3).build(vocab_size=123)
+    assert (built.n_layers, built.vocab_size, built.hidden_size) == (3, 123, 128)
+
+
+def tiny_transformer(**overrides):
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(**{**dict(vocab_size=50, hidden_size=16, n_layers=2, n_heads=2,
+                                             n_kv_heads=1, intermediate_size=32, max_seq_len=16),
+                                      **overrides}))
+
+
+def test_loss_is_label_smoothed_cross_entropy_and_eval_loss_is_plain():
+    model = tiny_transformer()
+    batch = {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 50, (2, 8))}
+    eps = 0.1
+    task = PretrainTask(model, None, None, seq_len=8, label_smoothing=eps)
+    logp = model(batch["input_ids"]).log_softmax(-1)
+    nll = -logp.gather(-1, batch["labels"][..., None]).mean()
+    smoothed = (1 - eps) * nll + eps * (-logp.mean(-1)).mean()
+    assert task.loss(model, batch)[0].item() == pytest.approx(smoothed.item(), rel=1e-5)
+    assert task.eval_loss(model, batch)[0].item() == pytest.approx(nll.item(), rel=1e-5)
+
+
+def test_moe_loss_adds_the_load_balancing_loss():
+    model = tiny_transformer(n_experts=4, experts_top_k=2)
+    batch = {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 50, (2, 8))}
+    loss, metrics = PretrainTask(model, None, None, seq_len=8).loss(model, batch)
+    plain = F.cross_entropy(model(batch["input_ids"]).flatten(0, 1), batch["labels"].flatten())
+    assert metrics["aux_loss"] > 0
+    assert loss.item() == pytest.approx(plain.item() + metrics["aux_loss"], rel=1e-5)
