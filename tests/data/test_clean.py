@@ -1,0 +1,214 @@
+"""Normalisation, boilerplate lines, `clean_batch` and the `clean` stage end to end, on small
+fixtures and on the real demo corpus."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from llmkit.data.clean import (CleanConfig, clean_batch, clean_text, drop_boilerplate_lines,
+                               is_navigation_line, normalize_text)
+from llmkit.data.ingest import IngestConfig, run_ingest
+from llmkit.data.io import read_table
+from llmkit.data.pipeline import run_map_stage
+from tests.conftest import write_jsonl
+
+RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
+CFG = CleanConfig()
+GOOD_EN = (
+    "The river town wakes slowly in winter. Before the sun is up, the baker has already lit his "
+    "oven, and the smell of bread drifts down to the water where the ferrymen wait. Children "
+    "walk to school in pairs, their breath hanging in the cold air, while their parents open "
+    "the shutters of small shops that have stood on the same street for a hundred years."
+)
+
+
+def norm(text, **overrides):
+    return normalize_text(text, CleanConfig(**overrides))
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+def test_zero_width_bom_soft_hyphen_and_bidi_marks_are_removed():
+    assert norm("\ufeffzero\u200bwidth\u200c join\u200d\u2060er soft\u00adhyphen \u202ertl") == \
+        "zerowidth joiner softhyphen rtl"
+
+
+def test_control_characters_including_nul_are_removed_and_line_breaks_unified():
+    assert norm("a\x00b\x07c\x1b[0md\x7fe") == "abc[0mde"
+    assert norm("one\r\ntwo\rthree\u2028four") == "one\ntwo\nthree\nfour"
+    assert norm("keep\ttab", normalize_whitespace=False) == "keep\ttab"
+
+
+def test_html_tags_and_entities():
+    page = '<div class="x">\n<p>Fish&nbsp;&amp; chips</p>\n<p>cost &lt;5&gt; &#8364;<br/>\nnow</p>\n</div>'
+    assert norm(page) == "Fish & chips\n\ncost <5> €\nnow"
+    assert norm("<script>var a = 1;</script>Text<!-- hidden --> <b>bold</b>") == "Text bold"
+    # placeholders in docs are not tags; an entity needs its ";" ("&not=2" is a URL query)
+    assert norm("call f(<value>) with ?a=1&not=2") == "call f(<value>) with ?a=1&not=2"
+    assert norm("<p>x</p>", strip_html=False) == "<p>x</p>"
+
+
+def test_nfkc_folds_full_width_ascii_but_keeps_chinese_punctuation():
+    assert norm("ＡＢＣ１２３ ﬁle ①") == "ABC123 file 1"
+    assert norm("你好，世界！真的？（是）：对；好～…") == "你好，世界！真的？（是）：对；好～…"
+    assert norm("你好，世界！", keep_cjk_punctuation=False) == "你好,世界!"
+    assert norm("全角　空格") == "全角 空格"
+    assert norm("ＡＢＣ", nfkc=False) == "ＡＢＣ"
+
+
+def test_whitespace_runs_trailing_spaces_and_blank_lines():
+    text = "  \n a   b \t c   \n\n\n\n    indented code\nend  \n\n"
+    assert norm(text) == "a b c\n\n    indented code\nend"
+
+
+def test_repeated_punctuation_collapses_to_three():
+    assert norm("Wow!!!!!! Really?????") == "Wow!!! Really???"
+    assert norm("好。。。。。真的！！！！") == "好。。。真的！！！"
+    assert norm("Title\n=========\nwait... ok") == "Title\n=========\nwait... ok"
+    assert norm("Wow!!!!!!", max_punctuation_run=0) == "Wow!!!!!!"
+    assert norm("Wow!!!!!!", max_punctuation_run=1) == "Wow!"
+
+
+def test_normalisation_is_idempotent_on_the_demo_noise():
+    for row in read_jsonl(RAW / "noise.jsonl"):
+        once = normalize_text(row["text"], CFG)
+        assert normalize_text(once, CFG) == once
+
+
+# ---------------------------------------------------------------- boilerplate lines
+
+
+def test_navigation_lines_are_menus_not_tables_or_grammar():
+    assert is_navigation_line("Home | About Us | Products | Contact")
+    assert is_navigation_line("分享到：微信 | 微博 | QQ空间 | 豆瓣")
+    assert not is_navigation_line("| Name | Value | Notes |")
+    assert not is_navigation_line('integer ::= decinteger | bininteger | octinteger')
+    assert not is_navigation_line("flags = re.I | re.M | re.S")
+    assert not is_navigation_line("x: int | str | None")
+
+
+def test_boilerplate_lines_go_and_the_text_stays():
+    page = ("Home | Blog | Careers | Contact\nA real sentence about rivers.\n"
+            "Copyright © 2020 Acme Inc. All rights reserved.\nPlease enable JavaScript to continue.")
+    assert drop_boilerplate_lines(page, CFG) == ("A real sentence about rivers.", 3)
+    json_doc = "JSON is a subset of JavaScript syntax."
+    assert drop_boilerplate_lines(json_doc, CFG) == (json_doc, 0)
+    off = CleanConfig(disabled_rules=["boilerplate_lines"])
+    assert drop_boilerplate_lines(page, off) == (page, 0)
+
+
+def test_c4_unterminated_line_filter_is_opt_in():
+    text = "A heading\nA sentence.\nA verse line，\nA list item"
+    assert drop_boilerplate_lines(text, CFG)[1] == 0
+    cfg = CleanConfig(c4_drop_unterminated_lines=True)
+    assert drop_boilerplate_lines(text, cfg) == ("A sentence.\nA verse line，", 2)
+
+
+# ---------------------------------------------------------------- the demo corpus
+
+
+def read_jsonl(path):
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def kept_share(rows):
+    return sum(clean_text(r["text"], CFG)[1] is None for r in rows) / len(rows)
+
+
+@pytest.mark.parametrize("name,every,floor", [
+    ("zh_poems.jsonl", 1, 0.95), ("zh_prose.jsonl", 3, 0.95), ("en_docstrings.jsonl.gz", 2, 0.85)])
+def test_real_text_passes_the_defaults(name, every, floor):
+    rows = [r for r in read_jsonl(RAW / name) if r["planted"] == "none"][::every]
+    assert kept_share(rows) >= floor
+
+
+@pytest.fixture(scope="module")
+def noise():
+    return read_jsonl(RAW / "noise.jsonl")
+
+
+@pytest.mark.parametrize("planted", ["boilerplate", "gibberish_latin", "gibberish_cjk", "too_short"])
+def test_planted_junk_is_all_removed(noise, planted):
+    rows = [r for r in noise if r["planted"] == planted]
+    assert rows and all(clean_text(r["text"], CFG)[1] is not None for r in rows)
+
+
+def test_planted_markup_and_control_characters_are_normalised_not_removed(noise):
+    rows = [r for r in noise if r["planted"] in ("html_markup", "control_chars")]
+    results = [clean_text(r["text"], CFG) for r in rows]
+    assert sum(reason is None for _, reason in results) >= 0.8 * len(rows)
+    for text, _ in results:
+        assert not any(c in text for c in "\x00\x07\x08\x1b\x7f\u200b\u200c\u200d\u00ad\u2060\ufeff\r")
+        assert "<p>" not in text and "&quot;" not in text and "&nbsp;" not in text
+
+
+def test_planted_boilerplate_lines_lose_the_chrome_and_keep_the_text(noise):
+    rows = [r for r in noise if r["planted"] == "boilerplate_lines"]
+    for r in rows:
+        text, reason = clean_text(r["text"], CFG)
+        first, *_ = r["text"].split("\n")  # the page's menu bar
+        assert first not in text
+        assert "版权所有" not in text and "Cookie" not in text and "cookies" not in text
+    assert sum(clean_text(r["text"], CFG)[1] is None for r in rows) >= 0.9 * len(rows)
+
+
+# ---------------------------------------------------------------- batches and the stage
+
+
+def demo_sample() -> list[dict]:
+    rows = read_jsonl(RAW / "noise.jsonl")[::4] + read_jsonl(RAW / "zh_poems.jsonl")[:20]
+    return rows + read_jsonl(RAW / "en_docstrings.jsonl.gz")[:20]
+
+
+def test_clean_batch_splits_rows_and_keeps_other_columns():
+    table = pa.table({"id": ["a", "b", "c"], "text": ["x", GOOD_EN, "\ufeff" + GOOD_EN],
+                      "source": ["s"] * 3, "lang": ["en"] * 3})
+    kept, removed = clean_batch(table.to_batches()[0], config=CFG)
+    assert kept.column_names == ["id", "text", "source", "lang"]
+    assert kept.column("id").to_pylist() == ["b", "c"]
+    assert kept.column("text").to_pylist() == [GOOD_EN, GOOD_EN]
+    assert removed.column_names == ["id", "text", "source", "lang", "reason"]
+    assert removed.column("reason").to_pylist() == ["gopher_min_words"]
+    assert removed.column("text").to_pylist() == ["x"]  # removed rows keep the original
+
+
+def test_clean_batch_output_does_not_depend_on_batch_size():
+    rows = demo_sample()
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows],
+                      "source": [r["source"] for r in rows]})
+    whole = clean_batch(table, config=CFG)
+    for size in (1, 7):
+        parts = [clean_batch(b, config=CFG) for b in table.to_batches(max_chunksize=size)]
+        assert pa.concat_tables([k for k, _ in parts]).equals(whole[0])
+        assert pa.concat_tables([r for _, r in parts]).equals(whole[1])
+
+
+@pytest.mark.slow
+def test_clean_stage_conserves_rows_counts_reasons_and_matches_across_workers(make_ctx, tmp_path):
+    rows = demo_sample()
+    src = write_jsonl(tmp_path / "docs.jsonl", rows)
+    run_ingest(make_ctx(force=True), [str(src)], IngestConfig())
+    expected = {}
+    for r in rows:
+        reason = clean_text(r["text"], CFG)[1]
+        if reason:
+            expected[reason] = expected.get(reason, 0) + 1
+
+    outputs = []
+    for workers in (1, 2):
+        ctx = make_ctx(workers=workers, out=f"clean{workers}")
+        b = run_map_stage(ctx, stage="clean", config=CFG, process_batch=clean_batch,
+                          input_default="raw", out_default="clean", batch_rows=16)
+        stats = json.loads((b.final / "manifest.json").read_text())["stats"]
+        assert stats["rows_in"] == len(rows) == stats["rows_out"] + stats["rows_removed"]
+        assert stats["removed_by_reason"] == dict(sorted(expected.items()))
+        outputs.append((read_table(b.final), read_table(b.final / "removed")))
+    assert expected["boilerplate_lines"] and expected["gopher_min_words"]
+    assert outputs[0][0].equals(outputs[1][0])
+    assert outputs[0][1].equals(outputs[1][1])
