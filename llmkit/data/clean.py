@@ -24,16 +24,18 @@ from typing import Literal
 from llmkit.errors import ConfigError
 
 GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
-# C4 drops lines containing "javascript" and these policy phrases; the rest are the same kind
-# of site chrome in English and Chinese (analytics snippets, copyright and ICP notices,
-# "follow our WeChat account", "download our app"). Matched case-insensitively.
+# C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
+# cuts "JSON is a subset of JavaScript syntax" out of real text, so only the browser warnings
+# are listed. The rest is the same kind of site chrome in English and Chinese: analytics
+# snippets, copyright and ICP notices, "follow our WeChat account", "get our app".
+# Matched case-insensitively.
 BOILERPLATE_PHRASES = [
-    "javascript", "terms of use", "privacy policy", "cookie policy", "uses cookies",
-    "use of cookies", "use cookies",
-    "all rights reserved", "skip to main content", "subscribe to our newsletter",
+    "enable javascript", "requires javascript", "support javascript", "javascript is disabled",
+    "terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
+    "use cookies", "all rights reserved", "skip to main content", "subscribe to our newsletter",
     "_gaq.push(", "gtag(", "datalayer.push(",
-    "版权所有", "保留所有权利", "icp备", "免责声明", "隐私政策", "微信公众号", "扫描二维码",
-    "手机客户端",
+    "启用 javascript", "支持 javascript", "版权所有", "保留所有权利", "icp备", "免责声明",
+    "隐私政策", "微信公众号", "扫描二维码", "手机客户端",
 ]
 
 
