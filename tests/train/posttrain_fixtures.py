@@ -74,6 +74,18 @@ def preference_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def separable_pairs(n: int, seed: int = 0) -> list[dict]:
+    """Chosen replies are numbers, rejected ones letters: a tiny model tells them apart fast."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(10, 49), rng.randint(10, 49)
+        rows.append({"id": f"s{i}", "prompt": f"What is {a}+{b}?", "chosen": str(a + b),
+                     "rejected": "".join(rng.choice(LETTERS) for _ in range(3)),
+                     "answer": str(a + b)})
+    return rows
+
+
 def write_dataset(ws_root: Path, name: str, rows: list[dict]) -> Path:
     """A dataset artifact (parquet + manifest) as `llmkit ingest` leaves it."""
     import pyarrow as pa

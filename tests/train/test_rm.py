@@ -1,5 +1,4 @@
 import json
-import random
 
 import pytest
 import torch
@@ -7,8 +6,8 @@ import torch
 from llmkit.config import _Raw
 from llmkit.errors import UserError
 from llmkit.train.rm import RewardModel, RmConfig, load_reward_model, run_rm
-from tests.train.posttrain_fixtures import (make_tokenizer, tiny_model, write_checkpoint_run,
-                                            write_dataset)
+from tests.train.posttrain_fixtures import (make_tokenizer, separable_pairs, tiny_model,
+                                            write_checkpoint_run, write_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +54,11 @@ def test_a_saved_reward_model_loads_back_in_eval_mode(tok, tmp_path):
         load_reward_model(policy)
 
 
-def easy_pairs(n, seed=0):
-    """Chosen replies are numbers, rejected ones letters: a tiny model tells them apart fast."""
-    rng = random.Random(seed)
-    return [{"id": f"p{i}", "prompt": f"What is {a}+{b}?", "chosen": str(a + b),
-             "rejected": "".join(rng.choice("abcdefgh") for _ in range(3))}
-            for i, (a, b) in enumerate((rng.randint(10, 49), rng.randint(10, 49)) for _ in range(n))]
-
-
 def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
     ws = tmp_path / "ws"
     write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
-    write_dataset(ws, "pref_train", easy_pairs(64))
-    write_dataset(ws, "pref_eval", easy_pairs(16, seed=1))
+    write_dataset(ws, "pref_train", separable_pairs(64))
+    write_dataset(ws, "pref_eval", separable_pairs(16, seed=1))
     ctx = make_ctx(inputs=["pref_train"])
     ctx.overrides = {k: _Raw(str(v)) for k, v in dict(
         max_steps=15, micro_batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=2, seq_len=64,

@@ -1,0 +1,198 @@
+"""Direct preference optimisation (`llmkit dpo`): train a policy on preference pairs against a
+frozen reference (Rafailov et al. 2023), with the IPO, cDPO, robust and reference-free variants.
+
+A completion's log-probability is the sum over its reply tokens (the mean for IPO, as its
+authors specify). By default the reference's log-probabilities are computed once, in one pass
+over the data before training, and stored in the batches, so the reference model is not held
+in memory while the policy trains (`precompute_ref=false` keeps it and recomputes per batch).
+The reference is `--ref`, by default the starting checkpoint `--from`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import get_args
+
+import torch
+
+from llmkit.errors import ConfigError
+from llmkit.train.engine import Task
+from llmkit.train.losses import DpoLossType, dpo_loss
+from llmkit.train.sft import GenerativeConfig, labelled_token_logps
+
+
+@dataclass
+class DpoConfig(GenerativeConfig):
+    max_steps: int = 200  # optimizer steps
+    micro_batch_size: int = 8  # preference pairs per forward (2x sequences)
+    lr: float = 1e-5  # DPO moves a tuned policy a little; tiny models take more (recipes set it)
+    min_lr: float = 1e-6  # learning rate at the end of the cosine decay
+    warmup_steps: int = 10  # linear warmup steps
+    weight_decay: float = 0.0  # AdamW decay of matrices
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    loss_type: DpoLossType = "sigmoid"  # sigmoid | ipo | cdpo | robust | reference_free
+    beta: float = 0.1  # β: strength of the pull towards the reference
+    label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust)
+    precompute_ref: bool = True  # reference log-probs in one pass before training (frees it)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_type not in get_args(DpoLossType):
+            raise ConfigError(f"loss_type must be one of {', '.join(get_args(DpoLossType))}, "
+                              f"got {self.loss_type!r}")
+        if not self.beta > 0:
+            raise ConfigError(f"beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.loss_type == "cdpo" and self.label_smoothing == 0:
+            raise ConfigError("loss_type=cdpo needs label_smoothing > 0 (e.g. 0.1); with 0 it is "
+                              "plain sigmoid DPO")
+        if self.loss_type == "ipo" and self.label_smoothing:
+            raise ConfigError("label_smoothing applies to sigmoid, cdpo and robust, not ipo")
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.loss_type != "reference_free"
+
+    @property
+    def average_logps(self) -> bool:
+        return self.loss_type == "ipo"
+
+
+def completion_logps(model, batch: dict, average: bool = False) -> torch.Tensor:
+    """Sum (or mean) of each row's reply-token log-probabilities: [2B] for a pair batch."""
+    logps, rows, _ = labelled_token_logps(model, batch["input_ids"], batch["labels"])
+    n_rows = batch["input_ids"].shape[0]
+    total = torch.zeros(n_rows, dtype=logps.dtype, device=logps.device).index_add(0, rows, logps)
+    if average:
+        total = total / torch.bincount(rows, minlength=n_rows).clamp(min=1)
+    return total
+
+
+@torch.no_grad()
+def precompute_reference_logps(reference, batches: list[dict], average: bool) -> None:
+    """Store the reference's completion log-probs in each batch (`ref_logps`, numpy)."""
+    from llmkit.train.engine import to_device
+
+    device = next(reference.parameters()).device
+    was_training = reference.training
+    reference.eval()
+    for batch in batches:
+        batch["ref_logps"] = completion_logps(reference, to_device(batch, device),
+                                              average).cpu().numpy()
+    reference.train(was_training)
+
+
+class DpoTask(Task):
+    """The DPO family's loss of (chosen, rejected) completion log-probs against the reference's."""
+
+    def __init__(self, model, train_data, eval_data, cfg: DpoConfig, reference=None):
+        super().__init__(model, train_data, eval_data)
+        self.cfg = cfg
+        self.reference = reference  # held only when its log-probs are not precomputed
+
+    def reference_logps(self, batch):
+        if not self.cfg.uses_reference:
+            return None
+        if "ref_logps" in batch:
+            return batch["ref_logps"]
+        self.reference.to(self.device)
+        with torch.no_grad():
+            return completion_logps(self.reference, batch, self.cfg.average_logps)
+
+    def loss(self, model, batch):
+        cfg = self.cfg
+        policy = completion_logps(model, batch, cfg.average_logps)
+        half = len(policy) // 2
+        ref = self.reference_logps(batch)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            policy[:half], policy[half:], None if ref is None else ref[:half],
+            None if ref is None else ref[half:], beta=cfg.beta, loss_type=cfg.loss_type,
+            label_smoothing=cfg.label_smoothing)
+        margins = chosen_rewards - rejected_rewards
+        return losses.mean() + model.aux_loss, {
+            "rewards/chosen": chosen_rewards.mean().item(),
+            "rewards/rejected": rejected_rewards.mean().item(),
+            "rewards/margins": margins.mean().item(),
+            "rewards/accuracy": (margins > 0).float().mean().item(),
+            "logps/chosen": policy[:half].detach().mean().item(),
+            "logps/rejected": policy[half:].detach().mean().item()}
+
+    def batch_tokens(self, batch) -> int:
+        return int(batch["attention_mask"].sum())
+
+    def flops_per_token(self) -> float:
+        return self.model.flops_per_token(self.cfg.seq_len)
+
+
+def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: str | None = None):
+    """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
+    pref_train) against reference `ref` (default: `base`)."""
+    import copy
+
+    from llmkit.data.chat import BatchLoader, encode_pairs, pair_batches
+    from llmkit.progress import print_summary
+    from llmkit.train.engine import Engine
+    from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
+                                  evaluate_exact_match, load_transformer, open_run, read_rows,
+                                  split_rows, start_run)
+
+    base_art = ctx.workspace.artifact(base)
+    ref_art = ctx.workspace.artifact(ref) if ref and cfg.uses_reference else None
+    if ref_art is not None and ref_art.path.resolve() == base_art.path.resolve():
+        ref_art = None  # the reference is the starting policy
+    data_art = ctx.input(default="pref_train")
+    eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
+    b, resumable = open_run(ctx, "dpo", cfg,
+                            [a for a in (base_art, ref_art, data_art, eval_art) if a])
+    if b.up_to_date:
+        return b
+    device = default_device()
+    policy, step_dir = load_transformer(base_art.path)
+    check_seq_len(cfg, policy)
+    tokenizer = checkpoint_tokenizer(step_dir)
+    needed = ("prompt", "chosen", "rejected")
+    train_rows, heldout = split_rows(read_rows(data_art, needed),
+                                     read_rows(eval_art, needed) if eval_art else None,
+                                     cfg.eval_fraction, cfg.seed)
+    pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
+    eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
+    batches = pair_batches(pairs, batch_size=cfg.micro_batch_size, pad_id=tokenizer.pad_id,
+                           seed=cfg.seed)
+    eval_batches = pair_batches(eval_pairs, batch_size=cfg.micro_batch_size,
+                                pad_id=tokenizer.pad_id, seed=cfg.seed)
+    scored = heldout[:cfg.eval_records]
+    with b:
+        start_run(b, resumable)
+        policy.to(device)
+        reference = None
+        ref_seconds = 0.0
+        if cfg.uses_reference:
+            reference = (load_transformer(ref_art.path)[0].to(device) if ref_art is not None
+                         else policy if cfg.precompute_ref else copy.deepcopy(policy))
+            if cfg.precompute_ref:
+                started = time.time()
+                precompute_reference_logps(reference, batches + eval_batches, cfg.average_logps)
+                ref_seconds = time.time() - started
+                reference = None
+            else:
+                reference.requires_grad_(False).eval()
+        base_accuracy = evaluate_exact_match(policy, tokenizer, scored, cfg.max_new_tokens)
+        task = DpoTask(policy, BatchLoader(batches, cfg.seed), eval_batches or None, cfg, reference)
+        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
+        accuracy = evaluate_exact_match(policy, tokenizer, scored, cfg.max_new_tokens)
+        last = result.metrics
+        b.stats.update(**counts, train_rows=len(train_rows), heldout_pairs=len(eval_pairs),
+                       steps=result.step, tokens_seen=result.tokens_seen,
+                       final_loss=last.get("loss"), reward_margin=last.get("rewards/margins"),
+                       reward_accuracy=last.get("rewards/accuracy"),
+                       val_reward_accuracy=last.get("val_rewards/accuracy"),
+                       reference_seconds=round(ref_seconds, 2), eval_records=len(scored),
+                       base_accuracy=base_accuracy, accuracy=accuracy)
+    print_summary(f"{b.name} done", [
+        ("steps", result.step), ("final loss", last.get("loss")),
+        ("reward margin", last.get("rewards/margins")),
+        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
+        ("seconds", round(time.time() - b.started, 1))])
+    return b

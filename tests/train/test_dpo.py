@@ -1,0 +1,83 @@
+import json
+import math
+
+import pytest
+import torch
+
+from llmkit.config import _Raw
+from llmkit.data.chat import encode_pair, pair_batches
+from llmkit.errors import ConfigError
+from llmkit.train.dpo import DpoConfig, completion_logps, run_dpo
+from llmkit.train.losses import sequence_logps
+from llmkit.train.sft import load_transformer
+from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, separable_pairs,
+                                            tiny_model, write_checkpoint_run, write_dataset)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def ws(tmp_path, tok):
+    ws = tmp_path / "ws"
+    write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
+    write_dataset(ws, "pref_train", separable_pairs(32))
+    return ws
+
+
+def dpo(make_ctx, ws, out="dpo", **overrides):
+    settings = dict(max_steps=8, micro_batch_size=8, lr=2e-2, min_lr=2e-3, warmup_steps=1,
+                    seq_len=64, log_every=1, eval_every=0, eval_records=8, max_new_tokens=4)
+    ctx = make_ctx(inputs=["pref_train"], out=out)
+    ctx.overrides = {k: _Raw(str(v)) for k, v in {**settings, **overrides}.items()}
+    b = run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base="sft")
+    return b, [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
+
+
+def test_completion_logps_are_summed_reply_tokens(tok):
+    model = tiny_model(tok.vocab_size)
+    pairs = [encode_pair(tok, row, 64) for row in preference_rows(3)]
+    batch = {k: torch.from_numpy(v) for k, v in pair_batches(pairs, batch_size=3,
+                                                             pad_id=tok.pad_id, seed=0)[0].items()}
+    logits = model(batch["input_ids"])
+    torch.testing.assert_close(completion_logps(model, batch),
+                               sequence_logps(logits, batch["labels"]))
+    torch.testing.assert_close(completion_logps(model, batch, average=True),
+                               sequence_logps(logits, batch["labels"], average=True))
+
+
+def test_first_step_loss_is_ln2_and_margins_grow(make_ctx, ws, tok):
+    b, records = dpo(make_ctx, ws)
+    assert records[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)  # policy = reference
+    assert records[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+    assert records[-1]["rewards/margins"] > records[0]["rewards/margins"] + 0.05
+    assert records[-1]["rewards/accuracy"] > 0.5 and records[-1]["loss"] < math.log(2)
+    assert {"rewards/chosen", "rewards/rejected", "logps/chosen"} <= set(records[0])
+    assert 0.0 <= b.stats["base_accuracy"] <= 1.0 and "accuracy" in b.stats
+    before = tiny_model(tok.vocab_size)
+    after, _ = load_transformer(ws / "dpo")
+    assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
+
+
+def test_ipo_starts_at_one_over_four_beta_squared(make_ctx, ws):
+    _, records = dpo(make_ctx, ws, out="ipo", loss_type="ipo", beta=0.5, max_steps=2)
+    assert records[0]["loss"] == pytest.approx(1 / (4 * 0.5 ** 2), abs=1e-4)
+
+
+def test_reference_held_in_memory_gives_the_precomputed_trajectory(make_ctx, ws):
+    _, pre = dpo(make_ctx, ws, out="pre", max_steps=3)
+    _, live = dpo(make_ctx, ws, out="live", max_steps=3, precompute_ref="false")
+    for a, b in zip(pre, live):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+        assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], abs=1e-4)
+
+
+def test_invalid_dpo_settings_name_the_key():
+    with pytest.raises(ConfigError, match="cdpo needs label_smoothing"):
+        DpoConfig(loss_type="cdpo")
+    with pytest.raises(ConfigError, match="beta must be > 0"):
+        DpoConfig(beta=0)
+    with pytest.raises(ConfigError, match="label_smoothing must be in"):
+        DpoConfig(loss_type="robust", label_smoothing=0.5)
