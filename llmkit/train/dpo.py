@@ -134,14 +134,16 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     from llmkit.data.chat import BatchLoader, encode_pairs, pair_batches
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
+    from llmkit.train.pretrain import starting_weights
     from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
                                   evaluate_exact_match, load_transformer, open_run, read_rows,
                                   split_rows, start_run)
 
-    base_art = ctx.workspace.artifact(base)
-    ref_art = ctx.workspace.artifact(ref) if ref and cfg.uses_reference else None
-    if ref_art is not None and ref_art.path.resolve() == base_art.path.resolve():
-        ref_art = None  # the reference is the starting policy
+    base_art, base_step = starting_weights(ctx.workspace, base)
+    ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
+                         else (None, None))
+    if ref_step is not None and ref_step.resolve() == base_step.resolve():
+        ref_art = ref_step = None  # the reference is the starting policy
     data_art = ctx.input(default="pref_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     b, resumable = open_run(ctx, "dpo", cfg,
@@ -149,7 +151,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     if b.up_to_date:
         return b
     device = default_device()
-    policy, step_dir = load_transformer(base_art.path)
+    policy, step_dir = load_transformer(base_step)
     check_seq_len(cfg, policy)
     tokenizer = checkpoint_tokenizer(step_dir)
     needed = ("prompt", "chosen", "rejected")
@@ -169,7 +171,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
         reference = None
         ref_seconds = 0.0
         if cfg.uses_reference:
-            reference = (load_transformer(ref_art.path)[0].to(device) if ref_art is not None
+            reference = (load_transformer(ref_step)[0].to(device) if ref_step is not None
                          else policy if cfg.precompute_ref else copy.deepcopy(policy))
             if cfg.precompute_ref:
                 started = time.time()

@@ -173,16 +173,17 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     from llmkit.data.chat import BatchLoader, encode_pairs, pair_batches
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
+    from llmkit.train.pretrain import starting_weights
     from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
                                   load_transformer, open_run, read_rows, split_rows, start_run)
 
-    base_art = ctx.workspace.artifact(base)
+    base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     b, resumable = open_run(ctx, "rm", cfg, [a for a in (base_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
-    trunk, step_dir = load_transformer(base_art.path)
+    trunk, step_dir = load_transformer(base_step)
     check_seq_len(cfg, trunk)
     tokenizer = checkpoint_tokenizer(step_dir)
     needed = ("prompt", "chosen", "rejected")

@@ -267,15 +267,16 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     from llmkit.data.chat import BatchLoader, encode_sft_rows, sft_batches
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
+    from llmkit.train.pretrain import starting_weights
 
-    base_art = ctx.workspace.artifact(base)
+    base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="sft_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     inputs = [a for a in (base_art, data_art, eval_art) if a is not None]
     b, resumable = open_run(ctx, "sft", cfg, inputs)
     if b.up_to_date:
         return b
-    model, step_dir = load_transformer(base_art.path)
+    model, step_dir = load_transformer(base_step)
     check_seq_len(cfg, model)
     tokenizer = checkpoint_tokenizer(step_dir)
     rows = read_rows(data_art, ())

@@ -81,3 +81,14 @@ def test_invalid_dpo_settings_name_the_key():
         DpoConfig(beta=0)
     with pytest.raises(ConfigError, match="label_smoothing must be in"):
         DpoConfig(loss_type="robust", label_smoothing=0.5)
+
+
+def test_make_fragment_runs_dpo_with_its_reference(tmp_path):
+    from tests.train.test_sft import make_dry_run
+
+    for name in ("sft", "pref_train", "base"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    assert make_dry_run(tmp_path, "dpo") == f"llmkit dpo --from sft --in pref_train -w {tmp_path}"
+    assert make_dry_run(tmp_path, "dpo", "DPO_REF=base", "DPO_FLAGS=--set loss_type=ipo") == (
+        f"llmkit dpo --from sft --in pref_train --ref base -w {tmp_path} --set loss_type=ipo")

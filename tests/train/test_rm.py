@@ -76,3 +76,13 @@ def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
     start = tiny_model(tok.vocab_size)
     assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight,
                            start.model.layers[0].mlp.up_proj.weight)
+
+
+def test_make_fragment_runs_rm_on_its_inputs(tmp_path):
+    from tests.train.test_sft import make_dry_run
+
+    for name in ("sft", "pref_train", "pref_eval"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    assert make_dry_run(tmp_path, "rm", "RM_EVAL=pref_eval") == (
+        f"llmkit rm --from sft --in pref_train --eval pref_eval -w {tmp_path}")

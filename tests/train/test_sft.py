@@ -113,3 +113,23 @@ def test_bad_settings_are_user_errors(make_ctx, setup, tok):
                                    config={"llmkit_head": "reward"})
     with pytest.raises(UserError, match="is a reward model, not a language model"):
         load_transformer(rm_like)
+
+
+def make_dry_run(ws, stage: str, *variables: str) -> str:
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "-f", str(repo / "stages/common.mk"), "-f",
+                          str(repo / f"stages/{stage}.mk"), f"WS={ws}", *variables,
+                          f"{ws}/{stage}/manifest.json"], capture_output=True, text=True, check=True)
+    return " ".join(out.stdout.replace("\\\n", " ").split())
+
+
+def test_make_fragment_runs_sft_on_its_inputs(tmp_path):
+    for name in ("pretrain", "sft_train", "sft_eval"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    assert make_dry_run(tmp_path, "sft") == f"llmkit sft --from pretrain --in sft_train -w {tmp_path}"
+    assert make_dry_run(tmp_path, "sft", "SFT_EVAL=sft_eval", "SFT_FLAGS=--set lr=1e-3") == (
+        f"llmkit sft --from pretrain --in sft_train --eval sft_eval -w {tmp_path} --set lr=1e-3")

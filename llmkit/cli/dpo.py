@@ -1,0 +1,22 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def dpo(
+    ctx,
+    from_: Annotated[str, typer.Option(
+        "--from", help="Policy checkpoint run (or step folder) to train, e.g. sft.")] = "sft",
+    ref: Annotated[Optional[str], typer.Option(
+        "--ref", help="Reference checkpoint (default: --from).")] = None,
+    eval_: Annotated[Optional[str], typer.Option(
+        "--eval", help="Held-out preference dataset, scored by exact match before/after "
+                       "(default: a share of --in).")] = None,
+):
+    """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free) on pairs (--in, default pref_train) -> `dpo`."""
+    from llmkit.train.dpo import DpoConfig, run_dpo
+
+    run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base=from_, ref=ref, eval_data=eval_)
