@@ -1,8 +1,19 @@
-"""PPO and GRPO: reinforcement learning of a policy from a reward on its own samples.
+"""PPO and GRPO (`llmkit ppo`): reinforcement learning of a policy from a reward on its own samples.
 
-Conventions of the per-token functions: tensors are [B, R] over the response tokens of a
+PPO (Schulman et al. 2017, as applied to language models by Ziegler et al. 2019 and InstructGPT):
+each rollout samples responses from the current policy with the KV cache, scores them with a
+reward model and/or exact match against the prompt's answer (clipped, optionally normalised),
+adds a per-token KL penalty to the frozen reference (k1 or k3; fixed or adaptive β), and turns
+rewards into advantages with GAE against a learnt value head (on the policy's trunk or its
+own), whitened. Several epochs of minibatches then minimise the clipped policy loss plus the
+clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per prompt instead,
+uses each score relative to its group as the advantage of every token, and needs no value
+model; its KL to the reference is a k3 term in the loss.
+
+The file reads top to bottom: per-token maths (pure functions), the config, the trained module,
+rollouts, the engine Task, the stage. Per-token tensors are [B, R] over the response tokens of a
 rollout (R = longest response), right-padded, with `mask` 1 on real response tokens (the
-end-of-sequence token included) and 0 on padding.
+stop token that ends a response included) and 0 on padding.
 """
 
 from __future__ import annotations
@@ -373,8 +384,8 @@ class Samples:
     input_ids: torch.Tensor       # [N, P + R] left-padded prompt, then the response
     attention_mask: torch.Tensor  # [N, P + R] 1 = real token
     prompt_len: int               # P
-    response_mask: torch.Tensor   # [N, R] 1 = real response token (eos included)
-    texts: list[str]              # decoded responses (eos and padding left out)
+    response_mask: torch.Tensor   # [N, R] 1 = real response token (its stop token included)
+    texts: list[str]              # decoded responses (stop token and padding left out)
     answers: list[str | None]     # each sample's prompt's answer
 
     @property
@@ -397,13 +408,13 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
-def response_mask_of(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:
-    """1 on each response token up to and including its first eos_id, 0 after it."""
-    if eos_id is None:
+def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """1 on each response token up to and including its first stop token, 0 after it."""
+    if not stop_ids:
         return torch.ones_like(responses)
-    is_eos = (responses == eos_id).long()
-    eos_before = is_eos.cumsum(-1) - is_eos  # eos tokens strictly before each position
-    return (eos_before == 0).long()
+    is_stop = torch.isin(responses, torch.tensor(stop_ids, device=responses.device)).long()
+    stops_before = is_stop.cumsum(-1) - is_stop  # stop tokens strictly before each position
+    return (stops_before == 0).long()
 
 
 def verify_scorer(samples: Samples) -> torch.Tensor:
@@ -430,14 +441,14 @@ class PPOTask(Task):
     """
 
     def __init__(self, model: ActorCritic, reference: Transformer, prompts: list[Prompt],
-                 scorer: Scorer, cfg: PPOConfig, *, eos_id: int | None, pad_id: int,
+                 scorer: Scorer, cfg: PPOConfig, *, stop_ids: list[int], pad_id: int,
                  decode: Callable[[list[int]], str]):
         super().__init__(model)
         if not prompts:
             raise ValueError("PPO needs at least one prompt")
         self.reference = reference.eval().requires_grad_(False)
         self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
-        self.eos_id, self.pad_id, self.decode = eos_id, pad_id, decode
+        self.stop_ids, self.pad_id, self.decode = list(stop_ids), pad_id, decode
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.score_moments = RunningMoments()
@@ -463,16 +474,24 @@ class PPOTask(Task):
                          for rows in torch.randperm(n).split(size)]
 
     def _next_prompts(self) -> list[Prompt]:
+        """This process's prompts of the next rollout, each repeated samples_per_prompt times.
+        All processes walk one seeded order and each takes its own slice of every block."""
+        rank, world = _rank_and_world()
+        n = self.cfg.prompts_per_rollout
+        mine = self._take_prompts(n * world)[rank * n:(rank + 1) * n]
+        return [p for p in mine for _ in range(self.cfg.samples_per_prompt)]
+
+    def _take_prompts(self, count: int) -> list[Prompt]:
         out = []
-        while len(out) < self.cfg.prompts_per_rollout:
+        while len(out) < count:
             order = torch.randperm(len(self.prompts), generator=torch.Generator().manual_seed(
                 self.cfg.seed * 100_003 + self.prompt_epoch))
-            take = order[self.prompt_cursor:self.prompt_cursor + self.cfg.prompts_per_rollout - len(out)]
+            take = order[self.prompt_cursor:self.prompt_cursor + count - len(out)]
             out += [self.prompts[i] for i in take.tolist()]
             self.prompt_cursor += len(take)
             if self.prompt_cursor == len(self.prompts):
                 self.prompt_epoch, self.prompt_cursor = self.prompt_epoch + 1, 0
-        return [p for p in out for _ in range(self.cfg.samples_per_prompt)]
+        return out
 
     @torch.no_grad()
     def sample(self, policy: Transformer, prompts: list[Prompt]) -> Samples:
@@ -485,11 +504,12 @@ class PPOTask(Task):
             raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room to respond within "
                              f"model.max_seq_len={policy.config.max_seq_len}")
         out = generate(policy, ids, max_new, temperature=cfg.temperature, top_k=cfg.top_k,
-                       top_p=cfg.top_p, eos_id=self.eos_id, attention_mask=mask)
+                       top_p=cfg.top_p, eos_id=self.stop_ids[0] if self.stop_ids else None,
+                       attention_mask=mask)
         P = ids.shape[1]
-        response_mask = response_mask_of(out[:, P:], self.eos_id)
+        response_mask = response_mask_of(out[:, P:], self.stop_ids)
         responses = out[:, P:].masked_fill(response_mask == 0, self.pad_id)
-        texts = [self.decode(_strip_eos(r[m.bool()].tolist(), self.eos_id))
+        texts = [self.decode(_strip_stop(r[m.bool()].tolist(), self.stop_ids))
                  for r, m in zip(responses, response_mask)]
         return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
                        response_mask, texts, [p.answer for p in prompts])
@@ -498,7 +518,7 @@ class PPOTask(Task):
     def make_rollout(self, module: ActorCritic) -> dict:
         """Sample, score and compute advantages for the next prompts; logs the rollout metrics."""
         cfg = self.cfg
-        self.reference.to(self.device or "cpu")
+        self.reference.to(self.device or "cpu", next(module.policy.parameters()).dtype)
         samples = self.sample(module.policy, self._next_prompts())
         ids, attn, P, mask = (samples.input_ids, samples.attention_mask, samples.prompt_len,
                               samples.response_mask)
@@ -588,6 +608,14 @@ class PPOTask(Task):
         self._rollout, self._pending = None, []
 
 
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
     """A minibatch: the rows `rows` of a rollout, trimmed to their longest response."""
     P = rollout["prompt_len"]
@@ -601,8 +629,8 @@ def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
     return batch
 
 
-def _strip_eos(tokens: list[int], eos_id: int | None) -> list[int]:
-    return tokens[:-1] if tokens and eos_id is not None and tokens[-1] == eos_id else tokens
+def _strip_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
 
 
 # ---- the stage -----------------------------------------------------------------------------------
@@ -752,7 +780,7 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
         base_accuracy = evaluate_exact_match(model.to(device), tokenizer, scored, cfg.max_new_tokens)
         reference = copy.deepcopy(model)
         task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
-                       eos_id=tokenizer.end_of_turn_id, pad_id=tokenizer.pad_id,
+                       stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode)
         result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
                         model_config=model.config).fit()

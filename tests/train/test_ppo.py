@@ -5,8 +5,8 @@ import torch
 
 from llmkit.train.ppo import (AdaptiveKLController, RunningMoments, clip_scores,
                               clipped_policy_loss, clipped_value_loss, entropy_from_logits, gae,
-                              group_relative_advantages, kl_estimate, logprobs_of, masked_mean,
-                              token_rewards, whiten)
+                              group_relative_advantages, kl_estimate, left_pad, logprobs_of,
+                              masked_mean, response_mask_of, token_rewards, whiten)
 
 # ---- pure functions against hand-computed cases ------------------------------------------------
 
@@ -170,6 +170,16 @@ def test_entropy_and_logprobs_from_logits():
     assert lp.tolist()[0] == pytest.approx([math.log(0.25), p[0].log().item()])
 
 
+def test_left_pad_and_response_mask():
+    ids, mask = left_pad([[4, 5, 6], [7]], pad_id=0)
+    assert ids.tolist() == [[4, 5, 6], [0, 0, 7]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    responses = torch.tensor([[3, 9, 9, 9], [3, 3, 8, 9], [3, 3, 3, 3]])
+    # the first of either stop token ends a response; it is itself part of the response
+    assert response_mask_of(responses, [9, 8]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0],
+                                                            [1, 1, 1, 1]]
+    assert response_mask_of(responses, []).tolist() == [[1] * 4] * 3
+
+
 def test_masked_mean_along_a_dimension():
     x = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -200,12 +210,13 @@ def tiny_setup(algo="ppo", max_steps=20, **overrides):
                                      n_kv_heads=1, intermediate_size=64, max_seq_len=16))
     policy.init_weights(seed=0)
     reference = copy.deepcopy(policy)
-    cfg = PPOConfig(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
+    settings = dict(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
                     ppo_epochs=2, max_new_tokens=6, kl_coef=0.01, max_steps=max_steps,
-                    micro_batch_size=8, lr=2e-2, min_lr=2e-2, peak_flops=1e9, **overrides)
+                    micro_batch_size=8, lr=2e-2, min_lr=2e-2, peak_flops=1e9)
+    cfg = PPOConfig(**{**settings, **overrides})
     prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
     model = ActorCritic(policy, with_value=algo == "ppo")
-    task = PPOTask(model, reference, prompts, fraction_of_target, cfg, eos_id=None, pad_id=0,
+    task = PPOTask(model, reference, prompts, fraction_of_target, cfg, stop_ids=[], pad_id=0,
                    decode=lambda ids: " ".join(map(str, ids)))
     return task, cfg
 
@@ -228,6 +239,35 @@ def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     for key in ("kl", "reward_mean", "entropy", "clipfrac", "policy_loss", "response_length"):
         assert key in first
     assert ("value_loss" in first) == (algo == "ppo")
+
+
+
+def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():
+    task, _ = tiny_setup()  # 20 prompts, 16 per rollout
+    first, second = task._next_prompts(), task._next_prompts()
+    ids = [tuple(p.ids) for p in task.prompts]
+    seen = [ids.index(tuple(p.ids)) for p in first + second[:4]]
+    assert sorted(seen) == list(range(20))  # the first epoch: each prompt once
+    assert (task.prompt_epoch, task.prompt_cursor) == (1, 12)
+    grpo, _ = tiny_setup("grpo")  # 4 prompts × group of 4
+    groups = [tuple(p.ids) for p in grpo._next_prompts()]
+    assert len(groups) == 16 and all(len(set(groups[i:i + 4])) == 1 for i in range(0, 16, 4))
+
+
+def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path):
+    def run(run_dir, max_steps):
+        task, cfg = tiny_setup(max_steps=max_steps, ppo_epochs=1)  # 2 steps per rollout
+        Engine(run_dir, cfg.train_config(), task).fit()
+        losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").open()]
+        return task, losses
+
+    straight, straight_losses = run(tmp_path / "straight", 4)
+    run(tmp_path / "stopped", 2)
+    resumed, resumed_losses = run(tmp_path / "stopped", 4)
+    assert resumed_losses == straight_losses
+    assert resumed.reward_history == straight.reward_history
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q)
 
 
 # ---- the make fragment ----------------------------------------------------------------------------
