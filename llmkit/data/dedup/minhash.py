@@ -65,7 +65,7 @@ class MinHashConfig:
 def minhash_signatures(batch, num_perm: int, seed: int = 1) -> np.ndarray:
     """(n, num_perm) uint64 signatures of a ShingleBatch; a document without shingles gets
     all-ones slots (so empty documents match each other and nothing else)."""
-    salt = fmix64(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+    salt = fmix64(np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64))
     return _signatures_kernel(batch.hashes, batch.offsets, num_perm, salt)
 
 

@@ -142,10 +142,10 @@ def _jieba_shingles(texts, data, offsets, forced, cfg: ShingleConfig) -> Shingle
     for i in cjk:
         as_list[i] = " ".join(jieba.lcut(as_list[i] or ""))
     data, offsets = text_buffers(pa.array(as_list, type=pa.string()))
-    # segmented documents become space-delimited words; the batch remembers they were CJK
+    # every document is now space-delimited words; the batch remembers which were CJK
     hashes, out_offsets, _ = _shingle_kernel(
         data, offsets, np.full(len(chosen), WORDS, np.int8), cfg.word_ngram, cfg.char_ngram,
-        cfg.strip_punctuation, cfg.cjk_ratio)
+        cfg.strip_punctuation, cfg.cjk_ratio, True)
     return ShingleBatch(hashes, out_offsets, chosen)
 
 
@@ -215,8 +215,10 @@ def fmix64(h):
 
 
 @njit(cache=True)
-def _tokenize(data, start, end, strip_punctuation, tokens):
-    """Token hashes of data[start:end] into `tokens`; returns (count, unsegmented count)."""
+def _tokenize(data, start, end, strip_punctuation, segmented, tokens):
+    """Token hashes of data[start:end] into `tokens`; returns (count, unsegmented count).
+    `segmented`: unsegmented-script characters join words too (text already split by
+    spaces, e.g. by jieba)."""
     count = 0
     unsegmented = 0
     h = _FNV_OFFSET
@@ -229,7 +231,7 @@ def _tokenize(data, start, end, strip_punctuation, tokens):
         else:
             cp, length = _decode(data, i, end)
             cls = _char_class(cp)
-        if cls == _PUNCT and not strip_punctuation:
+        if (cls == _PUNCT and not strip_punctuation) or (cls == _UNSEGMENTED and segmented):
             cls = _WORD
         if cls == _WORD:
             if not in_word:
@@ -274,7 +276,8 @@ def _shingles_of_tokens(tokens, count, n, out, pos):
 
 
 @njit(cache=True)
-def _shingle_kernel(data, offsets, forced, word_n, char_n, strip_punctuation, cjk_ratio):
+def _shingle_kernel(data, offsets, forced, word_n, char_n, strip_punctuation, cjk_ratio,
+                    segmented=False):
     n_docs = len(offsets) - 1
     longest = 1
     for d in range(n_docs):
@@ -287,7 +290,7 @@ def _shingle_kernel(data, offsets, forced, word_n, char_n, strip_punctuation, cj
     out_offsets[0] = 0
     for d in range(n_docs):
         count, unsegmented = _tokenize(data, offsets[d], offsets[d + 1], strip_punctuation,
-                                       tokens)
+                                       segmented, tokens)
         mode = forced[d]
         if mode < 0:
             mode = CHARS if count > 0 and unsegmented >= cjk_ratio * count else WORDS
@@ -311,7 +314,7 @@ def _modes_kernel(data, offsets, strip_punctuation, cjk_ratio):
     modes = np.empty(n_docs, np.int8)
     for d in range(n_docs):
         count, unsegmented = _tokenize(data, offsets[d], offsets[d + 1], strip_punctuation,
-                                       tokens)
+                                       False, tokens)
         modes[d] = CHARS if count > 0 and unsegmented >= cjk_ratio * count else WORDS
     return modes
 
