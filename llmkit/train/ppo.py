@@ -735,14 +735,15 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
 
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
+    from llmkit.train.pretrain import starting_weights
     from llmkit.train.rm import load_reward_model
     from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
                                   evaluate_exact_match, load_transformer, open_run, read_rows,
                                   split_rows, start_run)
 
-    policy_art = ctx.workspace.artifact(policy)
+    policy_art, policy_step = starting_weights(ctx.workspace, policy)
     prompts_art = ctx.input(default="prompts_train")
-    rm_art = ctx.workspace.artifact(reward_model) if reward_model else None
+    rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     mode = reward_mode(cfg, rm_art is not None)
     inputs = [a for a in (policy_art, prompts_art, rm_art, eval_art) if a is not None]
@@ -750,16 +751,13 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     if b.up_to_date:
         return b
 
-    model, step_dir = load_transformer(policy_art.path)
+    model, step_dir = load_transformer(policy_step)
     check_seq_len(cfg, model)
     tokenizer = checkpoint_tokenizer(step_dir)
     rm = None
     if rm_art is not None and (mode != "verify" or cfg.value_model == "separate"):
-        rm = load_reward_model(rm_art.path)
-        from llmkit.train.checkpoint import resolve_step_dir
-
-        rm_tokenizer = checkpoint_tokenizer(resolve_step_dir(rm_art.path))
-        if not same_tokenizer(tokenizer, rm_tokenizer):
+        rm = load_reward_model(rm_step)
+        if not same_tokenizer(tokenizer, checkpoint_tokenizer(rm_step)):
             raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
                             "the reward model from the same base as the policy")
     rows = read_rows(prompts_art, ())
