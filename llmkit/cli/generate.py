@@ -1,0 +1,23 @@
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def generate(
+    ctx,
+    from_: Annotated[str, typer.Option("--from", help="Checkpoint run or step folder (name or path).")],
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt (repeatable).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="File of prompts: .jsonl with `prompt` (or `messages`), else one per line.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Also write the generations as jsonl.")] = None,
+):
+    """Complete prompts with a checkpoint (KV cache); --set temperature= top_k= top_p= greedy=true chat=true."""
+    from llmkit.api import GenerateConfig, read_prompts, run_generate
+
+    cfg = ctx.config(GenerateConfig, "generate")
+    texts = list(prompt or []) + (read_prompts(prompts) if prompts is not None else [])
+    run_generate(ctx, cfg, from_, texts, output)

@@ -1,0 +1,70 @@
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from llmkit.cli.app import build_app
+from llmkit.train import checkpoint as ckpt
+from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only wait on each other
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ws")
+    tok = make_tokenizer(root / "tok")
+    write_checkpoint_run(root, "sft", tiny_model(tok.vocab_size, init_std=0.3), tok)
+    return root
+
+
+def invoke(ws, *args):
+    return runner.invoke(build_app(), ["generate", "-w", str(ws), *args])
+
+
+def test_generate_prints_completions_and_greedy_is_deterministic(ws):
+    args = ["--from", "sft", "--prompt", "What is 12+34?", "--prompt", "计算 10+20",
+            "--set", "greedy=true", "--set", "max_new_tokens=8"]
+    first = invoke(ws, *args)
+    assert first.exit_code == 0, first.output
+    assert ">>> What is 12+34?" in first.output and ">>> 计算 10+20" in first.output
+    completions = first.output.split(">>> ")[1:]
+    assert all(len(c.strip().splitlines()) >= 2 for c in completions)  # a prompt line and generated text
+    assert invoke(ws, *args).output == first.output
+
+
+def test_prompts_file_chat_and_jsonl_output(ws, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 1+2?"}) + "\n"
+                       + json.dumps({"messages": [{"role": "user", "content": "Reverse: abcd"}]}) + "\n")
+    out = tmp_path / "gen.jsonl"
+    r = invoke(ws, "--from", str(ws / "sft" / "step-00000001"), "--prompts", str(prompts), "--output", str(out),
+               "--set", "chat=true", "--set", "max_new_tokens=6", "--set", "seed=1")
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in records][0] == "What is 1+2?"
+    assert records[1]["prompt"][0]["content"] == "Reverse: abcd"
+    assert all(1 <= r["new_tokens"] <= 6 and isinstance(r["completion"], str) for r in records)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from", "missing", "--prompt", "x"], "no checkpoint 'missing'"),
+    (["--from", "{unfinished}", "--prompt", "x"], "no complete checkpoint"),
+    (["--from", "sft"], "--prompt"),
+    (["--from", "sft", "--prompt", "x", "--set", "temprature=0.5"], "temperature"),
+])
+def test_errors_exit_2_without_traceback(ws, tmp_path, args, message):
+    unfinished = tmp_path / "run"
+    (unfinished / ckpt.step_dir_name(5)).mkdir(parents=True)  # a save that never completed
+    r = invoke(ws, *[a.format(unfinished=unfinished) for a in args])
+    assert r.exit_code == 2 and message in r.output
+    assert "Traceback" not in r.output

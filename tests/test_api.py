@@ -1,0 +1,148 @@
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import llmkit
+from llmkit.api import GenerateConfig, encode_prompt, generate_texts, read_prompts
+from llmkit.errors import ConfigError, UserError
+from llmkit.train import checkpoint as ckpt
+from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny matrices: a second thread only adds synchronisation, and on a busy machine a lot of it
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def model(tok):
+    return tiny_model(tok.vocab_size, init_std=0.3).eval()
+
+
+def test_load_gives_model_and_tokenizer_from_a_run_or_a_step_folder(tmp_path, tok, model):
+    run = write_checkpoint_run(tmp_path, "sft", model, tok)
+    loaded, tokenizer = llmkit.load(run)
+    text = "What is 12+34? 46"
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text and tokenizer.bos_id not in ids
+    logits = loaded(torch.tensor([ids, ids]))
+    assert logits.shape == (2, len(ids), tok.vocab_size) and logits.dtype == torch.float32
+    assert not loaded.training
+    with torch.no_grad():
+        assert torch.equal(logits, model(torch.tensor([ids, ids])))
+    from_step, _ = llmkit.load(run / "step-00000001")
+    assert torch.equal(from_step(torch.tensor([ids])), logits[:1])
+
+
+def test_load_takes_the_step_named_by_latest(tmp_path, tok, model):
+    run = write_checkpoint_run(tmp_path, "sft", model, tok)
+    newer = tiny_model(tok.vocab_size, seed=9)
+    step = run / ckpt.step_dir_name(2)
+    step.mkdir()
+    named = newer.state_dict(keep_vars=True)
+    ckpt.save_weights(step / ckpt.WEIGHTS, {k: v.detach() for k, v in named.items()}, ckpt.tied_groups(named))
+    (step / ckpt.MODEL_CONFIG).write_text(json.dumps(dataclasses.asdict(newer.config)))
+    tok.save(step / ckpt.TOKENIZER)
+    ckpt.mark_complete(step)
+    x = torch.tensor([[1, 5, 9]])
+    assert torch.equal(llmkit.load(run)[0](x), newer(x))
+    (run / ckpt.LATEST).write_text("step-00000001\n")
+    assert torch.equal(llmkit.load(run)[0](x), model(x))
+
+
+def test_load_errors_say_what_is_wrong(tmp_path, tok, model):
+    with pytest.raises(UserError, match="does not exist"):
+        llmkit.load(tmp_path / "nope")
+    run = write_checkpoint_run(tmp_path, "sft", model, tok)
+    (run / "step-00000001" / ckpt.COMPLETE).unlink()
+    (run / ckpt.LATEST).unlink()
+    with pytest.raises(UserError, match="no complete checkpoint yet.*resume training"):
+        llmkit.load(run)
+    with pytest.raises(UserError, match="interrupted"):
+        llmkit.load(run / "step-00000001")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        llmkit.load(tmp_path / "empty")
+    bigger = write_checkpoint_run(tmp_path, "big", tiny_model(tok.vocab_size + 2), tok)
+    with pytest.raises(UserError, match=f"{tok.vocab_size} tokens but the model's vocab_size is {tok.vocab_size + 2}"):
+        llmkit.load(bigger)
+    reward = write_checkpoint_run(tmp_path, "rm", model, tok,
+                                  config={**dataclasses.asdict(model.config), "llmkit_head": "reward"})
+    with pytest.raises(UserError, match="load_reward_model"):
+        llmkit.load(reward)
+
+
+def test_greedy_generation_is_deterministic_and_independent_of_batching(tok, model):
+    prompts = ["What is 12+34?", "计算 10+20", "Reverse: abcd"]
+    cfg = GenerateConfig(max_new_tokens=12, greedy=True, batch_size=3)
+    first = generate_texts(model, tok, prompts, cfg)
+    assert first == generate_texts(model, tok, prompts, cfg)
+    one_by_one = generate_texts(model, tok, prompts, dataclasses.replace(cfg, batch_size=1))
+    assert [r["completion"] for r in one_by_one] == [r["completion"] for r in first]  # left padding is exact
+    assert all(r["completion"] and r["new_tokens"] == 12 and not r["stopped"] for r in first)
+
+
+def test_sampling_depends_on_the_seed_only(tok, model):
+    cfg = GenerateConfig(max_new_tokens=16, temperature=1.0, top_k=50, top_p=0.95, seed=3)
+    a = generate_texts(model, tok, ["What is 1+1?"], cfg)
+    assert a == generate_texts(model, tok, ["What is 1+1?"], cfg)
+    assert a != generate_texts(model, tok, ["What is 1+1?"], dataclasses.replace(cfg, seed=4))
+
+
+def test_completion_ends_at_the_first_stop_token(tok, model, monkeypatch):
+    import llmkit.model
+
+    def fake_generate(model, ids, n, **kw):
+        new = [tok.encode("46")[0], tok.end_of_turn_id, 7, tok.eos_id]
+        return torch.cat([ids, torch.tensor([new] * len(ids))], dim=1)
+
+    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    [record] = generate_texts(model, tok, ["What is 12+34?"], GenerateConfig(max_new_tokens=4, chat=True))
+    assert record["completion"] == tok.decode(tok.encode("46")[:1]) and record["stopped"]
+    assert record["new_tokens"] == 2
+
+
+def test_prompts_become_chat_or_plain_token_ids(tok):
+    assert encode_prompt(tok, "hi", chat=False) == [tok.bos_id] + tok.encode("hi")
+    user = [{"role": "user", "content": "hi"}]
+    expected = tok.encode_chat(user, add_generation_prompt=True)[0]
+    assert encode_prompt(tok, "hi", chat=True) == expected == encode_prompt(tok, user, chat=False)
+    assert expected[-1] == tok.role_ids["assistant"]
+
+
+def test_long_prompts_keep_their_last_tokens(tok, model):
+    cfg = GenerateConfig(max_new_tokens=model.config.max_seq_len - 8, greedy=True)
+    [record] = generate_texts(model, tok, ["What is 12+34? " * 10], cfg)
+    assert record["prompt_truncated"]
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        generate_texts(model, tok, ["x"], GenerateConfig(max_new_tokens=model.config.max_seq_len))
+
+
+def test_read_prompts_from_jsonl_and_text(tmp_path):
+    messages = [{"role": "user", "content": "hi"}]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "a b"}) + "\n\n" + json.dumps({"messages": messages}) + "\n")
+    assert read_prompts(jsonl) == ["a b", messages]
+    txt = tmp_path / "p.txt"
+    txt.write_text("first\n\n  second line\n")
+    assert read_prompts(txt) == ["first", "  second line"]
+    jsonl.write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(UserError, match=r"p.jsonl:1: .*prompt"):
+        read_prompts(jsonl)
+
+
+@pytest.mark.parametrize("bad", [dict(top_p=0.0), dict(top_k=0), dict(temperature=-1), dict(max_new_tokens=0)])
+def test_invalid_generate_config_is_rejected(bad):
+    with pytest.raises(ConfigError):
+        GenerateConfig(**bad)
