@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from llmkit.data.dedup.shingles import (_PUNCT, _SPACE, _char_class, _decode, fmix64,
-                                        lowercase, text_buffers)
+from llmkit.data.dedup.shingles import (_PUNCT, _SPACE, _ascii_only, _char_class, _decode,
+                                        fmix64, lowercase, text_buffers)
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -30,14 +30,15 @@ class ExactConfig:
 
 def exact_hashes(texts, cfg: ExactConfig) -> np.ndarray:
     """(n, 2) uint64: two independent hashes of each document's normalised text."""
-    if cfg.lowercase:
-        texts = lowercase(texts)
     data, offsets = text_buffers(texts)
-    return _exact_kernel(data, offsets, cfg.collapse_whitespace, cfg.strip_punctuation)
+    if cfg.lowercase and not _ascii_only(data, offsets):
+        data, offsets = text_buffers(lowercase(texts))
+    return _exact_kernel(data, offsets, cfg.lowercase, cfg.collapse_whitespace,
+                         cfg.strip_punctuation)
 
 
 @njit(cache=True)
-def _exact_kernel(data, offsets, collapse_whitespace, strip_punctuation):
+def _exact_kernel(data, offsets, lower_ascii, collapse_whitespace, strip_punctuation):
     n = len(offsets) - 1
     out = np.empty((n, 2), np.uint64)
     for d in range(n):
@@ -64,6 +65,8 @@ def _exact_kernel(data, offsets, collapse_whitespace, strip_punctuation):
                 pending_space = False
             for k in range(i, i + width):
                 byte = np.uint64(data[k])
+                if lower_ascii and width == 1 and byte >= 0x41 and byte <= 0x5A:
+                    byte += np.uint64(0x20)
                 h1 = (h1 ^ byte) * _FNV_PRIME
                 h2 = (h2 + byte) * _MIX_PRIME
                 h2 ^= h2 >> np.uint64(31)

@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.data.dedup import unionfind
-from llmkit.data.dedup.shingles import unique_sorted
 from llmkit.data.dedup.sketch import Sketcher
 from llmkit.data.io import PART, DatasetWriter, dataset_files
 from llmkit.errors import UserError
@@ -152,8 +151,6 @@ class DedupPlan:
         for members, _ in self._bucket_groups():
             candidate[members] = True
         values, value_offsets = self._candidate_payload(candidate, rows)
-        if self.sketcher.verify == unionfind.JACCARD:
-            values, value_offsets = unique_sorted(values, value_offsets)
         parent = unionfind.new_parents(n)
         verified = accepted = 0
         for members, offsets in self._bucket_groups():
@@ -205,13 +202,14 @@ class DedupPlan:
         for s in range(len(rows)):
             local = needed[(needed >= bases[s]) & (needed < bases[s + 1])] - bases[s]
             if len(local):
-                ids.append(_id_column(self.shards[s]).take(pa.array(local)))
-        ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+                ids.append(_id_column(self.shards[s]).cast(pa.string()).take(
+                    _int64_array(local)))
+        ids = pa.chunked_array(ids, pa.string())
         for s in range(len(rows)):
             lo, hi = np.searchsorted(removed, [bases[s], bases[s + 1]])
-            kept_ids = ids.take(pa.array(np.searchsorted(needed, kept_of_removed[lo:hi])))
-            table = pa.table({"row": pa.array(removed[lo:hi] - bases[s], pa.int64()),
-                              "duplicate_of": kept_ids.cast(pa.string())})
+            kept_ids = ids.take(_int64_array(np.searchsorted(needed, kept_of_removed[lo:hi])))
+            table = pa.Table.from_arrays([_int64_array(removed[lo:hi] - bases[s]), kept_ids],
+                                         names=["row", "duplicate_of"])
             final = self.work / "clusters" / f"part-{s:05d}.parquet"
             tmp = final.with_name(final.name + ".tmp")
             pq.write_table(table, tmp)
@@ -223,7 +221,7 @@ class DedupPlan:
         import pyarrow.parquet as pq
 
         removals = pq.ParquetFile(self.work / "clusters" / f"part-{shard:05d}.parquet").read()
-        removed_rows = removals.column("row").to_numpy()
+        removed_rows = _int64_numpy(removals.column("row"))
         duplicate_of = removals.column("duplicate_of")
         final = self.work / "filter" / f"part-{shard:05d}"
         tmp = _fresh(final.with_name(final.name + ".tmp"))
@@ -235,10 +233,9 @@ class DedupPlan:
             lo, hi = np.searchsorted(removed_rows, [pos, pos + batch.num_rows])
             drop = np.zeros(batch.num_rows, bool)
             drop[removed_rows[lo:hi] - pos] = True
-            kept_w.write(table.filter(pa.array(~drop)))
-            gone = table.filter(pa.array(drop))
-            gone = _set_column(gone, "reason", pa.array([self.reason] * gone.num_rows,
-                                                        pa.string()))
+            kept_w.write(table.filter(_bool_array(~drop)))
+            gone = table.filter(_bool_array(drop))
+            gone = _set_column(gone, "reason", _repeated_string(self.reason, gone.num_rows))
             removed_w.write(_set_column(gone, "duplicate_of", duplicate_of.slice(lo, hi - lo)))
             pos += batch.num_rows
         rows_out, rows_removed = kept_w.close(), removed_w.close()
@@ -317,6 +314,38 @@ def _id_column(path: Path):
         raise UserError(f"{path} has no 'id' column; dedup needs it to name the kept "
                         "document in duplicate_of")
     return pf.read(columns=["id"]).column("id").combine_chunks()
+
+
+# Arrays built from buffers: pyarrow imports pandas (~0.5 s) the first time it converts
+# Python or numpy objects, and this stage otherwise never needs it.
+def _int64_array(values: np.ndarray):
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _int64_numpy(column) -> np.ndarray:
+    array = column.combine_chunks()
+    if len(array) == 0:
+        return np.zeros(0, np.int64)
+    return np.frombuffer(array.buffers()[1], np.int64)[array.offset:array.offset + len(array)]
+
+
+def _bool_array(mask: np.ndarray):
+    import pyarrow as pa
+
+    bits = np.packbits(mask, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(bits)])
+
+
+def _repeated_string(value: str, n: int):
+    import pyarrow as pa
+
+    data = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(data * n)])
 
 
 def _set_column(table, name: str, values):

@@ -112,17 +112,23 @@ def shingle_hashes(texts, cfg: ShingleConfig, modes=None) -> ShingleBatch:
 
     `modes`, if given, forces WORDS/CHARS per document (AUTO lets the document choose).
     """
-    if cfg.lowercase:
-        texts = lowercase(texts)
     data, offsets = text_buffers(texts)
+    if cfg.lowercase and not _ascii_only(data, offsets):
+        # the kernel lowers ASCII itself; anything else takes Arrow's Unicode kernel
+        texts = lowercase(texts)
+        data, offsets = text_buffers(texts)
     n = len(offsets) - 1
     forced = np.full(n, AUTO, np.int8) if modes is None else np.asarray(modes, np.int8)
     if cfg.cjk_tokens == "jieba":
         return _jieba_shingles(texts, data, offsets, forced, cfg)
     hashes, out_offsets, chosen = _shingle_kernel(
         data, offsets, forced, cfg.word_ngram, cfg.char_ngram, cfg.strip_punctuation,
-        cfg.cjk_ratio)
+        cfg.cjk_ratio, cfg.lowercase)
     return ShingleBatch(hashes, out_offsets, chosen)
+
+
+def _ascii_only(data: np.ndarray, offsets: np.ndarray) -> bool:
+    return len(data) == 0 or int(data[offsets[0]:offsets[-1]].max(initial=0)) < 0x80
 
 
 def _jieba_shingles(texts, data, offsets, forced, cfg: ShingleConfig) -> ShingleBatch:
@@ -136,7 +142,7 @@ def _jieba_shingles(texts, data, offsets, forced, cfg: ShingleConfig) -> Shingle
     if len(cjk) == 0:
         hashes, out_offsets, chosen = _shingle_kernel(
             data, offsets, forced, cfg.word_ngram, cfg.char_ngram, cfg.strip_punctuation,
-            cfg.cjk_ratio)
+            cfg.cjk_ratio, cfg.lowercase)
         return ShingleBatch(hashes, out_offsets, chosen)
     as_list = texts.to_pylist() if hasattr(texts, "to_pylist") else list(texts)
     for i in cjk:
@@ -145,7 +151,7 @@ def _jieba_shingles(texts, data, offsets, forced, cfg: ShingleConfig) -> Shingle
     # every document is now space-delimited words; the batch remembers which were CJK
     hashes, out_offsets, _ = _shingle_kernel(
         data, offsets, np.full(len(chosen), WORDS, np.int8), cfg.word_ngram, cfg.char_ngram,
-        cfg.strip_punctuation, cfg.cjk_ratio, True)
+        cfg.strip_punctuation, cfg.cjk_ratio, cfg.lowercase, True)
     return ShingleBatch(hashes, out_offsets, chosen)
 
 
@@ -215,10 +221,10 @@ def fmix64(h):
 
 
 @njit(cache=True)
-def _tokenize(data, start, end, strip_punctuation, segmented, tokens):
+def _tokenize(data, start, end, strip_punctuation, segmented, lower_ascii, tokens):
     """Token hashes of data[start:end] into `tokens`; returns (count, unsegmented count).
     `segmented`: unsegmented-script characters join words too (text already split by
-    spaces, e.g. by jieba)."""
+    spaces, e.g. by jieba). `lower_ascii`: A–Z hash as a–z."""
     count = 0
     unsegmented = 0
     h = _FNV_OFFSET
@@ -237,8 +243,14 @@ def _tokenize(data, start, end, strip_punctuation, segmented, tokens):
             if not in_word:
                 h = _FNV_OFFSET
                 in_word = True
-            for k in range(i, i + length):
-                h = (h ^ np.uint64(data[k])) * _FNV_PRIME
+            if length == 1:
+                byte = data[i]
+                if lower_ascii and byte >= 0x41 and byte <= 0x5A:
+                    byte += 0x20
+                h = (h ^ np.uint64(byte)) * _FNV_PRIME
+            else:
+                for k in range(i, i + length):
+                    h = (h ^ np.uint64(data[k])) * _FNV_PRIME
         else:
             if in_word:
                 tokens[count] = fmix64(h)
@@ -277,7 +289,7 @@ def _shingles_of_tokens(tokens, count, n, out, pos):
 
 @njit(cache=True)
 def _shingle_kernel(data, offsets, forced, word_n, char_n, strip_punctuation, cjk_ratio,
-                    segmented=False):
+                    lower_ascii, segmented=False):
     n_docs = len(offsets) - 1
     longest = 1
     for d in range(n_docs):
@@ -290,7 +302,7 @@ def _shingle_kernel(data, offsets, forced, word_n, char_n, strip_punctuation, cj
     out_offsets[0] = 0
     for d in range(n_docs):
         count, unsegmented = _tokenize(data, offsets[d], offsets[d + 1], strip_punctuation,
-                                       segmented, tokens)
+                                       segmented, lower_ascii, tokens)
         mode = forced[d]
         if mode < 0:
             mode = CHARS if count > 0 and unsegmented >= cjk_ratio * count else WORDS
@@ -314,37 +326,13 @@ def _modes_kernel(data, offsets, strip_punctuation, cjk_ratio):
     modes = np.empty(n_docs, np.int8)
     for d in range(n_docs):
         count, unsegmented = _tokenize(data, offsets[d], offsets[d + 1], strip_punctuation,
-                                       False, tokens)
+                                       False, False, tokens)
         modes[d] = CHARS if count > 0 and unsegmented >= cjk_ratio * count else WORDS
     return modes
 
 
 def verification_sets(batch: ShingleBatch) -> tuple[np.ndarray, np.ndarray]:
     """(values uint32, lengths int64): each document's shingle hashes cut to 32 bits, for
-    exact Jaccard of candidate pairs (`unique_sorted` makes them sets, for candidates only).
-    32 bits halve the storage; a chance collision between two ~300-shingle documents has
-    probability ≈ 2e-5 and moves their Jaccard by one shingle."""
+    exact Jaccard of candidate pairs. 32 bits halve the storage; a chance collision between
+    two ~300-shingle documents has probability ≈ 2e-5 and moves their Jaccard by one shingle."""
     return batch.hashes.astype(np.uint32), np.diff(batch.offsets)
-
-
-def unique_sorted(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each document's slice of `values` sorted with repeats removed: (values, offsets).
-    Works in place: `values` is reused (and overwritten)."""
-    out_offsets = _unique_kernel(values, offsets)
-    return values[:out_offsets[-1]], out_offsets
-
-
-@njit(cache=True)
-def _unique_kernel(values, offsets):
-    n = len(offsets) - 1
-    out_offsets = np.zeros(n + 1, np.int64)
-    pos = 0
-    for d in range(n):
-        doc = values[offsets[d]:offsets[d + 1]]
-        doc.sort()
-        for j in range(len(doc)):
-            if j == 0 or doc[j] != doc[j - 1]:
-                values[pos] = doc[j]
-                pos += 1
-        out_offsets[d + 1] = pos
-    return out_offsets

@@ -20,7 +20,7 @@ import numpy as np
 from llmkit.data.dedup import unionfind
 from llmkit.data.dedup.exact import exact_hashes
 from llmkit.data.dedup.minhash import band_keys, minhash_signatures
-from llmkit.data.dedup.shingles import shingle_hashes, unique_sorted, verification_sets
+from llmkit.data.dedup.shingles import shingle_hashes, verification_sets
 from llmkit.data.dedup.simhash import block_masks, simhash_fingerprints, table_keys
 
 
@@ -77,8 +77,6 @@ def cluster_in_memory(sketch: Sketch, sketcher: Sketcher) -> tuple[np.ndarray, d
     parent = unionfind.new_parents(n)
     offsets = np.r_[0, np.cumsum(sketch.lengths)].astype(np.int64)
     values = sketch.values
-    if sketcher.verify == unionfind.JACCARD:
-        values, offsets = unique_sorted(values, offsets)
     verified = accepted = 0
     for row in sketch.keys:
         members, bucket_offsets = unionfind.bucket_groups(row)

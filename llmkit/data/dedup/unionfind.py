@@ -29,7 +29,7 @@ def cluster_buckets(parent: np.ndarray, members: np.ndarray, bucket_offsets: np.
 
     Bucket g is members[bucket_offsets[g]:bucket_offsets[g+1]] (ascending document indices).
     Document d's verification payload is values[value_offsets[d]:value_offsets[d+1]]:
-    sorted unique shingle hashes (JACCARD ≥ param), one fingerprint (HAMMING ≤ param) or one
+    shingle hashes, repeats allowed (JACCARD ≥ param), one fingerprint (HAMMING ≤ param) or one
     hash (EQUAL). Returns (pairs verified, pairs accepted).
     """
     return _cluster_kernel(parent, members, bucket_offsets, verify, values, value_offsets,
@@ -69,31 +69,45 @@ def union(parent, x, y):
 
 
 @njit(cache=True)
-def sorted_jaccard(a, b):
-    """Jaccard similarity of two sorted arrays of unique values (two empty sets: 1)."""
+def set_jaccard(a, b, keys, seen):
+    """Jaccard similarity of the distinct values of a and b (two empty sets: 1).
+
+    Counts through one open-addressing table instead of sorting: `keys` (uint64) and `seen`
+    (uint8) are scratch of a power-of-two size > len(a) + len(b)."""
     if len(a) == 0 and len(b) == 0:
         return 1.0
-    i = j = common = 0
-    while i < len(a) and j < len(b):
-        if a[i] == b[j]:
-            common += 1
-            i += 1
-            j += 1
-        elif a[i] < b[j]:
-            i += 1
-        else:
-            j += 1
-    return common / (len(a) + len(b) - common)
+    size = 1
+    while size < 2 * (len(a) + len(b)):
+        size *= 2
+    mask = size - 1
+    keys[:size] = 0
+    union = common = 0
+    for side in range(2):
+        values = a if side == 0 else b
+        flag = np.uint8(1 + side)
+        for v in values:
+            key = np.uint64(v) + np.uint64(1)  # 0 marks an empty slot
+            slot = np.int64(v) & mask
+            while keys[slot] != 0 and keys[slot] != key:
+                slot = (slot + 1) & mask
+            if keys[slot] == 0:
+                keys[slot] = key
+                seen[slot] = flag
+                union += 1
+            elif seen[slot] == 1 and flag == 2:
+                seen[slot] = 3
+                common += 1
+    return common / union
 
 
 @njit(cache=True)
-def _verified(verify, values, value_offsets, x, y, param):
+def _verified(verify, values, value_offsets, x, y, param, keys, seen):
     if verify == ACCEPT:
         return True
     vx = values[value_offsets[x]:value_offsets[x + 1]]
     vy = values[value_offsets[y]:value_offsets[y + 1]]
     if verify == JACCARD:
-        return sorted_jaccard(vx, vy) >= param
+        return set_jaccard(vx, vy, keys, seen) >= param
     if verify == HAMMING:
         diff = np.uint64(vx[0]) ^ np.uint64(vy[0])
         bits = 0
@@ -108,6 +122,11 @@ def _verified(verify, values, value_offsets, x, y, param):
 def _cluster_kernel(parent, members, bucket_offsets, verify, values, value_offsets, param):
     verified = accepted = 0
     reps = np.empty(max(1, len(members)), np.int64)
+    longest = 1
+    for d in range(len(value_offsets) - 1):
+        longest = max(longest, value_offsets[d + 1] - value_offsets[d])
+    keys = np.empty(8 * longest, np.uint64)
+    seen = np.empty(8 * longest, np.uint8)
     for g in range(len(bucket_offsets) - 1):
         n_reps = 0
         for m in members[bucket_offsets[g]:bucket_offsets[g + 1]]:
@@ -118,7 +137,7 @@ def _cluster_kernel(parent, members, bucket_offsets, verify, values, value_offse
                     new_cluster = False
                     continue
                 verified += 1
-                if _verified(verify, values, value_offsets, r, m, param):
+                if _verified(verify, values, value_offsets, r, m, param, keys, seen):
                     accepted += 1
                     union(parent, r, m)
                     new_cluster = False

@@ -25,3 +25,8 @@ def test_different_texts_get_different_128_bit_hashes():
     h = exact_hashes(texts, ExactConfig())
     assert len({tuple(r) for r in h.tolist()}) == 2000
     assert len(set(h[:, 0].tolist())) == 2000 and len(set(h[:, 1].tolist())) == 2000
+
+
+def test_lowercasing_covers_non_ascii_letters():
+    assert same("ÉCOLE Über", "école über", lowercase=True)
+    assert not same("ÉCOLE Über", "école über")

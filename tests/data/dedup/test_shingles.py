@@ -3,8 +3,7 @@ import pyarrow as pa
 import pytest
 
 from llmkit.data.dedup.shingles import (CHARS, WORDS, ShingleConfig, document_modes,
-                                        shingle_hashes, text_buffers, unique_sorted,
-                                        verification_sets)
+                                        shingle_hashes, text_buffers, verification_sets)
 from llmkit.errors import ConfigError
 
 
@@ -63,13 +62,6 @@ def test_text_buffers_read_sliced_arrays_and_nulls_as_empty():
     assert texts == ["hello", "", "world"]
 
 
-def test_unique_sorted_turns_each_documents_hashes_into_a_set():
-    values = np.array([5, 3, 5, 1, 9, 9, 2], np.uint32)
-    out, offsets = unique_sorted(values.copy(), np.array([0, 4, 4, 7]))
-    assert offsets.tolist() == [0, 3, 3, 5]
-    assert out.tolist() == [1, 3, 5, 2, 9]
-
-
 def test_verification_sets_are_32_bit_cuts_of_the_shingle_hashes():
     batch = shingle_hashes(["a b c d e", "x y z"], ShingleConfig())
     values, lengths = verification_sets(batch)
@@ -81,3 +73,10 @@ def test_verification_sets_are_32_bit_cuts_of_the_shingle_hashes():
 def test_invalid_config_is_rejected(bad):
     with pytest.raises(ConfigError):
         ShingleConfig(**bad)
+
+
+def test_non_ascii_text_is_lowered_like_ascii():
+    assert shingle_set("ÉCOLE Über Straße") == shingle_set("école über straße")
+    assert shingle_set("ABC def GHI") == shingle_set("abc DEF ghi")
+    assert shingle_set("ABC def GHI", lowercase=False) != shingle_set("abc DEF ghi",
+                                                                      lowercase=False)

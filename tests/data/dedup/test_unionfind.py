@@ -4,7 +4,7 @@ from llmkit.data.dedup import unionfind
 
 
 def sets(*docs):
-    values = np.concatenate([np.array(sorted(d), np.uint32) for d in docs])
+    values = np.concatenate([np.array(list(d), np.uint32) for d in docs])
     offsets = np.r_[0, np.cumsum([len(d) for d in docs])].astype(np.int64)
     return values, offsets
 
@@ -57,9 +57,16 @@ def test_root_is_the_smallest_index_whatever_the_union_order():
     assert unionfind.roots(parent).tolist() == [0, 0, 2, 2, 2, 2]
 
 
-def test_sorted_jaccard():
-    assert unionfind.sorted_jaccard(np.array([1, 2, 3]), np.array([2, 3, 4])) == 0.5
-    assert unionfind.sorted_jaccard(np.array([], np.int64), np.array([], np.int64)) == 1.0
+def test_set_jaccard_counts_distinct_values():
+    keys, seen = np.empty(64, np.uint64), np.empty(64, np.uint8)
+
+    def jaccard(a, b):
+        return unionfind.set_jaccard(np.array(a, np.uint32), np.array(b, np.uint32), keys, seen)
+
+    assert jaccard([1, 2, 3], [2, 3, 4]) == 0.5
+    assert jaccard([3, 1, 2, 2, 2], [4, 3, 3, 2]) == 0.5  # repeats count once
+    assert jaccard([0, 64, 128], [0, 128]) == 2 / 3  # values colliding in the table
+    assert jaccard([], []) == 1.0 and jaccard([5], []) == 0.0
 
 
 def test_gather_ragged_reads_only_the_slices_asked_for():
