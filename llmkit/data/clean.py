@@ -84,7 +84,7 @@ class CleanConfig:
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip, e.g. [gopher_stop_words]
 
     def __post_init__(self):
-        from llmkit.data.rules import RULE_NAMES
+        from llmkit.data.rules import RULE_NAMES, RULES
 
         for name in self.disabled_rules:
             if name not in RULE_NAMES:
@@ -113,6 +113,24 @@ class CleanConfig:
             raise ConfigError("clean.min_words must not exceed max_words")
         if any(not p.strip() for p in self.boilerplate_phrases):
             raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
+        self._phrases_by_anchor = _phrases_by_anchor(self.boilerplate_phrases)  # not fields:
+        self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)  # derived
+
+
+def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:
+    """Lower-cased phrases grouped under their longest word, so that one search for "cookie"
+    stands in for "use cookies", "uses cookies" and "cookie policy" in the common case of a
+    document that has none of them."""
+    groups: dict[str, list[str]] = {}
+    for phrase in (p.lower() for p in phrases):
+        anchor = max(phrase.split(), key=len)
+        groups.setdefault(anchor, []).append(phrase)
+    for anchor in sorted(groups, key=len):  # "cookie" also covers the phrases of "cookies"
+        if anchor not in groups:
+            continue
+        for longer in [a for a in groups if a != anchor and anchor in a]:
+            groups[anchor] += groups.pop(longer)
+    return [(a, ps) for a, ps in groups.items()]
 
 
 # ---------------------------------------------------------------- normalisation
@@ -130,7 +148,7 @@ _INLINE_TAG = re.compile(rf"</?(?:{_INLINE_TAGS})\b[^<>]*>", re.I)
 # Only entities closed by ";": html.unescape alone would also turn "&not=2" in a URL into "¬=2".
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 
-_LINE_BREAKS = re.compile("\r\n?|[\x0b\x0c\x85\u2028\u2029]")
+_OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x85\u2028\u2029]")
 _INVISIBLE = re.compile(
     "[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f]")
@@ -141,9 +159,11 @@ _CJK_PUNCTUATION = "，！？：；（）～…"
 _PARKING = "".join(chr(0xE000 + i) for i in range(len(_CJK_PUNCTUATION)))
 
 _TRAILING_SPACE = re.compile(r"[ \t]+$", re.M)
-_INNER_SPACE = re.compile(r"(?<=\S)(?: {2,}|[ \t]*\t[ \t]*)")
+# Patterns open with a character class, not a look-behind, so `re` can skip ahead to candidates.
+_SPACE_RUN = re.compile(r"[ \t](?:[ \t]+|(?<=\t))")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _RUN_MARKS = "!?.,;:。！？，、；：~～…"
+_RUN_MARKS_ASCII = "!?.,;:~"
 
 
 def strip_html(text: str) -> str:
@@ -160,7 +180,9 @@ def strip_html(text: str) -> str:
 
 def strip_control(text: str) -> str:
     """Line breaks of every kind → "\\n"; control and invisible characters removed; tabs kept."""
-    text = _LINE_BREAKS.sub("\n", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _OTHER_LINE_BREAKS.sub("\n", text)
     return _INVISIBLE.sub("", text)
 
 
@@ -186,14 +208,24 @@ def normalize_whitespace(text: str) -> str:
 
     Leading indentation stays: it is the structure of code and verse.
     """
-    text = _TRAILING_SPACE.sub("", text)
-    text = _INNER_SPACE.sub(" ", text)
-    text = _BLANK_LINES.sub("\n\n", text)
-    return text.strip("\n ") if text[:1] in "\n " or text[-1:] in "\n " else text
+    if " \n" in text or "\t\n" in text or text.endswith((" ", "\t")):
+        text = _TRAILING_SPACE.sub("", text)
+    if "  " in text or "\t" in text:
+        text = _SPACE_RUN.sub(_one_space_unless_indent, text)
+    if "\n\n\n" in text:
+        text = _BLANK_LINES.sub("\n\n", text)
+    return text.strip("\n ")
+
+
+def _one_space_unless_indent(m) -> str:
+    start = m.start()
+    return m.group() if start == 0 or m.string[start - 1] == "\n" else " "
 
 
 def collapse_punctuation(text: str, limit: int) -> str:
     """Runs longer than `limit` of one sentence mark shrink to `limit` ("!!!!!" → "!!!")."""
+    if text.isascii() and not any(mark * (limit + 1) in text for mark in _RUN_MARKS_ASCII):
+        return text  # the common case, found faster than by the pattern
     return _run_pattern(limit).sub("\\1" * limit, text)
 
 
@@ -244,9 +276,12 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
     from llmkit.data.rules import TERMINAL_PUNCTUATION
 
     boilerplate = "boilerplate_lines" not in cfg.disabled_rules
-    low = text.lower()
-    phrases = [p for p in cfg.boilerplate_phrases if p.lower() in low] if boilerplate else []
-    phrases = [p.lower() for p in phrases]
+    phrases = []
+    if boilerplate:
+        low, ascii_only = text.lower(), text.isascii()
+        for anchor, group in cfg._phrases_by_anchor:
+            if (not ascii_only or anchor.isascii()) and anchor in low:
+                phrases += [p for p in group if p in low]
     menus = boilerplate and text.count("|") >= 2
     if not (phrases or menus or cfg.c4_drop_unterminated_lines):
         return text, 0
@@ -275,13 +310,7 @@ def clean_text(text: str, cfg: CleanConfig) -> tuple[str, str | None]:
 
     text = normalize_text(text, cfg)
     text, dropped = drop_boilerplate_lines(text, cfg)
-    return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, _active_rules(cfg))
-
-
-def _active_rules(cfg: CleanConfig):
-    from llmkit.data.rules import RULES
-
-    return tuple(r for r in RULES if r.__name__ not in cfg.disabled_rules)
+    return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, cfg._rules)
 
 
 def clean_batch(batch, config: CleanConfig):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from functools import cached_property
 
 import numpy as np
 
@@ -34,12 +33,16 @@ CJK_CLASS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3041-\u3096\u30a1-\u30fa\
 CJK_CHAR = re.compile(f"[{CJK_CLASS}]")
 HAN_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 _TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")
-# A word is delimited by whitespace, a CJK character or the text's ends.
-_EDGE_BEFORE = f"(?<![^\\s{CJK_CLASS}])"
-_EDGE_AFTER = f"(?![^\\s{CJK_CLASS}])"
-_SYMBOL_WORD = re.compile(f"{_EDGE_BEFORE}[^\\w\\s]+{_EDGE_AFTER}")  # no letter, digit or _
+# Words with no letter, digit or "_" (symbol words) and with no letter (letterless words),
+# found in " " + text + " ". A word ends at whitespace and, in CJK text, at a CJK character.
+# Each pattern consumes the edge before the word instead of looking behind for it, so that
+# `re` can skip ahead to edge characters rather than try every position.
+_SYMBOL_WORD = re.compile(r"\s([^\w\s]+)(?=\s)")
+_LETTERLESS_WORD = re.compile(r"\s((?:[^\w\s]|[\d_])+)(?=\s)")
+_CJK_SYMBOL_WORD = re.compile(f"[\\s{CJK_CLASS}]([^\\w\\s]+)(?=[\\s{CJK_CLASS}])")
+_CJK_LETTERLESS_WORD = re.compile(f"[\\s{CJK_CLASS}]((?:[^\\w\\s]|[\\d_])+)(?=[\\s{CJK_CLASS}])")
 _HAS_WORD_CHAR = re.compile(r"\w")
-_LETTERLESS_WORD = re.compile(f"{_EDGE_BEFORE}(?:[^\\w\\s]|[\\d_])+{_EDGE_AFTER}")
+_LETTER = re.compile(r"[^\W\d_]")
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 BULLETS = ("•", "‣", "●", "○", "◦", "▪", "■", "□", "-", "*", "·", "–")
@@ -78,6 +81,25 @@ COMMON_HAN = frozenset(
     "姓泽吸侧庆妈遇追甲馆补唐炮沿殿刺怪彩俄旧警索岸轮妇载靠附毫怀软骨探雷旁罪枪牙迎序慢盛雨墙恶谷顿危稳熟"
 )
 
+_COMMON_HAN_CHAR = re.compile(f"[{''.join(sorted(COMMON_HAN))}]")
+
+
+class _once:
+    """A property computed on first use and then stored on the instance.
+
+    functools.cached_property does the same but takes a lock on every first access (3.11),
+    which costs more than most of the measurements here.
+    """
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
 
 class Doc:
     """One normalised document and the measurements rules share, each computed at most once."""
@@ -87,13 +109,13 @@ class Doc:
         self.cfg = cfg
         self.dropped_lines = dropped_lines  # boilerplate lines removed before the rules ran
 
-    @cached_property
+    @_once
     def cjk_chars(self) -> int:
         if self.text.isascii():
             return 0
-        return len(self.text) - len(CJK_CHAR.sub("", self.text))
+        return CJK_CHAR.subn("", self.text)[1]
 
-    @cached_property
+    @_once
     def words(self) -> list[str]:
         if not self.cjk_chars:
             return self.text.split()
@@ -101,85 +123,136 @@ class Doc:
             return _jieba_words(self.text)
         return _TOKEN.findall(self.text)
 
-    @cached_property
+    @_once
+    def padded(self) -> str:
+        return f" {self.text} "
+
+    @_once
     def symbol_words(self) -> list[str]:
         """Words with no letter, digit or underscore: "|", "--", "，", "...". """
-        if self.cjk_chars and self.cfg.cjk_words == "jieba":
+        if not self.cjk_chars:
+            return _SYMBOL_WORD.findall(self.padded)
+        if self.cfg.cjk_words == "jieba":
             return [w for w in self.words if not _HAS_WORD_CHAR.search(w)]
-        return _SYMBOL_WORD.findall(self.text)
+        return _CJK_SYMBOL_WORD.findall(self.padded)
 
-    @cached_property
+    @_once
+    def letterless_words(self) -> int:
+        """Words without a letter (numbers, symbols); CJK characters count as letters."""
+        if not self.cjk_chars:
+            return len(_LETTERLESS_WORD.findall(self.padded))
+        if self.cfg.cjk_words == "jieba":
+            return sum(not _LETTER.search(w) for w in self.words)
+        return len(_CJK_LETTERLESS_WORD.findall(self.padded))
+
+    @_once
+    def word_chars(self) -> int:
+        """Characters in words: every character but whitespace."""
+        return sum(map(len, self.words))
+
+    @_once
     def content_words(self) -> int:
         """Gopher's word count: words that are not just punctuation or symbols."""
         return len(self.words) - len(self.symbol_words)
 
-    @cached_property
+    @_once
     def is_cjk(self) -> bool:
         """CJK characters are at least `cjk_min_fraction` of the words (one per character)."""
         if not self.cjk_chars:
             return False
         if self.cfg.cjk_words == "jieba":
-            other = len(_TOKEN.findall(self.text)) - self.cjk_chars - len(_SYMBOL_WORD.findall(self.text))
+            symbols = len(_CJK_SYMBOL_WORD.findall(self.padded))
+            other = len(_TOKEN.findall(self.text)) - self.cjk_chars - symbols
         else:
             other = self.content_words - self.cjk_chars
         return self.cjk_chars >= self.cfg.cjk_min_fraction * (self.cjk_chars + other)
 
-    @cached_property
+    @_once
     def lines(self) -> list[str]:
         """Non-empty lines (normalisation has already stripped trailing whitespace)."""
         return [line for line in self.text.split("\n") if line]
 
-    @cached_property
+    @_once
     def paragraphs(self) -> list[str]:
         return [p for p in self.text.split("\n\n") if p]
 
-    @cached_property
+    @_once
+    def line_repeats(self) -> tuple[int, int]:
+        return _duplicates(self.lines)
+
+    @_once
+    def paragraph_repeats(self) -> tuple[int, int]:
+        return _duplicates(self.paragraphs)
+
+    @_once
     def ngram_scale(self) -> float:
         """How many of this document's words make one word of Gopher's n-grams."""
         return self.cfg.cjk_ngram_scale if self.is_cjk and self.cfg.cjk_words == "chars" else 1.0
 
-    @cached_property
+    @_once
     def ngram_stats(self):
         """(top n-gram chars by n, repeated n-gram chars by n, total word chars, n scale).
 
         Documents shorter than `ngram_min_words` (scaled) get all zeros: in a short text one
         echoed phrase is a large fraction, and that is style (a refrain, a couplet), not spam.
         """
-        words, scale = self.words, self.ngram_scale
-        n_top = round((len(self.cfg.max_top_ngram_chars) + 1) * scale)
-        n_dup = round((len(self.cfg.max_dup_ngram_chars) + 4) * scale)
-        if len(words) < self.cfg.ngram_min_words * scale:
-            return np.zeros(n_top + 1, np.int64), np.zeros(n_dup + 1, np.int64), 0, scale
+        words, scale, cfg = self.words, self.ngram_scale, self.cfg
+        top_ns, dup_ns = _ngram_sizes(len(cfg.max_top_ngram_chars), len(cfg.max_dup_ngram_chars),
+                                      scale)
+        if len(words) < cfg.ngram_min_words * scale:
+            size = max(top_ns[-1], dup_ns[-1]) + 1
+            return [0] * size, [0] * size, 0, scale
         # Python's string hash is salted per process, but only equality within one document
         # matters here, so results are the same in every worker (barring a 2**-64 collision).
         hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
         lengths = np.fromiter(map(len, words), np.int64, len(words))
-        top, dup = _repetition_kernel()(hashes, lengths, n_top, n_dup)
-        return top, dup, int(lengths.sum()), scale
+        top, dup = _repetition_kernel()(hashes, lengths, top_ns, dup_ns)
+        return top.tolist(), dup.tolist(), self.word_chars, scale
 
 
-def repetition_stats(hashes, lengths, n_top: int, n_dup: int):
+_NGRAM_SIZES: dict = {}
+
+
+def _ngram_sizes(n_top: int, n_dup: int, scale: float):
+    """The n of each top n-gram limit (2, 3, …) and repeated n-gram limit (5, 6, …), scaled."""
+    key = (n_top, n_dup, scale)
+    if key not in _NGRAM_SIZES:
+        top = [round(n * scale) for n in range(2, 2 + n_top)] or [0]
+        dup = [round(n * scale) for n in range(5, 5 + n_dup)] or [0]
+        _NGRAM_SIZES[key] = (np.array(top, np.int64), np.array(dup, np.int64))
+    return _NGRAM_SIZES[key]
+
+
+def repetition_stats(hashes, lengths, top_ns, dup_ns):
     """Gopher's n-gram repetition measures over a document's words (given as hashes, lengths).
 
-    top[n], n = 2 … n_top: characters covered by the most frequent n-gram (count × length;
-    0 when no n-gram repeats). dup[n], n = 5 … n_dup: characters in n-grams that repeat an
-    earlier n-gram, scanning left to right and skipping past each repeat (datatrove's
-    `find_all_duplicate`). Characters are the words' own, spaces excluded.
+    For each n in `top_ns`, top[n]: characters covered by the most frequent n-gram (count ×
+    length; 0 when no n-gram repeats). For each n in `dup_ns`, dup[n]: characters of the words
+    covered by n-grams that repeat an earlier one (the first occurrence is not counted, so a
+    text pasted twice scores one half). Characters are the words' own, spaces excluded.
     """
     size = hashes.shape[0]
-    top = np.zeros(n_top + 1, np.int64)
-    dup = np.zeros(n_dup + 1, np.int64)
+    max_n = max(top_ns.max(), dup_ns.max())
+    top = np.zeros(max_n + 1, np.int64)
+    dup = np.zeros(max_n + 1, np.int64)
+    want_top = np.zeros(max_n + 1, np.bool_)
+    want_top[top_ns] = True
+    want_dup = np.zeros(max_n + 1, np.bool_)
+    want_dup[dup_ns] = True
     gram = hashes.copy()  # gram[i] = hash of the n-gram starting at word i
     chars = lengths.copy()
-    for n in range(2, max(n_top, n_dup) + 1):
+    covered = np.zeros(size + 1, np.int64)
+    for n in range(2, max_n + 1):
         m = size - n + 1
         if m < 2:
             break
         for i in range(m):
             gram[i] = gram[i] * np.uint64(1000003) + hashes[i + n - 1]
             chars[i] += lengths[i + n - 1]
-        if n <= n_top:
-            order = np.argsort(gram[:m])
+        if not (want_top[n] or want_dup[n]):
+            continue
+        order = np.argsort(gram[:m], kind="mergesort")  # stable: equal n-grams in text order
+        if want_top[n]:
             best, run = 0, 1
             for k in range(1, m + 1):
                 if k < m and gram[order[k]] == gram[order[k - 1]]:
@@ -189,16 +262,22 @@ def repetition_stats(hashes, lengths, n_top: int, n_dup: int):
                     best = max(best, run * chars[order[k - 1]])
                 run = 1
             top[n] = best
-        if n >= 5 and n <= n_dup:
-            seen = set()
-            i = 0
-            while i < m:
-                if gram[i] in seen:
-                    dup[n] += chars[i]
-                    i += n
-                else:
-                    seen.add(gram[i])
-                    i += 1
+        if want_dup[n]:
+            covered[:] = 0  # +1 where a repeated n-gram starts, -1 where it ends
+            repeats = 0
+            for k in range(1, m):
+                if gram[order[k]] == gram[order[k - 1]]:
+                    covered[order[k]] += 1
+                    covered[order[k] + n] -= 1
+                    repeats += 1
+            if repeats == 0:
+                break  # no repeated n-gram, so no longer one either: all further counts are 0
+            depth, total = 0, 0
+            for i in range(size):
+                depth += covered[i]
+                if depth > 0:
+                    total += lengths[i]
+            dup[n] = total
     return top, dup
 
 
@@ -225,6 +304,8 @@ def _jieba_words(text: str) -> list[str]:
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
     """(items that repeat an earlier one, characters in those repeats)."""
+    if len(set(items)) == len(items):
+        return 0, 0
     counts = Counter(items)
     repeats = [(item, n - 1) for item, n in counts.items() if n > 1]
     return sum(r for _, r in repeats), sum(len(item) * r for item, r in repeats)
@@ -242,7 +323,7 @@ def boilerplate_lines(doc: Doc, cfg) -> str | None:
 
 def c4_lorem_ipsum(doc: Doc, cfg) -> str | None:
     """C4: placeholder text marks a template page, not content."""
-    if "lorem ipsum" in doc.text.lower():
+    if "psum" in doc.text and "lorem ipsum" in doc.text.lower():
         return "c4_lorem_ipsum"
     return None
 
@@ -267,7 +348,7 @@ def gopher_mean_word_length(doc: Doc, cfg) -> str | None:
     """
     if doc.is_cjk or not doc.content_words:
         return None
-    chars = sum(map(len, doc.words)) - sum(map(len, doc.symbol_words))
+    chars = doc.word_chars - sum(map(len, doc.symbol_words))
     mean = chars / doc.content_words
     if not cfg.min_mean_word_length <= mean <= cfg.max_mean_word_length:
         return "gopher_mean_word_length"
@@ -310,7 +391,7 @@ def gopher_alpha_words(doc: Doc, cfg) -> str | None:
     """
     if not doc.content_words:
         return None
-    letterless = len(_LETTERLESS_WORD.findall(doc.text)) - len(doc.symbol_words)
+    letterless = doc.letterless_words - len(doc.symbol_words)
     if (doc.content_words - letterless) < cfg.min_alpha_words * doc.content_words:
         return "gopher_alpha_words"
     return None
@@ -329,37 +410,36 @@ def cjk_common_chars(doc: Doc, cfg) -> str | None:
     """Too few of the 1,000 most common Han characters: random characters, not Chinese."""
     if not doc.is_cjk:
         return None
-    han = HAN_CHAR.findall(doc.text)
-    if len(han) < cfg.cjk_common_chars_min_han:
+    han = HAN_CHAR.subn("", doc.text)[1]
+    if han < cfg.cjk_common_chars_min_han:
         return None
-    common = sum(map(COMMON_HAN.__contains__, han))
-    if common < cfg.cjk_min_common_chars * len(han):
+    if _COMMON_HAN_CHAR.subn("", doc.text)[1] < cfg.cjk_min_common_chars * han:
         return "cjk_common_chars"
     return None
 
 
 def gopher_dup_lines(doc: Doc, cfg) -> str | None:
     lines = doc.lines
-    if lines and _duplicates(lines)[0] > cfg.max_dup_lines * len(lines):
+    if lines and doc.line_repeats[0] > cfg.max_dup_lines * len(lines):
         return "gopher_dup_lines"
     return None
 
 
 def gopher_dup_paragraphs(doc: Doc, cfg) -> str | None:
     paragraphs = doc.paragraphs
-    if paragraphs and _duplicates(paragraphs)[0] > cfg.max_dup_paragraphs * len(paragraphs):
+    if paragraphs and doc.paragraph_repeats[0] > cfg.max_dup_paragraphs * len(paragraphs):
         return "gopher_dup_paragraphs"
     return None
 
 
 def gopher_dup_line_chars(doc: Doc, cfg) -> str | None:
-    if doc.text and _duplicates(doc.lines)[1] > cfg.max_dup_line_chars * len(doc.text):
+    if doc.text and doc.line_repeats[1] > cfg.max_dup_line_chars * len(doc.text):
         return "gopher_dup_line_chars"
     return None
 
 
 def gopher_dup_paragraph_chars(doc: Doc, cfg) -> str | None:
-    if doc.text and _duplicates(doc.paragraphs)[1] > cfg.max_dup_paragraph_chars * len(doc.text):
+    if doc.text and doc.paragraph_repeats[1] > cfg.max_dup_paragraph_chars * len(doc.text):
         return "gopher_dup_paragraph_chars"
     return None
 

@@ -152,11 +152,11 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
         CleanConfig(min_mean_word_length=12)
 
 
-def repetition(text, n_top=3, n_dup=6):
+def repetition(text):
     words = text.split()
     hashes = np.array([hash(w) for w in words], np.int64).view(np.uint64)
     kernel = rules._repetition_kernel()  # the compiled form the rules use
-    return kernel(hashes, np.array([len(w) for w in words]), n_top, n_dup)
+    return kernel(hashes, np.array([len(w) for w in words]), np.array([2, 3]), np.array([5, 6]))
 
 
 def test_repetition_stats_match_a_direct_count():
@@ -166,5 +166,7 @@ def test_repetition_stats_match_a_direct_count():
     assert dup[5] == 5  # "a b c a b" again at word 3
     assert dup[6] == 0
     top, dup = repetition("one two three four five one two three four five")
-    assert dup[5] == len("onetwothreefourfive")
+    assert dup[5] == len("onetwothreefourfive")  # the copy, not the original
     assert dup[6] == 0
+    top, dup = repetition("x a b c d e f a b c d e f")  # two overlapping repeated 5-grams
+    assert dup[5] == dup[6] == 6
