@@ -1,12 +1,24 @@
+import copy
+import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from llmkit.train.ppo import (AdaptiveKLController, RunningMoments, clip_scores,
-                              clipped_policy_loss, clipped_value_loss, entropy_from_logits, gae,
+from llmkit.errors import ConfigError, UserError
+from llmkit.model import ModelConfig, Transformer
+from llmkit.train.engine import Engine
+from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, PPOConfig, PPOTask, Prompt,
+                              RunningMoments, Samples, clip_scores, clipped_policy_loss,
+                              clipped_value_loss, entropy_from_logits, gae,
                               group_relative_advantages, kl_estimate, left_pad, logprobs_of,
-                              masked_mean, response_mask_of, token_rewards, whiten)
+                              masked_mean, response_mask_of, run_ppo, token_rewards, whiten)
+from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,
+                                            write_checkpoint_run, write_dataset)
+
+REPO = Path(__file__).resolve().parents[2]
 
 # ---- pure functions against hand-computed cases ------------------------------------------------
 
@@ -188,12 +200,6 @@ def test_masked_mean_along_a_dimension():
 
 # ---- the task on a tiny model ------------------------------------------------------------------
 
-import copy  # noqa: E402
-import json  # noqa: E402
-
-from llmkit.model import ModelConfig, Transformer  # noqa: E402
-from llmkit.train.engine import Engine  # noqa: E402
-from llmkit.train.ppo import ActorCritic, PPOConfig, PPOTask, Prompt, Samples  # noqa: E402
 
 TARGET = 5  # the token the toy reward asks for
 
@@ -241,7 +247,6 @@ def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     assert ("value_loss" in first) == (algo == "ppo")
 
 
-
 def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():
     task, _ = tiny_setup()  # 20 prompts, 16 per rollout
     first, second = task._next_prompts(), task._next_prompts()
@@ -272,15 +277,12 @@ def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path):
 
 # ---- the make fragment ----------------------------------------------------------------------------
 
-import subprocess  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+MAKE_FRAGMENTS = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
 
 
 def make_dry_run(ws: Path, *variables: str) -> str:
-    fragments = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
-    out = subprocess.run(["make", "-n", *fragments, f"WS={ws}", *variables, f"{ws}/ppo/manifest.json"],
+    out = subprocess.run(["make", "-n", *MAKE_FRAGMENTS, f"WS={ws}", *variables, f"{ws}/ppo/manifest.json"],
                          capture_output=True, text=True, check=True)
     return " ".join(out.stdout.replace("\\\n", " ").split())
 
@@ -301,18 +303,12 @@ def test_make_fragment_waits_for_the_reward_model(tmp_path):
     for name in ("sft", "prompts_train"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    fragments = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
-    out = subprocess.run(["make", "-n", *fragments, f"WS={tmp_path}", "PPO_REWARD=rm",
+    out = subprocess.run(["make", "-n", *MAKE_FRAGMENTS, f"WS={tmp_path}", "PPO_REWARD=rm",
                           f"{tmp_path}/ppo/manifest.json"], capture_output=True, text=True)
     assert out.returncode != 0 and "rm/manifest.json" in out.stderr
 
 
 # ---- the stage ----------------------------------------------------------------------------------
-
-from llmkit.errors import ConfigError, UserError  # noqa: E402
-from llmkit.train.ppo import run_ppo  # noqa: E402
-from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,  # noqa: E402
-                                            write_checkpoint_run, write_dataset)
 
 
 @pytest.fixture(scope="module")
