@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from llmkit.data.dedup.shingles import (_PUNCT, _SPACE, _ascii_only, _char_class, _decode,
-                                        fmix64, lowercase, text_buffers)
+from llmkit.data.dedup.shingles import (_ASCII_CLASS, _PUNCT, _SPACE, _ascii_only,
+                                        _char_class, _decode, fmix64, lowercase, text_buffers)
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -48,8 +48,11 @@ def _exact_kernel(data, offsets, lower_ascii, collapse_whitespace, strip_punctua
         pending_space = False
         i, end = offsets[d], offsets[d + 1]
         while i < end:
-            cp, width = _decode(data, i, end)
-            cls = _char_class(cp)
+            if data[i] < 0x80:
+                width, cls = 1, _ASCII_CLASS[data[i]]
+            else:
+                cp, width = _decode(data, i, end)
+                cls = _char_class(cp)
             if strip_punctuation and cls == _PUNCT:
                 i += width
                 continue

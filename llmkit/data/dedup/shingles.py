@@ -27,6 +27,11 @@ _SPACE, _PUNCT, _UNSEGMENTED, _WORD = 0, 1, 2, 3
 # class of each ASCII byte: control/space, letters and digits, punctuation
 _ASCII_CLASS = np.array([_SPACE if b <= 0x20 or b == 0x7F else
                          _WORD if chr(b).isalnum() else _PUNCT for b in range(128)], np.int8)
+# 1 where an ASCII byte continues a word, when punctuation separates / when it does not
+_ASCII_IN_WORD_STRIP = (_ASCII_CLASS == _WORD).astype(np.uint8)
+_ASCII_IN_WORD_KEEP = (_ASCII_CLASS != _SPACE).astype(np.uint8)
+_ASCII_LOWER = np.array([b + 32 if 0x41 <= b <= 0x5A else b for b in range(128)], np.uint8)
+_ASCII_SAME = np.arange(128, dtype=np.uint8)
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -225,15 +230,31 @@ def _tokenize(data, start, end, strip_punctuation, segmented, lower_ascii, token
     """Token hashes of data[start:end] into `tokens`; returns (count, unsegmented count).
     `segmented`: unsegmented-script characters join words too (text already split by
     spaces, e.g. by jieba). `lower_ascii`: A–Z hash as a–z."""
+    in_word_table = _ASCII_IN_WORD_STRIP if strip_punctuation else _ASCII_IN_WORD_KEEP
+    lower_table = _ASCII_LOWER if lower_ascii else _ASCII_SAME
     count = 0
     unsegmented = 0
     h = _FNV_OFFSET
     in_word = False
     i = start
     while i < end:
-        if data[i] < 0x80:
-            cp, length = np.int64(data[i]), 1
-            cls = _ASCII_CLASS[data[i]]
+        byte = data[i]
+        if byte < 0x80 and in_word_table[byte]:
+            # the common case, a run of ASCII word bytes: one tight loop, no decoding
+            if not in_word:
+                h = _FNV_OFFSET
+                in_word = True
+            while True:
+                h = (h ^ np.uint64(lower_table[byte])) * _FNV_PRIME
+                i += 1
+                if i >= end:
+                    break
+                byte = data[i]
+                if byte >= 0x80 or not in_word_table[byte]:
+                    break
+            continue
+        if byte < 0x80:
+            cp, length, cls = np.int64(byte), 1, _ASCII_CLASS[byte]
         else:
             cp, length = _decode(data, i, end)
             cls = _char_class(cp)
@@ -243,14 +264,8 @@ def _tokenize(data, start, end, strip_punctuation, segmented, lower_ascii, token
             if not in_word:
                 h = _FNV_OFFSET
                 in_word = True
-            if length == 1:
-                byte = data[i]
-                if lower_ascii and byte >= 0x41 and byte <= 0x5A:
-                    byte += 0x20
-                h = (h ^ np.uint64(byte)) * _FNV_PRIME
-            else:
-                for k in range(i, i + length):
-                    h = (h ^ np.uint64(data[k])) * _FNV_PRIME
+            for k in range(i, i + length):
+                h = (h ^ np.uint64(data[k])) * _FNV_PRIME
         else:
             if in_word:
                 tokens[count] = fmix64(h)

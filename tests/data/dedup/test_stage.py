@@ -96,6 +96,15 @@ def test_three_task_rank_run_equals_the_local_run(make_ctx, ws):
     assert ranked.stats["rows_removed"] == local.stats["rows_removed"] > 0
 
 
+def test_worker_processes_give_the_same_artifact(make_ctx, ws):
+    corpus = planted_corpus(20, unique=5, seed=17)
+    make_dataset(ws, corpus.texts, parts=3)
+    one = dedup(make_ctx, DedupConfig(method="simhash"), out="one")
+    two = dedup(make_ctx, DedupConfig(method="simhash"), out="two", workers=2)
+    for sub in ("", "removed"):
+        assert read_table(two.final / sub).equals(read_table(one.final / sub))
+
+
 def test_a_rerun_skips_finished_tasks(make_ctx, ws, monkeypatch):
     corpus = planted_corpus(20, unique=5, seed=16)
     make_dataset(ws, corpus.texts, parts=2)
