@@ -79,13 +79,14 @@ class DedupPlan:
         """Run one task of a phase unless its marker says it is done."""
         if self.done(phase, task):
             return
-        earlier = PHASES[:PHASES.index(phase)]
-        missing = [(p, len(self.pending(p))) for p in earlier if self.pending(p)]
-        if missing:
-            p, n = missing[0]
+        index = PHASES.index(phase)
+        # each phase checked its own predecessor, so the one before is enough
+        if index and self.pending(PHASES[index - 1]):
+            p = PHASES[index - 1]
             raise UserError(f"dedup --phase {phase} needs phase {p} finished first "
-                            f"({n} of its tasks are not done in {self.work / p}); run "
-                            f"`llmkit dedup --phase {p}` for every rank, then this one")
+                            f"({len(self.pending(p))} of its tasks are not done in "
+                            f"{self.work / p}); run `llmkit dedup --phase {p}` for every "
+                            "rank, then this one")
         (self.work / phase).mkdir(parents=True, exist_ok=True)
         started = time.time()
         info = getattr(self, f"_{phase}")(task)
@@ -94,15 +95,13 @@ class DedupPlan:
 
     # -- phase 1: signatures (one task per input shard) ----------------------------------
     def _signatures(self, shard: int) -> dict:
-        import pyarrow.parquet as pq
-
         pf = _open_parquet(self.shards[shard])
         if "text" not in pf.schema_arrow.names:
             raise UserError(f"{self.shards[shard]} has no 'text' column; dedup reads datasets "
                             "made by `llmkit ingest`/`clean`")
         n_rows = pf.metadata.num_rows
         final = self.work / "signatures" / f"part-{shard:05d}"
-        tmp = _fresh(final.with_name(final.name + ".tmp"))
+        tmp = _fresh(_temporary(final))
         keys = np.lib.format.open_memmap(tmp / "keys.npy", mode="w+", dtype=np.uint64,
                                          shape=(self.sketcher.n_keys, n_rows))
         lengths = np.zeros(n_rows, np.int64)
@@ -133,7 +132,8 @@ class DedupPlan:
         column = np.concatenate(rows) if rows else np.zeros(0, np.uint64)
         members, offsets = unionfind.bucket_groups(column)
         final = self.work / "buckets" / f"key-{key:03d}.npz"
-        tmp = final.with_name(final.name + ".tmp.npz")
+        tmp = _temporary(final)
+        tmp = tmp.with_name(tmp.name + ".npz")  # np.savez would add it anyway
         np.savez(tmp, members=members, offsets=offsets)
         os.replace(tmp, final)
         return {"buckets": len(offsets) - 1, "members": len(members)}
@@ -211,7 +211,7 @@ class DedupPlan:
             table = pa.Table.from_arrays([_int64_array(removed[lo:hi] - bases[s]), kept_ids],
                                          names=["row", "duplicate_of"])
             final = self.work / "clusters" / f"part-{s:05d}.parquet"
-            tmp = final.with_name(final.name + ".tmp")
+            tmp = _temporary(final)
             pq.write_table(table, tmp)
             os.replace(tmp, final)
 
@@ -224,7 +224,7 @@ class DedupPlan:
         removed_rows = _int64_numpy(removals.column("row"))
         duplicate_of = removals.column("duplicate_of")
         final = self.work / "filter" / f"part-{shard:05d}"
-        tmp = _fresh(final.with_name(final.name + ".tmp"))
+        tmp = _fresh(_temporary(final))
         kept_w, removed_w = DatasetWriter(tmp / "kept"), DatasetWriter(tmp / "removed")
         pos = 0
         for batch in _open_parquet(self.shards[shard]).iter_batches(
@@ -244,8 +244,10 @@ class DedupPlan:
 
     # -- commit ---------------------------------------------------------------------------
     def assemble(self, out_dir: Path) -> dict:
-        """Move every shard's filter output into `out_dir` (parts renumbered in shard order)
-        and return the stage's stats. Needs every filter task done."""
+        """Link every shard's filter output into `out_dir` (parts renumbered in shard order)
+        and return the stage's stats. Needs every filter task done. Links, not moves: the
+        work area stays whole until the artifact is committed, so a crash here loses
+        nothing."""
         if self.pending("filter"):
             raise UserError(f"dedup: {len(self.pending('filter'))} filter tasks are not done; "
                             "run `llmkit dedup --phase filter` for every rank first")
@@ -257,7 +259,7 @@ class DedupPlan:
             for kind, dest in (("kept", out_dir), ("removed", out_dir / "removed")):
                 for f in sorted((folder / kind).glob("part-*.parquet")):
                     dest.mkdir(parents=True, exist_ok=True)
-                    os.replace(f, dest / PART.format(counts[kind]))
+                    _link_or_copy(f, dest / PART.format(counts[kind]))
                     counts[kind] += 1
             info = self._info("filter", shard)
             rows_in += info["rows_in"]
@@ -352,6 +354,18 @@ def _set_column(table, name: str, values):
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, values)
     return table.append_column(name, values)
+
+
+def _temporary(final: Path) -> Path:
+    # per process: two runs that wrongly share a task never write into one file
+    return final.with_name(f"{final.name}.tmp-{os.getpid()}")
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:  # a filesystem without hard links
+        shutil.copyfile(src, dest)
 
 
 def _fresh(path: Path) -> Path:
