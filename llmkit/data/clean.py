@@ -115,6 +115,7 @@ class CleanConfig:
             raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
         self._phrases_by_anchor = _phrases_by_anchor(self.boilerplate_phrases)  # not fields:
         self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)  # derived
+        self._stop_words = frozenset(self.stop_words)
 
 
 def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:
@@ -148,6 +149,7 @@ _INLINE_TAG = re.compile(rf"</?(?:{_INLINE_TAGS})\b[^<>]*>", re.I)
 # Only entities closed by ";": html.unescape alone would also turn "&not=2" in a URL into "¬=2".
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 _OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x85\u2028\u2029]")
 _INVISIBLE = re.compile(
     "[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
@@ -160,7 +162,8 @@ _PARKING = "".join(chr(0xE000 + i) for i in range(len(_CJK_PUNCTUATION)))
 
 _TRAILING_SPACE = re.compile(r"[ \t]+$", re.M)
 # Patterns open with a character class, not a look-behind, so `re` can skip ahead to candidates.
-_SPACE_RUN = re.compile(r"[ \t](?:[ \t]+|(?<=\t))")
+_SPACE_RUNS = re.compile(r"  +")
+_TAB_RUNS = re.compile(r"[ \t]*\t[ \t]*")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _RUN_MARKS = "!?.,;:。！？，、；：~～…"
 _RUN_MARKS_ASCII = "!?.,;:~"
@@ -182,6 +185,8 @@ def strip_control(text: str) -> str:
     """Line breaks of every kind → "\\n"; control and invisible characters removed; tabs kept."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if text.isascii() and not _ASCII_CONTROL.search(text):
+        return text
     text = _OTHER_LINE_BREAKS.sub("\n", text)
     return _INVISIBLE.sub("", text)
 
@@ -210,8 +215,10 @@ def normalize_whitespace(text: str) -> str:
     """
     if " \n" in text or "\t\n" in text or text.endswith((" ", "\t")):
         text = _TRAILING_SPACE.sub("", text)
-    if "  " in text or "\t" in text:
-        text = _SPACE_RUN.sub(_one_space_unless_indent, text)
+    if "\t" in text:
+        text = _TAB_RUNS.sub(_one_space_unless_indent, text)
+    if "  " in text:  # a literal start lets `re` jump from one double space to the next
+        text = _SPACE_RUNS.sub(_one_space_unless_indent, text)
     if "\n\n\n" in text:
         text = _BLANK_LINES.sub("\n\n", text)
     return text.strip("\n ")

@@ -23,24 +23,22 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
 # Han (BMP, extension A, compatibility, supplementary planes) and kana: written without spaces.
 # Hangul is not here: Korean separates words with spaces.
-CJK_CLASS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3041-\u3096\u30a1-\u30fa\u30fc-\u30ff"
-             "\U00020000-\U0003134f")
+CJK_RANGES = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x3041, 0x3096),
+              (0x30A1, 0x30FA), (0x30FC, 0x30FF), (0x20000, 0x3134F))
+CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
 CJK_CHAR = re.compile(f"[{CJK_CLASS}]")
 HAN_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
-_TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")
-# Words with no letter, digit or "_" (symbol words) and with no letter (letterless words),
-# found in " " + text + " ". A word ends at whitespace and, in CJK text, at a CJK character.
-# Each pattern consumes the edge before the word instead of looking behind for it, so that
-# `re` can skip ahead to edge characters rather than try every position.
-_SYMBOL_WORD = re.compile(r"\s([^\w\s]+)(?=\s)")
-_LETTERLESS_WORD = re.compile(r"\s((?:[^\w\s]|[\d_])+)(?=\s)")
-_CJK_SYMBOL_WORD = re.compile(f"[\\s{CJK_CLASS}]([^\\w\\s]+)(?=[\\s{CJK_CLASS}])")
-_CJK_LETTERLESS_WORD = re.compile(f"[\\s{CJK_CLASS}]((?:[^\\w\\s]|[\\d_])+)(?=[\\s{CJK_CLASS}])")
+_TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")  # Doc.words of CJK text
+# Symbol words (no letter, digit or "_") of CJK text in " " + text + " ", for jieba's case
+# (the compiled pass counts them otherwise).
+_CJK_SYMBOL_WORD = re.compile(f"[^\\w\\s](?<=[\\s{CJK_CLASS}].)[^\\w\\s]*(?=[\\s{CJK_CLASS}])")
 _HAS_WORD_CHAR = re.compile(r"\w")
 _LETTER = re.compile(r"[^\W\d_]")
 
@@ -110,62 +108,49 @@ class Doc:
         self.dropped_lines = dropped_lines  # boilerplate lines removed before the rules ran
 
     @_once
-    def cjk_chars(self) -> int:
-        if self.text.isascii():
-            return 0
-        return CJK_CHAR.subn("", self.text)[1]
+    def jieba(self) -> bool:
+        return self.cfg.cjk_words == "jieba" and not self.text.isascii() and \
+            CJK_CHAR.search(self.text) is not None
 
     @_once
     def words(self) -> list[str]:
-        if not self.cjk_chars:
-            return self.text.split()
-        if self.cfg.cjk_words == "jieba":
+        if self.jieba:
             return _jieba_words(self.text)
+        if self.text.isascii() or not CJK_CHAR.search(self.text):
+            return self.text.split()
         return _TOKEN.findall(self.text)
 
     @_once
-    def padded(self) -> str:
-        return f" {self.text} "
+    def _counts(self):
+        """Word hashes, word lengths and a WordCounts, from one compiled pass over the text
+        (or from jieba's words)."""
+        if self.jieba:
+            return _counts_of_words(self.text, self.words)
+        codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
+        hashes, lengths, counts = _kernels()[0](codes, _char_classes())
+        return hashes, lengths, WordCounts(*counts.tolist())
 
-    @_once
-    def symbol_words(self) -> list[str]:
-        """Words with no letter, digit or underscore: "|", "--", "，", "...". """
-        if not self.cjk_chars:
-            return _SYMBOL_WORD.findall(self.padded)
-        if self.cfg.cjk_words == "jieba":
-            return [w for w in self.words if not _HAS_WORD_CHAR.search(w)]
-        return _CJK_SYMBOL_WORD.findall(self.padded)
+    @property
+    def counts(self) -> "WordCounts":
+        return self._counts[2]
 
-    @_once
-    def letterless_words(self) -> int:
-        """Words without a letter (numbers, symbols); CJK characters count as letters."""
-        if not self.cjk_chars:
-            return len(_LETTERLESS_WORD.findall(self.padded))
-        if self.cfg.cjk_words == "jieba":
-            return sum(not _LETTER.search(w) for w in self.words)
-        return len(_CJK_LETTERLESS_WORD.findall(self.padded))
+    @property
+    def cjk_chars(self) -> int:
+        return self.counts.cjk_chars
 
-    @_once
-    def word_chars(self) -> int:
-        """Characters in words: every character but whitespace."""
-        return sum(map(len, self.words))
-
-    @_once
+    @property
     def content_words(self) -> int:
         """Gopher's word count: words that are not just punctuation or symbols."""
-        return len(self.words) - len(self.symbol_words)
+        return self.counts.words - self.counts.symbol_words
 
     @_once
     def is_cjk(self) -> bool:
         """CJK characters are at least `cjk_min_fraction` of the words (one per character)."""
-        if not self.cjk_chars:
+        c = self.counts
+        if not c.cjk_chars:
             return False
-        if self.cfg.cjk_words == "jieba":
-            symbols = len(_CJK_SYMBOL_WORD.findall(self.padded))
-            other = len(_TOKEN.findall(self.text)) - self.cjk_chars - symbols
-        else:
-            other = self.content_words - self.cjk_chars
-        return self.cjk_chars >= self.cfg.cjk_min_fraction * (self.cjk_chars + other)
+        other = c.content_words_by_char - c.cjk_chars
+        return c.cjk_chars >= self.cfg.cjk_min_fraction * (c.cjk_chars + other)
 
     @_once
     def lines(self) -> list[str]:
@@ -187,7 +172,7 @@ class Doc:
     @_once
     def ngram_scale(self) -> float:
         """How many of this document's words make one word of Gopher's n-grams."""
-        return self.cfg.cjk_ngram_scale if self.is_cjk and self.cfg.cjk_words == "chars" else 1.0
+        return self.cfg.cjk_ngram_scale if self.is_cjk and not self.jieba else 1.0
 
     @_once
     def ngram_stats(self):
@@ -196,18 +181,39 @@ class Doc:
         Documents shorter than `ngram_min_words` (scaled) get all zeros: in a short text one
         echoed phrase is a large fraction, and that is style (a refrain, a couplet), not spam.
         """
-        words, scale, cfg = self.words, self.ngram_scale, self.cfg
+        scale, cfg = self.ngram_scale, self.cfg
         top_ns, dup_ns = _ngram_sizes(len(cfg.max_top_ngram_chars), len(cfg.max_dup_ngram_chars),
                                       scale)
-        if len(words) < cfg.ngram_min_words * scale:
+        if self.counts.words < cfg.ngram_min_words * scale:
             size = max(top_ns[-1], dup_ns[-1]) + 1
             return [0] * size, [0] * size, 0, scale
-        # Python's string hash is salted per process, but only equality within one document
-        # matters here, so results are the same in every worker (barring a 2**-64 collision).
-        hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
-        lengths = np.fromiter(map(len, words), np.int64, len(words))
-        top, dup = _repetition_kernel()(hashes, lengths, top_ns, dup_ns)
-        return top.tolist(), dup.tolist(), self.word_chars, scale
+        hashes, lengths, counts = self._counts
+        top, dup = _kernels()[1](hashes, lengths, top_ns, dup_ns)
+        return top.tolist(), dup.tolist(), counts.word_chars, scale
+
+
+class WordCounts(NamedTuple):
+    words: int  # as `Doc.words` cuts them
+    symbol_words: int  # words without a letter, digit or "_": "|", "--", "，"
+    symbol_chars: int
+    letterless_words: int  # words without a letter (CJK characters are letters), symbols included
+    cjk_chars: int
+    word_chars: int  # characters in words: all but whitespace
+    content_words_by_char: int  # non-symbol words when every CJK character is a word
+
+
+def _counts_of_words(text: str, words: list[str]):
+    """The compiled pass's results, for words cut by jieba."""
+    symbols = [w for w in words if not _HAS_WORD_CHAR.search(w)]
+    cjk = CJK_CHAR.subn("", text)[1]
+    by_char = len(_TOKEN.findall(text)) - len(_CJK_SYMBOL_WORD.findall(f" {text} "))
+    counts = WordCounts(len(words), len(symbols), sum(map(len, symbols)),
+                        sum(not _LETTER.search(w) for w in words), cjk, sum(map(len, words)),
+                        by_char)
+    # Python's string hash is salted per process, but only equality within a document
+    # matters, so every worker gets the same result (barring a 2**-64 collision).
+    hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
+    return hashes, np.fromiter(map(len, words), np.int64, len(words)), counts
 
 
 _NGRAM_SIZES: dict = {}
@@ -239,9 +245,17 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
     want_top[top_ns] = True
     want_dup = np.zeros(max_n + 1, np.bool_)
     want_dup[dup_ns] = True
+    bits = 1
+    while (1 << bits) < 2 * size:
+        bits += 1
+    # An open-addressing table of n-gram -> count; a slot belongs to the current n when its
+    # stamp is n, so the table is never cleared between sizes.
+    keys = np.empty(1 << bits, np.uint64)
+    counts = np.empty(1 << bits, np.int64)
+    stamps = np.zeros(1 << bits, np.int64)
     gram = hashes.copy()  # gram[i] = hash of the n-gram starting at word i
     chars = lengths.copy()
-    covered = np.zeros(size + 1, np.int64)
+    covered = np.zeros(size + 1, np.int64)  # +1 where a repeat starts, -1 past its end
     for n in range(2, max_n + 1):
         m = size - n + 1
         if m < 2:
@@ -251,27 +265,25 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
             chars[i] += lengths[i + n - 1]
         if not (want_top[n] or want_dup[n]):
             continue
-        order = np.argsort(gram[:m], kind="mergesort")  # stable: equal n-grams in text order
-        if want_top[n]:
-            best, run = 0, 1
-            for k in range(1, m + 1):
-                if k < m and gram[order[k]] == gram[order[k - 1]]:
-                    run += 1
-                    continue
-                if run > 1:
-                    best = max(best, run * chars[order[k - 1]])
-                run = 1
-            top[n] = best
+        covered[:] = 0
+        best, repeats = 0, 0
+        for i in range(m):
+            g = gram[i]
+            slot = (g * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)
+            while stamps[slot] == n and keys[slot] != g:
+                slot = (slot + np.uint64(1)) & np.uint64((1 << bits) - 1)
+            if stamps[slot] != n:
+                stamps[slot], keys[slot], counts[slot] = n, g, 1
+                continue
+            counts[slot] += 1
+            repeats += 1
+            best = max(best, counts[slot] * chars[i])
+            covered[i] += 1
+            covered[i + n] -= 1
+        if repeats == 0:
+            break  # no n-gram repeats, so no longer one does: every later count is 0
+        top[n] = best
         if want_dup[n]:
-            covered[:] = 0  # +1 where a repeated n-gram starts, -1 where it ends
-            repeats = 0
-            for k in range(1, m):
-                if gram[order[k]] == gram[order[k - 1]]:
-                    covered[order[k]] += 1
-                    covered[order[k] + n] -= 1
-                    repeats += 1
-            if repeats == 0:
-                break  # no repeated n-gram, so no longer one either: all further counts are 0
             depth, total = 0, 0
             for i in range(size):
                 depth += covered[i]
@@ -281,16 +293,82 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
     return top, dup
 
 
-_KERNEL = None
+SPACE, CJK, WORD, LETTER = 1, 2, 4, 8  # bits of a character's class
 
 
-def _repetition_kernel():
-    global _KERNEL
-    if _KERNEL is None:
+def word_stats(codes, classes):
+    """Cut a text (as code points) into words like `Doc.words` and measure them.
+
+    Returns (hash of each word, length of each word, counts as in WordCounts). `classes[c]`
+    holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) bits of c.
+    """
+    size = codes.shape[0]
+    hashes = np.empty(size, np.uint64)
+    lengths = np.empty(size, np.int64)
+    counts = np.zeros(7, np.int64)
+    words, i = 0, 0
+    while i < size:
+        kind = classes[codes[i]]
+        if kind & SPACE:
+            i += 1
+            continue
+        h, start, has_word, has_letter = np.uint64(14695981039346656037), i, False, False
+        while True:  # FNV-1a over the code points
+            h = (h ^ np.uint64(codes[i])) * np.uint64(1099511628211)
+            has_word |= (kind & WORD) != 0
+            has_letter |= (kind & LETTER) != 0
+            i += 1
+            if classes[codes[i - 1]] & CJK or i == size:
+                break
+            kind = classes[codes[i]]
+            if kind & (SPACE | CJK):
+                break
+        hashes[words], lengths[words] = h, i - start
+        words += 1
+        if classes[codes[start]] & CJK:
+            counts[4] += 1
+        if not has_word:
+            counts[1] += 1
+            counts[2] += i - start
+        if not has_letter:
+            counts[3] += 1
+        counts[5] += i - start
+    counts[0] = words
+    counts[6] = words - counts[1]
+    return hashes[:words], lengths[:words], counts
+
+
+_KERNELS = None
+_CLASSES = None
+
+
+def _kernels():
+    """The compiled (word_stats, repetition_stats); numba is imported on first use only."""
+    global _KERNELS
+    if _KERNELS is None:
         import numba
 
-        _KERNEL = numba.njit(cache=True, nogil=True)(repetition_stats)
-    return _KERNEL
+        _KERNELS = (numba.njit(cache=True, nogil=True)(word_stats),
+                    numba.njit(cache=True, nogil=True)(repetition_stats))
+    return _KERNELS
+
+
+def _char_classes():
+    """The SPACE / CJK / WORD / LETTER bits of every code point, as Python's str methods say."""
+    global _CLASSES
+    if _CLASSES is None:
+        points = np.arange(0x110000, dtype=np.uint32)
+        points[0xD800:0xE000] = ord("-")  # lone surrogates: numpy cannot hold them
+        chars = points.view("U1")
+        table = np.where(np.char.isspace(chars), SPACE, 0).astype(np.uint8)
+        table |= np.where(np.char.isalnum(chars), WORD, 0).astype(np.uint8)
+        table |= np.where(np.char.isalpha(chars), LETTER, 0).astype(np.uint8)
+        table[ord("_")] |= WORD
+        for lo, hi in CJK_RANGES:
+            table[lo:hi + 1] |= CJK
+        table[0xD800:0xE000] = 0
+        _CLASSES = table
+    return _CLASSES
 
 
 def _jieba_words(text: str) -> list[str]:
@@ -348,8 +426,7 @@ def gopher_mean_word_length(doc: Doc, cfg) -> str | None:
     """
     if doc.is_cjk or not doc.content_words:
         return None
-    chars = doc.word_chars - sum(map(len, doc.symbol_words))
-    mean = chars / doc.content_words
+    mean = (doc.counts.word_chars - doc.counts.symbol_chars) / doc.content_words
     if not cfg.min_mean_word_length <= mean <= cfg.max_mean_word_length:
         return "gopher_mean_word_length"
     return None
@@ -357,7 +434,7 @@ def gopher_mean_word_length(doc: Doc, cfg) -> str | None:
 
 def gopher_symbol_ratio(doc: Doc, cfg) -> str | None:
     """Hash marks or ellipses per word above the limit: tag clouds, truncated teasers."""
-    n = len(doc.words)
+    n = doc.counts.words
     if not n:
         return None
     hashes = doc.text.count("#")
@@ -370,7 +447,7 @@ def gopher_symbol_ratio(doc: Doc, cfg) -> str | None:
 def gopher_bullet_lines(doc: Doc, cfg) -> str | None:
     """Almost every line a bullet point: menus and link lists."""
     lines = doc.lines
-    if lines and sum(line.lstrip().startswith(BULLETS) for line in lines) > \
+    if lines and sum(map(str.startswith, map(str.lstrip, lines), repeat(BULLETS))) > \
             cfg.max_bullet_lines * len(lines):
         return "gopher_bullet_lines"
     return None
@@ -379,7 +456,7 @@ def gopher_bullet_lines(doc: Doc, cfg) -> str | None:
 def gopher_ellipsis_lines(doc: Doc, cfg) -> str | None:
     """Many lines cut off with an ellipsis: lists of truncated teasers."""
     lines = doc.lines
-    if lines and sum(line.endswith(ELLIPSES) for line in lines) > cfg.max_ellipsis_lines * len(lines):
+    if lines and sum(map(str.endswith, lines, repeat(ELLIPSES))) > cfg.max_ellipsis_lines * len(lines):
         return "gopher_ellipsis_lines"
     return None
 
@@ -391,8 +468,8 @@ def gopher_alpha_words(doc: Doc, cfg) -> str | None:
     """
     if not doc.content_words:
         return None
-    letterless = doc.letterless_words - len(doc.symbol_words)
-    if (doc.content_words - letterless) < cfg.min_alpha_words * doc.content_words:
+    letterless = doc.counts.letterless_words - doc.counts.symbol_words
+    if doc.content_words - letterless < cfg.min_alpha_words * doc.content_words:
         return "gopher_alpha_words"
     return None
 
@@ -401,7 +478,7 @@ def gopher_stop_words(doc: Doc, cfg) -> str | None:
     """Fewer than `min_stop_words` distinct English stop words: not running English prose."""
     if doc.is_cjk:
         return None
-    if len(set(cfg.stop_words).intersection(doc.words)) < cfg.min_stop_words:
+    if len(cfg._stop_words.intersection(doc.words)) < cfg.min_stop_words:
         return "gopher_stop_words"
     return None
 
@@ -465,7 +542,7 @@ def gopher_dup_ngrams(doc: Doc, cfg) -> str | None:
 def fineweb_line_punctuation(doc: Doc, cfg) -> str | None:
     """Too few lines end a sentence: menus, lists of links, keyword dumps."""
     lines = doc.lines
-    if lines and sum(line.endswith(TERMINAL_PUNCTUATION) for line in lines) < \
+    if lines and sum(map(str.endswith, lines, repeat(TERMINAL_PUNCTUATION))) < \
             cfg.min_terminal_lines * len(lines):
         return "fineweb_line_punctuation"
     return None

@@ -152,10 +152,28 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
         CleanConfig(min_mean_word_length=12)
 
 
+@pytest.mark.parametrize("text", [
+    GOOD_EN, GOOD_ZH_POEM, GOOD_ZH_PROSE, "", "  \n ", "a\u3000b\xa0c\u2003d 𠀀𠀁x",
+    "ab，“cd” ef -- | 42 x_1 _ 3.14 Привет — 😀 𝐀bc"])
+def test_compiled_word_pass_agrees_with_python_string_methods(text):
+    d = doc(text)
+    codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+    hashes, lengths, counts = rules._kernels()[0](codes, rules._char_classes())
+    words = d.words
+    assert lengths.tolist() == [len(w) for w in words]
+    assert len(set(hashes.tolist())) == len(set(words))
+    symbols = [w for w in words if not any(c.isalnum() or c == "_" for c in w)]
+    assert rules.WordCounts(*counts.tolist()) == rules.WordCounts(
+        words=len(words), symbol_words=len(symbols), symbol_chars=sum(map(len, symbols)),
+        letterless_words=sum(not any(c.isalpha() for c in w) for w in words),
+        cjk_chars=len(rules.CJK_CHAR.findall(text)), word_chars=sum(map(len, words)),
+        content_words_by_char=len(words) - len(symbols))
+
+
 def repetition(text):
     words = text.split()
     hashes = np.array([hash(w) for w in words], np.int64).view(np.uint64)
-    kernel = rules._repetition_kernel()  # the compiled form the rules use
+    kernel = rules._kernels()[1]  # the compiled form the rules use
     return kernel(hashes, np.array([len(w) for w in words]), np.array([2, 3]), np.array([5, 6]))
 
 
