@@ -6,10 +6,9 @@ The demo corpus (recipes/demo/data/raw) is replicated to `--mb` megabytes of Eng
 that loads the compiled n-gram kernel. The peer is datatrove's English quality stack, the
 filters FineWeb applies (GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter with
 FineWeb's settings, FineWebQualityFilter), run on the same English rows in a separate Python
-that has datatrove installed (`--peer-python`). datatrove does no text normalisation here,
-so llmkit does strictly more work. datatrove's word tokenizer is NLTK's with
-`preserve_line=True` (NLTK's sentence model is a download; without it datatrove cannot run
-offline, and skipping sentence splitting only makes the peer faster).
+that has datatrove installed (`--peer-python`; its English word tokenizer is spaCy's blank
+"en" pipeline, which needs no model download). datatrove does no text normalisation here, so
+llmkit does strictly more work.
 
 Printed per corpus: rows/s and MB/s of UTF-8 input per core (CPU time, so other load on the
 machine inflates the figures less than wall time would), share of rows kept, and the ratio
@@ -17,7 +16,7 @@ llmkit / datatrove.
 
     python bench/clean.py [--mb 30] [--peer-python /path/to/venv/bin/python] [--peer-mb 5]
 
-To get a peer: `python -m venv /tmp/dt && /tmp/dt/bin/pip install datatrove nltk`.
+To get a peer: `python -m venv /tmp/dt && /tmp/dt/bin/pip install datatrove spacy`.
 """
 
 from __future__ import annotations
@@ -38,15 +37,9 @@ BATCH_ROWS = 2048
 # Runs in the peer's interpreter: reads texts as JSON lines on stdin, prints one JSON result.
 PEER = r"""
 import json, sys, time
-import nltk.tokenize
 from datatrove.data import Document
-from datatrove.utils import word_tokenizers
 from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter,
                                         GopherQualityFilter, GopherRepetitionFilter)
-
-def no_punkt(self, text):
-    return word_tokenizers.strip_strings(nltk.tokenize.word_tokenize(text, preserve_line=True))
-word_tokenizers.NLTKTokenizer.word_tokenize = no_punkt
 
 texts = [json.loads(line) for line in sys.stdin]
 filters = [GopherRepetitionFilter(), GopherQualityFilter(),
@@ -125,7 +118,7 @@ def report(name: str, texts: list[str], result: dict) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=30, help="megabytes per language for llmkit")
-    ap.add_argument("--peer-python", help="a Python with datatrove and nltk installed")
+    ap.add_argument("--peer-python", help="a Python with datatrove and spacy installed")
     ap.add_argument("--peer-mb", type=float, default=5, help="megabytes of English for the peer")
     args = ap.parse_args()
 

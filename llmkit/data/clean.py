@@ -21,6 +21,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmkit.data.rules import RULE_NAMES, RULES, TERMINAL_PUNCTUATION, Doc, first_failed_rule
 from llmkit.errors import ConfigError
 
 GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
@@ -84,8 +85,6 @@ class CleanConfig:
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip, e.g. [gopher_stop_words]
 
     def __post_init__(self):
-        from llmkit.data.rules import RULE_NAMES, RULES
-
         for name in self.disabled_rules:
             if name not in RULE_NAMES:
                 close = difflib.get_close_matches(name, RULE_NAMES, n=1)
@@ -280,8 +279,6 @@ def is_navigation_line(line: str) -> bool:
 
 def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
     """(text without boilerplate lines, number of lines dropped)."""
-    from llmkit.data.rules import TERMINAL_PUNCTUATION
-
     boilerplate = "boilerplate_lines" not in cfg.disabled_rules
     phrases = []
     if boilerplate:
@@ -313,8 +310,6 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
 
 def clean_text(text: str, cfg: CleanConfig) -> tuple[str, str | None]:
     """(normalised text, None) to keep a document, or (normalised text, reason) to remove it."""
-    from llmkit.data.rules import Doc, first_failed_rule
-
     text = normalize_text(text, cfg)
     text, dropped = drop_boilerplate_lines(text, cfg)
     return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, cfg._rules)
