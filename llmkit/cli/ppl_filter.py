@@ -1,0 +1,18 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+
+
+@stage_command
+def ppl_filter(
+    ctx,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Scoring language model: a checkpoint run or one of its step-* folders "
+                        "(not needed with --set backend=kenlm).")] = None,
+):
+    """Score documents (--in, default dedup) with a reference LM; drop the least natural (CCNet buckets or max_ppl) -> `filtered`."""
+    from llmkit.data.ppl_filter import PplFilterConfig, run_ppl_filter
+
+    run_ppl_filter(ctx, ctx.config(PplFilterConfig, "ppl-filter"), model=model)

@@ -1,0 +1,277 @@
+"""`llmkit ppl-filter`: keep the documents a reference language model finds natural (CCNet).
+
+Two passes over the input dataset:
+1. score: every document's perplexity under the scoring model — an llmkit checkpoint (`--model`,
+   batched, sliding window for long documents) or a KenLM model (`backend: kenlm`, the CCNet
+   convention: lines normalised, split into sentencepiece pieces when `kenlm_tokenizer` is
+   given, scored by `kenlm.Model.score`). Scores of finished batches are kept in the workspace's
+   scratch folder, so a killed run resumes where it stopped.
+2. filter: rows get a `ppl` column; a row is removed when its perplexity is above `max_ppl`
+   (reason `ppl_above_threshold`), or, without a threshold, when it falls in a bucket not in
+   `keep_buckets` (reason `ppl_bucket_<bucket>`). Buckets are CCNet's: head below the first
+   percentile of the whole dataset (or of the row's `group_by` value: source, lang…), middle
+   below the second, tail above.
+
+Perplexity is exp(negative log-likelihood / units). With an llmkit model the units are `byte`s of
+UTF-8 text by default: per byte, random characters of any script score above real text of any
+script, where per token they may not (a rare Han character falls back to three predictable byte
+tokens). `unit: token` gives the usual per-token perplexity. The document is scored as in
+`llmkit eval`: after `</s>` and followed by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from llmkit.errors import ConfigError, UserError
+
+BUCKETS = ("head", "middle", "tail")
+
+
+@dataclass
+class PplFilterConfig:
+    backend: Literal["model", "kenlm"] = "model"  # model: the --model checkpoint; kenlm: kenlm_model
+    max_ppl: float | None = None    # keep rows with ppl ≤ this; null = keep by percentile buckets
+    keep_buckets: list[str] = field(default_factory=lambda: ["head", "middle"])  # buckets that stay
+    percentiles: list[float] = field(default_factory=lambda: [30.0, 60.0])  # head | middle | tail edges
+    group_by: str | None = None     # percentiles per value of this column (source, lang); null = whole dataset
+    unit: Literal["byte", "token"] = "byte"  # perplexity per UTF-8 byte or per model token (backend model)
+    model_step: str | None = None   # step folder of --model (null: its latest; the output records the one used)
+    window: int | None = None       # tokens per forward pass; null = the model's max_seq_len
+    stride: int | None = None       # a long document's windows advance by this; null = window // 2
+    batch_rows: int = 256           # documents scored per step
+    batch_tokens: int = 8192        # padded tokens per forward pass
+    device: str = "auto"            # auto = cuda when available, else cpu
+    dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
+    kenlm_model: str | None = None  # .arpa / .bin KenLM model (backend kenlm)
+    kenlm_tokenizer: str | None = None  # sentencepiece .model the KenLM model was trained on (CCNet's lm_sp)
+
+    def __post_init__(self):
+        if self.max_ppl is not None and self.max_ppl <= 0:
+            raise ConfigError(f"max_ppl must be > 0, got {self.max_ppl}")
+        bad = [b for b in self.keep_buckets if b not in BUCKETS]
+        if bad or not self.keep_buckets:
+            raise ConfigError(f"keep_buckets must be a non-empty subset of {', '.join(BUCKETS)}, "
+                              f"got {self.keep_buckets}")
+        p = self.percentiles
+        if len(p) != 2 or not 0 < p[0] < p[1] < 100:
+            raise ConfigError(f"percentiles must be two increasing values in (0, 100), got {p}")
+        if self.backend == "kenlm" and not self.kenlm_model:
+            raise ConfigError("backend=kenlm needs kenlm_model=<path to .arpa or .bin>")
+        if self.batch_rows < 1 or self.batch_tokens < 1:
+            raise ConfigError("batch_rows and batch_tokens must be ≥ 1")
+
+
+# -- scorers: texts -> (negative log-likelihood in nats, units) ------------------------------------
+
+class ModelScorer:
+    """An llmkit causal LM and its tokenizer."""
+
+    def __init__(self, model, tokenizer, cfg: PplFilterConfig):
+        from llmkit.eval.scoring import LMScorer
+
+        self.lm = LMScorer(model, device=cfg.device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
+        self.tokenizer, self.cfg = tokenizer, cfg
+
+    def score(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        from llmkit.eval.perplexity import text_documents
+
+        nll, tokens = self.lm.document_nll(text_documents(self.tokenizer, texts),
+                                           self.cfg.window, self.cfg.stride)
+        if self.cfg.unit == "token":
+            return nll, tokens
+        return nll, np.array([len(t.encode("utf-8")) for t in texts])
+
+
+def ccnet_normalize(line: str) -> str:
+    """CCNet's text normalisation before KenLM: lowercase, accents stripped, digits -> 0."""
+    import unicodedata
+
+    line = unicodedata.normalize("NFD", line.strip().lower())
+    line = "".join(c for c in line if unicodedata.category(c) != "Mn")
+    return "".join("0" if c.isdigit() else c for c in line)
+
+
+class KenLMScorer:
+    """A KenLM model scoring each non-empty line (with <s> and </s>), as CCNet does: the
+    document's perplexity is 10 ** (−Σ log10 p / Σ (pieces + 1))."""
+
+    def __init__(self, cfg: PplFilterConfig):
+        try:
+            import kenlm
+        except ImportError:
+            raise UserError("backend=kenlm needs the `kenlm` Python module, which is not installed: "
+                            "`pip install https://github.com/kpu/kenlm/archive/master.zip` (it compiles "
+                            "C++), or use backend=model with --model RUN") from None
+        if not Path(cfg.kenlm_model).is_file():
+            raise UserError(f"kenlm_model {cfg.kenlm_model} does not exist")
+        self.model = kenlm.Model(str(cfg.kenlm_model))
+        self.sp = None
+        if cfg.kenlm_tokenizer:
+            import sentencepiece as spm
+
+            self.sp = spm.SentencePieceProcessor(model_file=str(cfg.kenlm_tokenizer))
+
+    def score(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        nll, units = np.zeros(len(texts)), np.zeros(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            for line in (text or "").split("\n"):
+                line = ccnet_normalize(line)
+                if not line:
+                    continue
+                if self.sp is not None:
+                    line = " ".join(self.sp.encode(line, out_type=str))
+                nll[i] -= self.model.score(line, bos=True, eos=True) * math.log(10)
+                units[i] += len(line.split()) + 1  # the pieces and </s>
+        return nll, units
+
+
+def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """exp(nll / units); NaN for a document with nothing to score (an empty text)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(units > 0, np.exp(nll / np.maximum(units, 1)), np.nan)
+
+
+# -- pass 1: scores --------------------------------------------------------------------------
+
+def score_dataset(path: Path, scorer, cfg: PplFilterConfig, scratch: Path,
+                  progress=None) -> tuple[np.ndarray, list]:
+    """Perplexity of every row in input order, and each row's `group_by` value. Each batch's
+    scores are saved in `scratch` as they are done, and read back on a rerun."""
+    from llmkit.data.io import iter_batches
+
+    columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
+    scores, groups = [], []
+    for k, batch in enumerate(iter_batches(path, columns=columns, batch_size=cfg.batch_rows)):
+        done = scratch / f"ppl-{k:06d}.npy"
+        if done.is_file():
+            ppl = np.load(done)
+        else:
+            ppl = perplexities(*scorer.score([t or "" for t in batch.column("text").to_pylist()]))
+            np.save(done.with_suffix(".tmp.npy"), ppl)
+            done.with_suffix(".tmp.npy").replace(done)
+        scores.append(ppl)
+        groups += batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
+        if progress is not None:
+            progress.advance(batch.num_rows)
+    return (np.concatenate(scores) if scores else np.zeros(0)), groups
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+def bucket_edges(ppl: np.ndarray, groups: list, percentiles: list[float]) -> dict:
+    """{group: (first edge, second edge)} over the scored rows of each group."""
+    members = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    edges = {}
+    for g, idx in members.items():
+        values = ppl[idx]
+        values = values[~np.isnan(values)]
+        edges[g] = tuple(np.percentile(values, percentiles).tolist()) if len(values) else (np.inf, np.inf)
+    return edges
+
+
+def removal_reasons(ppl: np.ndarray, groups: list, cfg: PplFilterConfig) -> tuple[list, dict]:
+    """Each row's removal reason (None = kept), and the bucket edges used (empty with max_ppl).
+    An unscorable (empty) document is kept: emptiness is clean's business."""
+    if cfg.max_ppl is not None:
+        return [("ppl_above_threshold" if p > cfg.max_ppl else None) for p in ppl], {}
+    edges = bucket_edges(ppl, groups, cfg.percentiles)
+    reasons = []
+    for p, g in zip(ppl, groups):
+        low, high = edges[g]
+        bucket = "head" if p < low else ("middle" if p < high else "tail")
+        keep = bucket in cfg.keep_buckets or np.isnan(p)
+        reasons.append(None if keep else f"ppl_bucket_{bucket}")
+    return reasons, edges
+
+
+# -- pass 2 and the stage --------------------------------------------------------------------------
+
+def split_batch(batch, ppl: np.ndarray, reasons: list):
+    """(kept table, removed table with `reason`), both with the `ppl` column."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches([batch])
+    if "ppl" in table.column_names:  # a dataset filtered before: its old scores are replaced
+        table = table.drop_columns(["ppl"])
+    table = table.append_column("ppl", pa.array(ppl, pa.float64()))
+    removed = np.array([r is not None for r in reasons], dtype=bool)
+    kept = table.filter(pa.array(~removed))
+    gone = table.filter(pa.array(removed))
+    gone = gone.append_column("reason", pa.array([r for r in reasons if r is not None], pa.string()))
+    return kept, gone
+
+
+def scoring_input(ws, cfg: PplFilterConfig, model: str | None):
+    """(artifact of the scoring model, for the fingerprint; its step folder, or None for KenLM)."""
+    from llmkit.eval.data import eval_input, resolve_checkpoint
+
+    if cfg.backend == "kenlm":
+        return eval_input(ws, cfg.kenlm_model), None
+    if not model:
+        raise UserError("ppl-filter needs a scoring model: --model RUN (a checkpoint run), or "
+                        "--set backend=kenlm kenlm_model=PATH")
+    return resolve_checkpoint(ws, model, cfg.model_step)
+
+
+def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
+    if cfg.backend == "kenlm":
+        return KenLMScorer(cfg)
+    import llmkit
+
+    return ModelScorer(*llmkit.load(model_art.path / step), cfg)
+
+
+def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
+    from llmkit.data.io import DatasetWriter, count_rows, iter_batches
+    from llmkit.progress import Progress, data_stage_summary
+
+    src = ctx.input("dedup")
+    model_art, step = scoring_input(ctx.workspace, cfg, model)
+    cfg = dataclasses.replace(cfg, model_step=step)
+    b = ctx.workspace.builder(ctx.out_name("filtered"), stage="ppl-filter", config=cfg,
+                              inputs=[src, model_art], force=ctx.force)
+    if b.up_to_date:
+        return b
+    scorer = open_scorer(cfg, model_art, step)
+    rows = count_rows(src.path)
+    with b:
+        with Progress("ppl-filter: score", total=rows) as bar:
+            ppl, groups = score_dataset(src.path, scorer, cfg, b.work_dir, bar)
+        reasons, edges = removal_reasons(ppl, groups, cfg)
+        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
+        start = 0
+        for batch in iter_batches(src.path, batch_size=cfg.batch_rows):
+            end = start + batch.num_rows
+            kept, removed = split_batch(batch, ppl[start:end], reasons[start:end])
+            kept_w.write(kept)
+            removed_w.write(removed)
+            start = end
+        rows_out, rows_removed = kept_w.close(), removed_w.close()
+        if start != len(ppl) or start != rows_out + rows_removed:  # a bug, never a user error
+            raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read, "
+                                 f"{rows_out} + {rows_removed} written")
+        b.stats.update(rows_in=start, rows_out=rows_out, rows_removed=rows_removed,
+                       removed_by_reason=dict(sorted(Counter(r for r in reasons if r).items())),
+                       ppl=_ppl_stats(ppl, edges))
+    data_stage_summary(b.name, b.stats, time.time() - b.started)
+    return b
+
+
+def _ppl_stats(ppl: np.ndarray, edges: dict) -> dict:
+    scored = ppl[~np.isnan(ppl)]
+    out = {"median": float(np.median(scored)) if len(scored) else None,
+           "mean": float(np.mean(scored)) if len(scored) else None}
+    if edges:
+        out["bucket_edges"] = {str(g): list(e) for g, e in edges.items()}
+    return out

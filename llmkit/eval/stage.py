@@ -1,0 +1,263 @@
+"""`llmkit eval`: a checkpoint's report in `eval/<name>/` (results.json + a printed table).
+
+Tasks (`tasks: [ppl, choice, generation, reward, efficiency]`, any subset, run in that order):
+- ppl: perplexity of the token artifact's val split (`tokens`) and of `ppl.datasets`;
+- choice: multiple-choice accuracy on `choice.files`;
+- generation: BLEU / ROUGE (and exact match) of greedy replies on `generation.files`;
+- reward: `reward.model`'s pairwise accuracy on `reward.preferences`, and the win rate of this
+  checkpoint over `reward.reference` on `reward.prompts`, judged by that reward model;
+- efficiency: generation latency, tokens/s, peak memory.
+
+The report is an artifact: its inputs are the checkpoint run and every dataset, file and run the
+tasks read, and its config names the step evaluated, so a new checkpoint or an edited eval file
+makes it stale. `results.json` holds every number; the manifest's stats hold the headline ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.eval.choice import ChoiceConfig
+from llmkit.eval.efficiency import EfficiencyConfig
+from llmkit.eval.generation import GenerationConfig
+from llmkit.eval.perplexity import PerplexityConfig
+from llmkit.eval.preference import RewardConfig
+
+TASKS = ("ppl", "choice", "generation", "reward", "efficiency")
+CHAT_STAGES = ("sft", "dpo", "ppo")  # runs whose model answers in the chat template
+RESULTS = "results.json"
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(default_factory=lambda: ["ppl"])  # which of ppl, choice, generation, reward, efficiency run
+    tokens: str | None = "tokens"   # token artifact whose split `ppl` scores (null: only ppl.datasets)
+    step: str | None = None         # step folder of the run to evaluate (null: its latest; set from --from)
+    device: str = "auto"            # auto = cuda when available, else cpu
+    dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
+    batch_tokens: int = 8192        # padded tokens per scoring forward pass
+    seed: int = 0                   # sampling seed (reward.temperature > 0)
+    ppl: PerplexityConfig = field(default_factory=PerplexityConfig)
+    choice: ChoiceConfig = field(default_factory=ChoiceConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)
+
+    def __post_init__(self):
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or not self.tasks:
+            raise ConfigError(f"tasks: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                              f"{', '.join(TASKS)}")
+        if "ppl" in self.tasks and not self.tokens and not self.ppl.datasets:
+            raise ConfigError("tasks has ppl but there is nothing to score: set tokens=<token artifact> "
+                              "or ppl.datasets=<dataset or file,...>")
+        if "choice" in self.tasks and not self.choice.files:
+            raise ConfigError("tasks has choice: set choice.files=<question file,...>")
+        if "generation" in self.tasks and not self.generation.files:
+            raise ConfigError("tasks has generation: set generation.files=<prompt/reference file,...>")
+        if "reward" in self.tasks:
+            r = self.reward
+            if not r.model:
+                raise ConfigError("tasks has reward: set reward.model=<reward-model run>")
+            if not r.preferences and not (r.prompts and r.reference):
+                raise ConfigError("tasks has reward: set reward.preferences (pairwise accuracy) and/or "
+                                  "reward.prompts + reward.reference (win rate)")
+            if bool(r.prompts) != bool(r.reference):
+                raise ConfigError("the win rate needs both reward.prompts and reward.reference")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"batch_tokens must be ≥ 1, got {self.batch_tokens}")
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+class Inputs:
+    """Every artifact and file the tasks read, opened once, listed for the fingerprint."""
+
+    def __init__(self, ws, cfg: EvalConfig, run):
+        self.run = run
+        tasks = cfg.tasks
+        self.tokens = ws.artifact(cfg.tokens) if "ppl" in tasks and cfg.tokens else None
+        self.ppl = _open_all(ws, cfg.ppl.datasets if "ppl" in tasks else [])
+        self.choice = _open_all(ws, cfg.choice.files if "choice" in tasks else [])
+        self.choice_dev = _open_all(ws, cfg.choice.dev_files if "choice" in tasks else [])
+        self.generation = _open_all(ws, cfg.generation.files if "generation" in tasks else [])
+        r = cfg.reward if "reward" in tasks else RewardConfig()
+        self.reward_model = ws.artifact(r.model) if r.model else None
+        self.preferences = _open_all(ws, [r.preferences] if r.preferences else [])
+        self.prompts = _open_all(ws, [r.prompts] if r.prompts else [])
+        self.reference = ws.artifact(r.reference) if r.reference else None
+
+    def all(self) -> list:
+        singles = [a for a in (self.run, self.tokens, self.reward_model, self.reference) if a is not None]
+        return singles + self.ppl + self.choice + self.choice_dev + self.generation + \
+            self.preferences + self.prompts
+
+
+def _open_all(ws, specs: list[str]) -> list:
+    from llmkit.eval.data import eval_input
+
+    return [eval_input(ws, s) for s in specs]
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+
+def eval_perplexity(scorer, tokenizer, inputs: Inputs, cfg: EvalConfig) -> dict:
+    from llmkit.eval.data import input_name, read_rows
+    from llmkit.eval.perplexity import text_perplexity, token_split_perplexity
+
+    out = {}
+    if inputs.tokens is not None:
+        out[f"{inputs.tokens.name}:{cfg.ppl.split}"] = token_split_perplexity(scorer, inputs.tokens.path,
+                                                                             cfg.ppl)
+    for art in inputs.ppl:
+        rows = read_rows(art, cfg.ppl.max_docs, columns=None if art.stage == "file" else ["text", "source"])
+        out[input_name(art)] = text_perplexity(scorer, tokenizer, rows, cfg.ppl)
+    return out
+
+
+def eval_choice(scorer, tokenizer, inputs: Inputs, cfg: EvalConfig) -> dict:
+    from llmkit.eval.choice import evaluate_choice, parse_questions
+    from llmkit.eval.data import input_name, read_rows
+
+    out = {}
+    for k, art in enumerate(inputs.choice):
+        name = input_name(art)
+        questions = parse_questions(read_rows(art), name)
+        dev = None
+        if inputs.choice_dev:
+            dev_art = inputs.choice_dev[k]
+            dev = parse_questions(read_rows(dev_art), input_name(dev_art))
+        out[name] = evaluate_choice(scorer, tokenizer, questions, cfg.choice, dev)
+    return out
+
+
+def eval_generation(model, tokenizer, inputs: Inputs, cfg: EvalConfig, chat: bool, device,
+                    out_dir: Path) -> dict:
+    from llmkit.eval.data import input_name, read_rows
+    from llmkit.eval.generation import evaluate_generation
+
+    out = {}
+    for art in inputs.generation:
+        name = input_name(art)
+        rows = read_rows(art, cfg.generation.max_examples)
+        metrics, samples = evaluate_generation(model, tokenizer, rows, cfg.generation, chat=chat,
+                                               device=device, name=name)
+        out[name] = metrics
+        _write_jsonl(out_dir / f"generations-{name}.jsonl", samples)
+    return out
+
+
+def load_judge(reward_run):
+    """(reward model, its tokenizer) of a reward-model run."""
+    from llmkit.api import checkpoint_step_dir, load_tokenizer
+    from llmkit.train.rm import load_reward_model
+
+    return load_reward_model(reward_run.path), load_tokenizer(checkpoint_step_dir(reward_run.path))
+
+
+def eval_reward(model, tokenizer, inputs: Inputs, cfg: EvalConfig, chat: bool, device,
+                out_dir: Path) -> dict:
+    import llmkit
+    from llmkit.eval.data import read_rows, require_columns
+    from llmkit.eval.preference import judge_policies, pairwise_accuracy, policy_replies
+
+    rc = cfg.reward
+    judge = load_judge(inputs.reward_model)
+    out: dict = {"reward_model": str(inputs.reward_model.path)}
+    for art in inputs.preferences:
+        rows = read_rows(art, rc.max_rows)
+        require_columns(rows, art, "chosen", "rejected")
+        out["pairwise"] = pairwise_accuracy(*judge, rows, batch_size=rc.batch_size, device=device)
+    for art in inputs.prompts:
+        rows = read_rows(art, rc.max_rows)
+        policy = policy_replies(model, tokenizer, rows, rc, chat=chat, device=device, seed=cfg.seed)
+        ref_model, ref_tokenizer = llmkit.load(inputs.reference.path)
+        reference = policy_replies(ref_model, ref_tokenizer, rows, rc, device=device, seed=cfg.seed,
+                                   chat=inputs.reference.stage in CHAT_STAGES)
+        del ref_model
+        win, samples = judge_policies(judge, rows, policy, reference, batch_size=rc.batch_size,
+                                      device=device)
+        out["win_rate"] = {**win, "reference": str(inputs.reference.path)}
+        _write_jsonl(out_dir / "win-rate.jsonl", samples)
+    return out
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+# -- the stage ---------------------------------------------------------------------------------
+
+def headline(results: dict) -> dict:
+    """The numbers worth a glance, flat: `ppl/tokens:val`, `choice/mmlu/acc`, …"""
+    flat = {}
+    for name, r in results.get("ppl", {}).items():
+        flat[f"ppl/{name}"] = r["ppl"]
+    for name, r in results.get("choice", {}).items():
+        flat[f"choice/{name}/acc"] = r["acc"]
+        flat[f"choice/{name}/acc_norm"] = r["acc_norm"]
+    for name, by_lang in results.get("generation", {}).items():
+        for lang, r in by_lang.items():
+            for metric in ("bleu", "rougeL", "exact_match"):
+                flat[f"generation/{name}/{lang}/{metric}"] = r[metric]
+    reward = results.get("reward", {})
+    if "pairwise" in reward:
+        flat["reward/pairwise_accuracy"] = reward["pairwise"]["accuracy"]
+    if "win_rate" in reward:
+        flat["reward/win_rate"] = reward["win_rate"]["win_rate"]
+    for r in results.get("efficiency", {}).get("runs", []):
+        flat[f"efficiency/batch{r['batch_size']}/tokens_per_s"] = r["tokens_per_s"]
+    if "efficiency" in results:
+        flat["efficiency/peak_memory_bytes"] = results["efficiency"]["peak_memory"]["bytes"]
+    return flat
+
+
+def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
+    """Evaluate `run` (a checkpoint run, or one of its step folders) into `eval/<--out or run name>`."""
+    import llmkit
+    from llmkit.eval.scoring import LMScorer, resolve_device
+    from llmkit.progress import print_summary
+
+    from llmkit.eval.data import resolve_checkpoint
+
+    run_art, step = resolve_checkpoint(ctx.workspace, run, cfg.step)
+    cfg = dataclasses.replace(cfg, step=step)  # the report names the step it measured
+    inputs = Inputs(ctx.workspace, cfg, run_art)
+    name = f"eval/{ctx.out or run_art.name}"
+    b = ctx.workspace.builder(name, stage="eval", config=cfg, inputs=inputs.all(), force=ctx.force)
+    if b.up_to_date:
+        return b
+    device = resolve_device(cfg.device)
+    model, tokenizer = llmkit.load(run_art.path / step)
+    chat = cfg.generation.prompt_format == "chat" or (
+        cfg.generation.prompt_format == "auto" and run_art.stage in CHAT_STAGES)
+    scorer = LMScorer(model, device=device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
+    results: dict = {"run": str(run_art.path), "step": step, "tasks": list(cfg.tasks)}
+    with b:
+        for task in [t for t in TASKS if t in cfg.tasks]:
+            started = time.time()
+            if task == "ppl":
+                results[task] = eval_perplexity(scorer, tokenizer, inputs, cfg)
+            elif task == "choice":
+                results[task] = eval_choice(scorer, tokenizer, inputs, cfg)
+            elif task == "generation":
+                results[task] = eval_generation(model, tokenizer, inputs, cfg, chat, device, b.dir)
+            elif task == "reward":
+                results[task] = eval_reward(model, tokenizer, inputs, cfg, chat, device, b.dir)
+            else:
+                from llmkit.eval.efficiency import evaluate_efficiency
+
+                results[task] = evaluate_efficiency(model, cfg.efficiency, device=device)
+            print(f"eval: {task} done in {time.time() - started:.1f}s", flush=True)
+        (b.dir / RESULTS).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+        b.stats.update(headline(results))
+    print_summary(f"{b.name} ({run_art.name}/{step})", list(b.stats.items()))
+    return b

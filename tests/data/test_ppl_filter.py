@@ -1,0 +1,195 @@
+"""ppl-filter with a tiny LM trained here on the demo corpus: planted gibberish goes, real text stays."""
+
+import gzip
+import json
+import math
+import random
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from llmkit.cli.app import build_app
+from llmkit.data.io import DatasetWriter, read_table
+from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, ccnet_normalize, perplexities,
+                                    removal_reasons)
+from llmkit.errors import ConfigError, UserError
+from llmkit.model import ModelConfig, Transformer
+from llmkit.tokenizer import (CONFIG_FILE, MODEL_FILE, Tokenizer, TokenizerConfig,
+                              tokenizer_config_json, train_sentencepiece)
+from llmkit.workspace import Workspace
+from tests.train.posttrain_fixtures import write_checkpoint_run
+
+RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
+SOURCES = ("zh_poems.jsonl", "zh_prose.jsonl", "en_docstrings.jsonl.gz")
+CHARS = 300  # documents are cut to this many characters: enough to judge, cheap to score
+
+
+def demo_rows(name: str) -> list[dict]:
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(RAW / name, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def train_lm(texts: list[str], directory: Path, steps: int = 300):
+    """A sentencepiece tokenizer and a one-block transformer trained on `texts` (plain torch loop)."""
+    cfg = TokenizerConfig(vocab_size=1100)
+    sp_model, _ = train_sentencepiece(texts, cfg, log=lambda *a: None)
+    directory.mkdir(parents=True)
+    (directory / MODEL_FILE).write_bytes(sp_model)
+    (directory / CONFIG_FILE).write_text(json.dumps(tokenizer_config_json(cfg, sp_model)))
+    tok = Tokenizer(directory)
+    stream = np.concatenate([np.array([*ids, tok.eos_id]) for ids in tok.encode_batch(texts)])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only loses time to thread hand-offs
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, n_layers=1, n_heads=2,
+                                    n_kv_heads=1, intermediate_size=64, max_seq_len=128))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    rng = np.random.default_rng(0)
+    try:
+        for _ in range(steps):
+            starts = rng.integers(0, len(stream) - 65, 8)
+            batch = torch.tensor(np.stack([stream[s:s + 65] for s in starts]), dtype=torch.long)
+            loss = torch.nn.functional.cross_entropy(model(batch[:, :-1]).flatten(0, 1),
+                                                     batch[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), tok
+
+
+def write_dataset(ws: Path, name: str, rows: list[dict]) -> None:
+    b = Workspace(ws).builder(name, stage="ingest", config={}, quiet=True)
+    with b:
+        w = DatasetWriter(b.dir)
+        w.write(pa.Table.from_pylist(rows))
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """Workspace with `lm` (trained on demo text) and `docs`: held-out real rows + planted gibberish."""
+    tmp = tmp_path_factory.mktemp("pplf")
+    rng = random.Random(0)
+    train, held = [], []
+    for name in SOURCES:
+        real = [r for r in demo_rows(name) if r["planted"] == "none"]
+        rng.shuffle(real)
+        held += real[:60]
+        train += real[60:60 + (150 if name.endswith(".gz") else 50)]
+    gibberish = [r for r in demo_rows("noise.jsonl") if r["planted"].startswith("gibberish")]
+    model, tok = train_lm([r["text"][:CHARS] for r in train], tmp / "tok")
+    write_checkpoint_run(tmp / "ws", "lm", model, tok)
+    rows = [{"id": r["id"], "text": r["text"][:CHARS], "source": r["source"], "lang": r["lang"],
+             "gibberish": r["planted"] != "none"} for r in held + gibberish]
+    random.Random(1).shuffle(rows)
+    write_dataset(tmp / "ws", "docs", rows)
+    return tmp / "ws"
+
+
+def llmkit(*args):
+    return CliRunner().invoke(build_app(), [str(a) for a in args])
+
+
+def test_gibberish_has_the_highest_perplexity_and_falls_in_the_tail(ws):
+    r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--set", "percentiles=30,80")
+    assert r.exit_code == 0, r.output
+    kept, removed = read_table(ws / "filtered"), read_table(ws / "filtered" / "removed")
+    real_ppl = [p for p, g in zip(kept["ppl"].to_pylist() + removed["ppl"].to_pylist(),
+                                  kept["gibberish"].to_pylist() + removed["gibberish"].to_pylist()) if not g]
+    gibberish_ppl = [p for p, g in zip(removed["ppl"].to_pylist(), removed["gibberish"].to_pylist()) if g]
+    assert len(gibberish_ppl) == 40 and not any(kept["gibberish"].to_pylist())  # all removed
+    assert min(gibberish_ppl) > np.percentile(real_ppl, 90)
+    assert set(removed["reason"].to_pylist()) == {"ppl_bucket_tail"}
+    assert kept.num_rows >= 0.9 * len(real_ppl)  # ≥ 90% of the real rows are kept
+    stats = json.loads((ws / "filtered" / "manifest.json").read_text())["stats"]
+    assert stats["rows_in"] == 220 == stats["rows_out"] + stats["rows_removed"]
+    assert stats["removed_by_reason"] == {"ppl_bucket_tail": removed.num_rows}
+    inputs = [Path(i["path"]).name for i in json.loads((ws / "filtered" / "manifest.json").read_text())["inputs"]]
+    assert inputs == ["docs", "lm"]
+    assert "up to date" in llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm",
+                                  "--set", "percentiles=30,80").output
+
+
+def test_threshold_removes_rows_above_it_and_keeps_every_column(ws):
+    r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--out", "thr",
+               "--set", "max_ppl=40")
+    assert r.exit_code == 0, r.output
+    kept, removed = read_table(ws / "thr"), read_table(ws / "thr" / "removed")
+    assert max(kept["ppl"].to_pylist()) <= 40 < min(removed["ppl"].to_pylist())
+    assert set(removed["reason"].to_pylist()) == {"ppl_above_threshold"}
+    assert {"id", "text", "source", "lang", "gibberish", "ppl"} <= set(kept.column_names)
+    assert kept.num_rows + removed.num_rows == 220
+
+
+def test_a_missing_model_is_a_user_error(ws):
+    r = llmkit("ppl-filter", "-w", ws, "--in", "docs")
+    assert r.exit_code == 2 and "--model" in r.output
+
+
+# -- decisions, without a model ---------------------------------------------------------------
+
+def test_buckets_are_computed_per_group():
+    ppl = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000.0])
+    groups = ["en"] * 10 + ["zh"] * 10
+    cfg = PplFilterConfig(percentiles=[30, 60], keep_buckets=["head", "middle"], group_by="lang")
+    reasons, edges = removal_reasons(ppl, groups, cfg)
+    # the same 4 highest of each language go, though every zh row is above every en row
+    assert [i for i, r in enumerate(reasons) if r] == [6, 7, 8, 9, 16, 17, 18, 19]
+    assert edges["en"] == pytest.approx((3.7, 6.4))
+    whole, _ = removal_reasons(ppl, [None] * 20, PplFilterConfig(keep_buckets=["head"]))
+    assert set(whole[6:]) == {"ppl_bucket_middle", "ppl_bucket_tail"} and not any(whole[:6])
+
+
+def test_an_empty_document_cannot_be_scored_and_is_kept():
+    ppl = perplexities(np.array([0.0, 2.0, 9.0]), np.array([0, 1, 1]))
+    assert math.isnan(ppl[0]) and ppl[1] == pytest.approx(math.exp(2))
+    reasons, _ = removal_reasons(ppl, [None] * 3, PplFilterConfig(max_ppl=5.0))
+    assert reasons == [None, "ppl_above_threshold", "ppl_above_threshold"]
+    reasons, _ = removal_reasons(ppl, [None] * 3, PplFilterConfig(keep_buckets=["tail"]))
+    assert reasons[0] is None
+
+
+@pytest.mark.parametrize("bad", [dict(percentiles=[60, 30]), dict(keep_buckets=["top"]),
+                                 dict(max_ppl=0), dict(backend="kenlm")])
+def test_bad_settings_are_config_errors(bad):
+    with pytest.raises(ConfigError):
+        PplFilterConfig(**bad)
+
+
+# -- KenLM ------------------------------------------------------------------------------------
+
+def test_kenlm_backend_without_the_module_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "kenlm", None)  # import kenlm -> ImportError
+    with pytest.raises(UserError, match="pip install"):
+        KenLMScorer(PplFilterConfig(backend="kenlm", kenlm_model=str(tmp_path / "lm.bin")))
+
+
+def test_kenlm_perplexity_is_ccnets(monkeypatch, tmp_path):
+    """CCNet: pp = 10 ** (−Σ log10 p / Σ (words + 1)) over the normalised non-empty lines."""
+    scored = []
+
+    class Model:
+        def __init__(self, path):
+            pass
+
+        def score(self, line, bos=True, eos=True):
+            scored.append(line)
+            return -0.5 * (len(line.split()) + 1)  # log10 p: each word and </s> has p = 10^-0.5
+
+    monkeypatch.setitem(sys.modules, "kenlm", types.SimpleNamespace(Model=Model))
+    (tmp_path / "lm.bin").write_bytes(b"")
+    scorer = KenLMScorer(PplFilterConfig(backend="kenlm", kenlm_model=str(tmp_path / "lm.bin")))
+    ppl = perplexities(*scorer.score(["Hello World 2024\n\nÉcole", ""]))
+    assert scored == ["hello world 0000", "ecole"]
+    assert ppl[0] == pytest.approx(10 ** 0.5) and math.isnan(ppl[1])
+    assert ccnet_normalize("  Café 42 ") == "cafe 00"
