@@ -9,8 +9,8 @@ learn (the system and user turns, every role token), so only assistant content a
 
 SFT rows can be packed: several conversations share one sequence, each with its own position
 ids (from 0) and document id, which the model uses to block attention between them.
-Batches are built once, grouped by length (so padding is small), and served in a shuffled
-order that an exact resume replays (`BatchLoader`).
+Training batches group items of similar length (little padding) through the shared
+`LengthBucketSampler`, which an exact resume replays (`BatchStream`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from llmkit.errors import UserError
 
 IGNORE_INDEX = -100
 PAD_DOC = -1  # document id of padding: real tokens never attend to it
-BUCKET_BATCHES = 64  # a length bucket spans this many batches (sorting window)
 
 
 # -- rows of the datasets -> messages -------------------------------------------------------
@@ -156,18 +155,6 @@ def packed_row(examples: list[Example]) -> PackedRow:
 
 # -- batches -------------------------------------------------------------------------------
 
-def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Index batches of similar lengths: shuffle, sort within windows of BUCKET_BATCHES
-    batches, cut into batches (the order of batches is shuffled later by the loader)."""
-    order = np.random.default_rng(seed).permutation(len(lengths))
-    window = batch_size * BUCKET_BATCHES
-    batches = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window].tolist(), key=lambda i: lengths[i])
-        batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
-    return batches
-
-
 def _padded(seqs: list[list[int]], value: int, width: int) -> np.ndarray:
     out = np.full((len(seqs), width), value, dtype=np.int64)
     for i, s in enumerate(seqs):
@@ -186,13 +173,45 @@ def collate_sft(rows: list, pad_id: int) -> dict:
     return batch
 
 
-def sft_batches(examples: list[Example], *, seq_len: int, batch_size: int, pad_id: int,
-                packing: bool, seed: int) -> list[dict]:
-    """Micro-batches of `batch_size` sequences (packed rows or single conversations)."""
-    rows = [packed_row([examples[i] for i in group]) for group in pack(examples, seq_len)] \
-        if packing else examples
-    return [collate_sft([rows[i] for i in idx], pad_id)
-            for idx in length_bucketed_batches([len(r) for r in rows], batch_size, seed)]
+def sft_rows(examples: list[Example], seq_len: int, packing: bool) -> list:
+    """The sequences a model trains on: packed rows of several examples, or the examples."""
+    if not packing:
+        return examples
+    return [packed_row([examples[i] for i in group]) for group in pack(examples, seq_len)]
+
+
+class BatchStream:
+    """Collated batches of `items`, grouped by length: `LengthBucketSampler` (which reshuffles
+    and regroups each epoch, shards by rank, and whose position `state_dict()` holds, so a
+    resumed run draws the batches the stopped one would have) picks each batch's items."""
+
+    def __init__(self, items: list, collate, *, micro_batch_size: int, seq_len: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        from llmkit.data.loader import LengthBucketSampler
+
+        if not items:
+            raise UserError("no training examples: the dataset is empty after tokenisation")
+        self.items, self.collate = items, collate
+        self.sampler = LengthBucketSampler(
+            [len(x) for x in items], max_tokens=micro_batch_size * seq_len, seed=seed,
+            rank=rank, world_size=world_size, max_batch_size=micro_batch_size)
+
+    def __iter__(self):
+        for indices in self.sampler:
+            yield self.collate([self.items[i] for i in indices])
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+def fixed_batches(items: list, collate, batch_size: int) -> list:
+    """Every item once, in batches of similar length (evaluation)."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    return [collate([items[i] for i in order[k:k + batch_size]])
+            for k in range(0, len(order), batch_size)]
 
 
 # -- preference pairs ----------------------------------------------------------------------
@@ -202,6 +221,10 @@ class Pair:
     chosen: Example
     rejected: Example
     margin: float = 0.0
+    ref_logps: tuple[float, float] | None = None  # the reference's (chosen, rejected) log-probs
+
+    def __len__(self) -> int:
+        return max(len(self.chosen), len(self.rejected))
 
 
 def encode_pair(tokenizer, row: dict, seq_len: int) -> Pair | None:
@@ -225,52 +248,15 @@ def encode_pairs(tokenizer, rows: list[dict], seq_len: int) -> tuple[list[Pair],
 
 
 def collate_pairs(pairs: list[Pair], pad_id: int) -> dict:
-    """One [2B, T] batch: the B chosen sequences, then the B rejected ones, right-padded."""
+    """One [2B, T] batch: the B chosen sequences, then the B rejected ones, right-padded
+    (+ `ref_logps` [2B] in the same order when the pairs carry them)."""
     seqs = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     width = max(map(len, seqs))
-    return {"input_ids": _padded([s.input_ids for s in seqs], pad_id, width),
-            "labels": _padded([s.labels for s in seqs], IGNORE_INDEX, width),
-            "attention_mask": _padded([[1] * len(s) for s in seqs], 0, width),
-            "margin": np.array([p.margin for p in pairs], dtype=np.float32)}
-
-
-def pair_batches(pairs: list[Pair], *, batch_size: int, pad_id: int, seed: int) -> list[dict]:
-    lengths = [max(len(p.chosen), len(p.rejected)) for p in pairs]
-    return [collate_pairs([pairs[i] for i in idx], pad_id)
-            for idx in length_bucketed_batches(lengths, batch_size, seed)]
-
-
-# -- serving batches -----------------------------------------------------------------------
-
-class BatchLoader:
-    """Prepared batches in a fresh shuffled order each epoch, endlessly; `state_dict()` is the
-    position (epoch, index), so a resumed run draws the batches the stopped one would have."""
-
-    def __init__(self, batches: list[dict], seed: int, shuffle: bool = True):
-        if not batches:
-            raise UserError("no training batches: the dataset is empty after tokenisation")
-        self.batches, self.seed, self.shuffle = batches, seed, shuffle
-        self.epoch, self.index = 0, 0
-
-    def _order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.batches)))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.batches)).tolist()
-
-    def __iter__(self):
-        while True:
-            order = self._order(self.epoch)
-            while self.index < len(order):
-                batch = self.batches[order[self.index]]
-                self.index += 1
-                yield batch
-            self.epoch, self.index = self.epoch + 1, 0
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+    batch = {"input_ids": _padded([s.input_ids for s in seqs], pad_id, width),
+             "labels": _padded([s.labels for s in seqs], IGNORE_INDEX, width),
+             "attention_mask": _padded([[1] * len(s) for s in seqs], 0, width),
+             "margin": np.array([p.margin for p in pairs], dtype=np.float32)}
+    if pairs[0].ref_logps is not None:
+        batch["ref_logps"] = np.array([p.ref_logps[0] for p in pairs]
+                                      + [p.ref_logps[1] for p in pairs], dtype=np.float32)
+    return batch

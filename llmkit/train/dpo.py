@@ -71,16 +71,22 @@ def completion_logps(model, batch: dict, average: bool = False) -> torch.Tensor:
 
 
 @torch.no_grad()
-def precompute_reference_logps(reference, batches: list[dict], average: bool) -> None:
-    """Store the reference's completion log-probs in each batch (`ref_logps`, numpy)."""
+def precompute_reference_logps(reference, pairs: list, pad_id: int, batch_size: int,
+                               average: bool) -> None:
+    """Give each pair its reference (chosen, rejected) completion log-probs, in one pass."""
+    from llmkit.data.chat import collate_pairs
     from llmkit.train.engine import to_device
 
     device = next(reference.parameters()).device
     was_training = reference.training
     reference.eval()
-    for batch in batches:
-        batch["ref_logps"] = completion_logps(reference, to_device(batch, device),
-                                              average).cpu().numpy()
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        batch = to_device(collate_pairs([pairs[i] for i in chunk], pad_id), device)
+        logps = completion_logps(reference, batch, average).tolist()
+        for j, i in enumerate(chunk):
+            pairs[i].ref_logps = (logps[j], logps[len(chunk) + j])
     reference.train(was_training)
 
 
@@ -130,14 +136,15 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
     import copy
+    from functools import partial
 
-    from llmkit.data.chat import BatchLoader, encode_pairs, pair_batches
+    from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, fixed_batches
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
-                                  evaluate_exact_match, load_transformer, open_run, read_rows,
-                                  split_rows, start_run)
+                                  exact_match_scorer, load_transformer, open_run, read_rows,
+                                  split_rows, training_run)
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
@@ -150,7 +157,6 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                             [a for a in (base_art, ref_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
-    device = default_device()
     policy, step_dir = load_transformer(base_step)
     check_seq_len(cfg, policy)
     tokenizer = checkpoint_tokenizer(step_dir)
@@ -160,30 +166,31 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                                      cfg.eval_fraction, cfg.seed)
     pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
     eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
-    batches = pair_batches(pairs, batch_size=cfg.micro_batch_size, pad_id=tokenizer.pad_id,
-                           seed=cfg.seed)
-    eval_batches = pair_batches(eval_pairs, batch_size=cfg.micro_batch_size,
-                                pad_id=tokenizer.pad_id, seed=cfg.seed)
+    collate = partial(collate_pairs, pad_id=tokenizer.pad_id)
     scored = heldout[:cfg.eval_records]
-    with b:
-        start_run(b, resumable)
-        policy.to(device)
-        reference = None
-        ref_seconds = 0.0
+    with training_run(b, resumable) as dist:
+        score = exact_match_scorer(cfg, dist, tokenizer, scored)
+        policy.to(default_device())
+        reference, ref_seconds = None, 0.0
         if cfg.uses_reference:
-            reference = (load_transformer(ref_step)[0].to(device) if ref_step is not None
+            reference = (load_transformer(ref_step)[0].to(default_device()) if ref_step
                          else policy if cfg.precompute_ref else copy.deepcopy(policy))
             if cfg.precompute_ref:
                 started = time.time()
-                precompute_reference_logps(reference, batches + eval_batches, cfg.average_logps)
+                precompute_reference_logps(reference, pairs + eval_pairs, tokenizer.pad_id,
+                                           2 * cfg.micro_batch_size, cfg.average_logps)
                 ref_seconds = time.time() - started
-                reference = None
+                reference = None  # not held while the policy trains
             else:
-                reference.requires_grad_(False).eval()
-        base_accuracy = evaluate_exact_match(policy, tokenizer, scored, cfg.max_new_tokens)
-        task = DpoTask(policy, BatchLoader(batches, cfg.seed), eval_batches or None, cfg, reference)
-        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
-        accuracy = evaluate_exact_match(policy, tokenizer, scored, cfg.max_new_tokens)
+                reference.requires_grad_(False)
+        base_accuracy = score(policy)
+        stream = BatchStream(pairs, collate, micro_batch_size=cfg.micro_batch_size,
+                             seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
+                             world_size=dist.world_size)
+        task = DpoTask(policy, stream, fixed_batches(eval_pairs, collate, cfg.micro_batch_size)
+                       or None, cfg, reference)
+        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
+        accuracy = score(policy)
         last = result.metrics
         b.stats.update(**counts, train_rows=len(train_rows), heldout_pairs=len(eval_pairs),
                        steps=result.step, tokens_seen=result.tokens_seen,
@@ -192,9 +199,10 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                        val_reward_accuracy=last.get("val_rewards/accuracy"),
                        reference_seconds=round(ref_seconds, 2), eval_records=len(scored),
                        base_accuracy=base_accuracy, accuracy=accuracy)
-    print_summary(f"{b.name} done", [
-        ("steps", result.step), ("final loss", last.get("loss")),
-        ("reward margin", last.get("rewards/margins")),
-        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
-        ("seconds", round(time.time() - b.started, 1))])
+    if dist.is_main:
+        print_summary(f"{b.name} done", [
+            ("steps", result.step), ("final loss", last.get("loss")),
+            ("reward margin", last.get("rewards/margins")),
+            ("held-out exact match", f"{base_accuracy} -> {accuracy} ({len(scored)} rows)"),
+            ("seconds", round(time.time() - b.started, 1))])
     return b

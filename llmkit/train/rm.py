@@ -170,12 +170,15 @@ def pairwise_accuracy(reward_model: RewardModel, batches: list[dict]) -> float:
 
 def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     """`llmkit rm`: a reward model from checkpoint `base` on the preference pairs of --in."""
-    from llmkit.data.chat import BatchLoader, encode_pairs, pair_batches
+    from functools import partial
+
+    from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, fixed_batches
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
-                                  load_transformer, open_run, read_rows, split_rows, start_run)
+                                  load_transformer, open_run, read_rows, split_rows,
+                                  training_run)
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
@@ -192,27 +195,32 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
                                      cfg.eval_fraction, cfg.seed)
     pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
     eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
-    batches = pair_batches(pairs, batch_size=cfg.micro_batch_size, pad_id=tokenizer.pad_id,
-                           seed=cfg.seed)
-    eval_batches = pair_batches(eval_pairs, batch_size=cfg.micro_batch_size,
-                                pad_id=tokenizer.pad_id, seed=cfg.seed)
+    collate = partial(collate_pairs, pad_id=tokenizer.pad_id)
+    eval_batches = fixed_batches(eval_pairs, collate, cfg.micro_batch_size)
     torch.manual_seed(cfg.seed)  # the score head's initial weights
     reward_model = RewardModel(trunk)
-    with b:
-        start_run(b, resumable)
-        base_accuracy = pairwise_accuracy(reward_model.to(default_device()), eval_batches)
-        task = RewardTask(reward_model, BatchLoader(batches, cfg.seed), eval_batches or None,
-                          cfg.center_coef, cfg.seq_len)
-        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
+    with training_run(b, resumable) as dist:
+        whole = dist.is_main and not (cfg.zero_stage == 3 and dist.world_size > 1)
+
+        def score(model):
+            return round(pairwise_accuracy(model, eval_batches), 4) if whole else None
+
+        base_accuracy = score(reward_model.to(default_device()))
+        stream = BatchStream(pairs, collate, micro_batch_size=cfg.micro_batch_size,
+                             seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
+                             world_size=dist.world_size)
+        task = RewardTask(reward_model, stream, eval_batches or None, cfg.center_coef, cfg.seq_len)
+        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
                         model_config=reward_model.checkpoint_config()).fit()
-        accuracy = pairwise_accuracy(reward_model, eval_batches)
+        accuracy = score(reward_model)
         b.stats.update(**counts, train_rows=len(train_rows), heldout_pairs=len(eval_pairs),
                        steps=result.step, tokens_seen=result.tokens_seen,
                        final_loss=result.metrics.get("loss"), val_loss=result.metrics.get("val_loss"),
                        base_accuracy=base_accuracy, accuracy=accuracy)
-    print_summary(f"{b.name} done", [
-        ("steps", result.step), ("final loss", result.metrics.get("loss")),
-        ("held-out pairwise accuracy", f"{base_accuracy:.3f} -> {accuracy:.3f} "
-                                       f"({len(eval_pairs)} pairs)"),
-        ("seconds", round(time.time() - b.started, 1))])
+    if dist.is_main:
+        print_summary(f"{b.name} done", [
+            ("steps", result.step), ("final loss", result.metrics.get("loss")),
+            ("held-out pairwise accuracy", f"{base_accuracy} -> {accuracy} "
+                                           f"({len(eval_pairs)} pairs)"),
+            ("seconds", round(time.time() - b.started, 1))])
     return b

@@ -12,6 +12,7 @@ directory, and the log-probabilities of labelled tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import shutil
@@ -155,6 +156,36 @@ def start_run(b, resumable: bool) -> None:
     (b.dir / RUN_FINGERPRINT).write_text(b.fingerprint + "\n")
 
 
+@contextlib.contextmanager
+def training_run(b, resumable: bool):
+    """Every process of a training run enters this: the main one holds the builder (lock,
+    manifest written on success) and clears or keeps the run dir (`start_run`) before the
+    others go on. Yields the process's DistEnv."""
+    from llmkit.train.distributed import barrier, setup_distributed
+
+    dist = setup_distributed()
+    if not dist.is_main:
+        barrier()
+        yield dist
+        return
+    with b:
+        start_run(b, resumable)
+        barrier()
+        yield dist
+
+
+def exact_match_scorer(cfg: GenerativeConfig, dist, tokenizer, records: list[dict]):
+    """`score(model) -> accuracy | None`: exact match on the main process. None under ZeRO-3
+    with several processes, where no process holds the whole trained model."""
+
+    def score(model):
+        if not dist.is_main or (cfg.zero_stage == 3 and dist.world_size > 1):
+            return None
+        return round(evaluate_exact_match(model, tokenizer, records, cfg.max_new_tokens), 4)
+
+    return score
+
+
 def default_device():
     import torch
 
@@ -264,7 +295,9 @@ class SftTask(Task):
 
 def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     """`llmkit sft`: fine-tune checkpoint `base` on the SFT dataset of --in (default sft_train)."""
-    from llmkit.data.chat import BatchLoader, encode_sft_rows, sft_batches
+    from functools import partial
+
+    from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, fixed_batches, sft_rows
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
@@ -283,28 +316,29 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     train_rows, heldout = split_rows(rows, read_rows(eval_art, ()) if eval_art else None,
                                      cfg.eval_fraction, cfg.seed)
     examples, counts = encode_sft_rows(tokenizer, train_rows, cfg.seq_len)
+    sequences = sft_rows(examples, cfg.seq_len, cfg.packing)
+    collate = partial(collate_sft, pad_id=tokenizer.pad_id)
     eval_examples, _ = encode_sft_rows(tokenizer, heldout, cfg.seq_len)
-    batches = sft_batches(examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size,
-                          pad_id=tokenizer.pad_id, packing=cfg.packing, seed=cfg.seed)
-    eval_batches = sft_batches(eval_examples, seq_len=cfg.seq_len, batch_size=cfg.micro_batch_size,
-                               pad_id=tokenizer.pad_id, packing=cfg.packing, seed=cfg.seed)
+    eval_batches = fixed_batches(sft_rows(eval_examples, cfg.seq_len, cfg.packing), collate,
+                                 cfg.micro_batch_size)
     scored = heldout[:cfg.eval_records]
-    with b:
-        start_run(b, resumable)
-        device = default_device()
-        base_accuracy = evaluate_exact_match(model.to(device), tokenizer, scored, cfg.max_new_tokens)
-        task = SftTask(model, BatchLoader(batches, cfg.seed), eval_batches or None, cfg.seq_len,
-                       tokenizer.pad_id)
-        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
-        accuracy = evaluate_exact_match(model, tokenizer, scored, cfg.max_new_tokens)
+    with training_run(b, resumable) as dist:
+        score = exact_match_scorer(cfg, dist, tokenizer, scored)
+        base_accuracy = score(model.to(default_device()))
+        stream = BatchStream(sequences, collate, micro_batch_size=cfg.micro_batch_size,
+                             seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
+                             world_size=dist.world_size)
+        task = SftTask(model, stream, eval_batches or None, cfg.seq_len, tokenizer.pad_id)
+        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
+        accuracy = score(model)
         b.stats.update(
             **counts, train_rows=len(train_rows), heldout_rows=len(heldout),
-            sequences=sum(len(x["input_ids"]) for x in batches), steps=result.step,
-            tokens_seen=result.tokens_seen, final_loss=result.metrics.get("loss"),
-            val_loss=result.metrics.get("val_loss"), eval_records=len(scored),
-            base_accuracy=base_accuracy, accuracy=accuracy)
-    print_summary(f"{b.name} done", [
-        ("steps", result.step), ("final loss", result.metrics.get("loss")),
-        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
-        ("seconds", round(time.time() - b.started, 1))])
+            sequences=len(sequences), steps=result.step, tokens_seen=result.tokens_seen,
+            final_loss=result.metrics.get("loss"), val_loss=result.metrics.get("val_loss"),
+            eval_records=len(scored), base_accuracy=base_accuracy, accuracy=accuracy)
+    if dist.is_main:
+        print_summary(f"{b.name} done", [
+            ("steps", result.step), ("final loss", result.metrics.get("loss")),
+            ("held-out exact match", f"{base_accuracy} -> {accuracy} ({len(scored)} rows)"),
+            ("seconds", round(time.time() - b.started, 1))])
     return b

@@ -2,10 +2,12 @@ import numpy as np
 import pytest
 import torch
 
-from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchLoader, Example, collate_pairs, collate_sft,
-                              conversation, encode_conversation, encode_pair, encode_sft_rows,
-                              length_bucketed_batches, pack, packed_row, pair_batches,
-                              prompt_messages, reference_answer, sft_batches)
+from functools import partial
+
+from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, collate_pairs,
+                              collate_sft, conversation, encode_conversation, encode_pair,
+                              encode_sft_rows, fixed_batches, pack, packed_row, prompt_messages,
+                              reference_answer, sft_rows)
 from llmkit.errors import UserError
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
 
@@ -86,8 +88,9 @@ def test_packed_rows_restart_positions_and_number_documents(tok):
     assert row.position_ids == list(range(len(a))) + list(range(len(b)))
     assert row.doc_ids == [0] * len(a) + [1] * len(b)
     assert row.labels[len(a)] == IGNORE_INDEX  # no target across the document boundary
-    batch = sft_batches([a, b, a], seq_len=64, batch_size=4, pad_id=tok.pad_id, packing=True,
-                        seed=0)[0]
+    rows = sft_rows([a, b, a], seq_len=2 * len(a) + 1, packing=True)
+    assert len(rows) == 2 and sum(map(len, rows)) == 2 * len(a) + len(b)
+    batch = collate_sft(rows, tok.pad_id)
     assert (batch["doc_ids"] == PAD_DOC).sum() == (batch["input_ids"] == tok.pad_id).sum()
     assert ((batch["labels"] == IGNORE_INDEX) | (batch["labels"] == batch["input_ids"])).all()
 
@@ -112,12 +115,16 @@ def test_packing_blocks_attention_between_conversations(tok):
     torch.testing.assert_close(logits[0], alone, atol=1e-4, rtol=1e-4)
 
 
-def test_length_buckets_group_similar_lengths():
-    lengths = list(np.random.default_rng(0).integers(1, 500, 256))
-    batches = length_bucketed_batches(lengths, batch_size=8, seed=0)
-    assert sorted(i for b in batches for i in b) == list(range(256))
-    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches])
-    assert spread < 50  # random batches of 8 would spread ~390
+def test_batches_group_similar_lengths_and_serve_every_item_each_epoch():
+    lengths = np.random.default_rng(0).integers(1, 60, 256).tolist()
+    items = [Example([5] * n, [5] * n) for n in lengths]
+    stream = BatchStream(items, partial(collate_sft, pad_id=0), micro_batch_size=8, seq_len=64,
+                         seed=0)
+    it = iter(stream)
+    batches = [next(it) for _ in range(len(stream.sampler))]
+    assert sum(len(b["input_ids"]) for b in batches) == 256
+    padding = sum(int((b["labels"] == IGNORE_INDEX).sum()) for b in batches)
+    assert padding < 0.1 * sum(lengths)  # random batches of 8 would pad ~30%
 
 
 def test_preference_pairs_share_the_prompt_and_label_only_replies(tok):
@@ -130,18 +137,24 @@ def test_preference_pairs_share_the_prompt_and_label_only_replies(tok):
     assert batch["input_ids"].shape[0] == 4
     assert batch["attention_mask"][0].sum() == len(pair.chosen)
     assert (batch["input_ids"][2] == batch["input_ids"][3]).all()  # rejected rows come second
-    assert len(pair_batches([pair] * 5, batch_size=2, pad_id=tok.pad_id, seed=0)) == 3
+    assert len(fixed_batches([pair] * 5, partial(collate_pairs, pad_id=tok.pad_id), 2)) == 3
+    pair.ref_logps = (-1.0, -2.0)
+    assert collate_pairs([pair, pair], tok.pad_id)["ref_logps"].tolist() == [-1, -1, -2, -2]
 
 
-def test_loader_replays_the_same_order_after_resume():
-    batches = [{"i": np.array([i])} for i in range(5)]
-    loader = BatchLoader(batches, seed=3)
-    it = iter(loader)
-    first = [int(next(it)["i"][0]) for _ in range(7)]
-    state = loader.state_dict()
-    rest = [int(next(it)["i"][0]) for _ in range(6)]
-    resumed = BatchLoader(batches, seed=3)
+def test_stream_replays_the_same_batches_after_resume():
+    items = [Example([i] * (1 + i % 7), [i] * (1 + i % 7)) for i in range(40)]
+    collate = partial(collate_sft, pad_id=0)
+
+    def ids(batch):
+        return sorted(set(batch["input_ids"][:, 0].tolist()))
+
+    stream = BatchStream(items, collate, micro_batch_size=4, seq_len=8, seed=3)
+    it = iter(stream)
+    [next(it) for _ in range(13)]  # past the first epoch
+    state = stream.state_dict()
+    rest = [ids(next(it)) for _ in range(6)]
+    resumed = BatchStream(items, collate, micro_batch_size=4, seq_len=8, seed=3)
     resumed.load_state_dict(state)
     it2 = iter(resumed)
-    assert [int(next(it2)["i"][0]) for _ in range(6)] == rest
-    assert sorted(first[:5]) == list(range(5))  # each epoch serves every batch once
+    assert [ids(next(it2)) for _ in range(6)] == rest

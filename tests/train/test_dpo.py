@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llmkit.config import _Raw
-from llmkit.data.chat import encode_pair, pair_batches
+from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import DpoConfig, completion_logps, run_dpo
 from llmkit.train.losses import sequence_logps
@@ -39,8 +39,7 @@ def dpo(make_ctx, ws, out="dpo", **overrides):
 def test_completion_logps_are_summed_reply_tokens(tok):
     model = tiny_model(tok.vocab_size)
     pairs = [encode_pair(tok, row, 64) for row in preference_rows(3)]
-    batch = {k: torch.from_numpy(v) for k, v in pair_batches(pairs, batch_size=3,
-                                                             pad_id=tok.pad_id, seed=0)[0].items()}
+    batch = {k: torch.from_numpy(v) for k, v in collate_pairs(pairs, tok.pad_id).items()}
     logits = model(batch["input_ids"])
     torch.testing.assert_close(completion_logps(model, batch),
                                sequence_logps(logits, batch["labels"]))
