@@ -112,7 +112,9 @@ class CleanConfig:
             raise ConfigError("clean.min_words must not exceed max_words")
         if any(not p.strip() for p in self.boilerplate_phrases):
             raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
-        self._phrases_by_anchor = _phrases_by_anchor(self.boilerplate_phrases)  # not fields:
+        anchors = _phrases_by_anchor(self.boilerplate_phrases)  # not fields:
+        self._ascii_anchors = [(a, ps) for a, ps in anchors if a.isascii()]
+        self._other_anchors = [(a, ps) for a, ps in anchors if not a.isascii()]
         self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)  # derived
         self._stop_words = frozenset(self.stop_words)
 
@@ -282,9 +284,10 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
     boilerplate = "boilerplate_lines" not in cfg.disabled_rules
     phrases = []
     if boilerplate:
-        low, ascii_only = text.lower(), text.isascii()
-        for anchor, group in cfg._phrases_by_anchor:
-            if (not ascii_only or anchor.isascii()) and anchor in low:
+        low = text.lower()
+        anchors = cfg._ascii_anchors if text.isascii() else cfg._ascii_anchors + cfg._other_anchors
+        for anchor, group in anchors:
+            if anchor in low:
                 phrases += [p for p in group if p in low]
     menus = boilerplate and text.count("|") >= 2
     if not (phrases or menus or cfg.c4_drop_unterminated_lines):

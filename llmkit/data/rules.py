@@ -7,12 +7,21 @@ and `disabled_rules` switches rules off by the same name. `RULES` is the order t
 
 Words. Text in Chinese or Japanese has no spaces, so counting whitespace-separated words would
 make a whole paragraph one "word". Here every CJK character (Han, kana) is one word and the rest
-of the text is split on whitespace, so a mixed line like "在 Debian 中" has 4 words; with
-`cjk_words="jieba"` CJK text is segmented into real words instead (slower). A document is CJK
-when at least `cjk_min_fraction` of its non-space characters are CJK; CJK documents get their
-own minimum length (`cjk_min_words`: a 10-character saying is a document, 50 characters would
-kill most quatrains), skip the mean-word-length rule (a character-word is 1 long by definition)
-and check common characters instead of English stop words.
+of the text is split on whitespace, so "在 Debian 中" has 3 words; with `cjk_words="jieba"` the
+n-gram rules see CJK text segmented into real words instead (slower). A document is CJK when
+CJK characters make up at least `cjk_min_fraction` of its words. CJK documents get their own
+minimum length (`cjk_min_words` characters: the shortest real texts, proverbs of 6-8
+characters, are documents; Gopher's 50 words would kill most quatrains), skip the
+mean-word-length rule (a character-word is 1 long by definition), check common characters
+instead of English stop words, and take Gopher's n-gram sizes in characters times
+`cjk_ngram_scale` (a Chinese word is about two characters; a word 5-gram is a 10-character
+n-gram).
+
+Speed. The rules share one `Doc`, whose measurements are computed once, on first use. Word
+counts, symbol and letter counts and the word hashes for the n-gram rules come from one
+compiled pass over the text's code points (numba; imported on first use), and the n-gram
+statistics from a second one; everything else is `str` methods and a few regular expressions
+that open with a character class or a literal, so that `re` can skip ahead.
 
 Thresholds are the published ones unless a field's comment in `CleanConfig` says otherwise:
 Gopher = Rae et al. 2021, "Scaling Language Models", appendix A; C4 = Raffel et al. 2020;
@@ -407,10 +416,12 @@ def c4_lorem_ipsum(doc: Doc, cfg) -> str | None:
 
 
 def gopher_min_words(doc: Doc, cfg) -> str | None:
-    limit = cfg.cjk_min_words if doc.is_cjk else cfg.min_words
-    if doc.content_words < limit:
-        return "gopher_min_words"
-    return None
+    """Too few non-symbol words; CJK documents count one word per character, with jieba too."""
+    if doc.is_cjk:
+        short = doc.counts.content_words_by_char < cfg.cjk_min_words
+    else:
+        short = doc.content_words < cfg.min_words
+    return "gopher_min_words" if short else None
 
 
 def gopher_max_words(doc: Doc, cfg) -> str | None:

@@ -118,6 +118,8 @@ def test_jieba_segmentation_counts_real_words():
     d = doc("我们在图书馆学习。", cfg)
     assert d.is_cjk
     assert "图书馆" in d.words and d.content_words < 8
+    saying = "吃不言，睡不语。\n    --《谚语》"  # the minimum length stays in characters
+    assert rules.gopher_min_words(doc(saying, cfg), cfg) is None
 
 
 def test_chinese_minimum_length_is_in_characters_not_gopher_words():
