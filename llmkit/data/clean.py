@@ -21,10 +21,10 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmkit.data.rules import RULE_NAMES, RULES, TERMINAL_PUNCTUATION, Doc, first_failed_rule
+from llmkit.data.rules import (GOPHER_STOP_WORDS, RULE_NAMES, RULES, TERMINAL_PUNCTUATION, Doc,
+                               first_failed_rule)
 from llmkit.errors import ConfigError
 
-GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
 # C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
 # cuts "JSON is a subset of JavaScript syntax" out of real text, so only the browser warnings
 # are listed. The rest is the same kind of site chrome in English and Chinese: analytics
@@ -43,46 +43,49 @@ BOILERPLATE_PHRASES = [
 @dataclass
 class CleanConfig:
     # --- normalisation
-    strip_html: bool = True  # drop HTML tags, comments, <script>/<style> blocks; unescape &entities;
-    strip_control: bool = True  # drop control chars (NUL, ESC, DEL…) and invisible ones (zero-width, BOM, soft hyphen, bidi marks)
-    nfkc: bool = True  # Unicode NFKC: full-width ASCII → ASCII, ligatures and compatibility forms unfolded
-    keep_cjk_punctuation: bool = True  # exempt ，！？：；（）～… from NFKC, which would make them ASCII in Chinese text
-    normalize_whitespace: bool = True  # CR/LF → LF; trailing spaces cut; inner runs of spaces → one; ≤ 1 blank line
-    max_punctuation_run: int = 3  # "!!!!!" / "。。。。" → 3 marks (sentence punctuation only, not "====" rules); 0 = off
-    # --- line filter (switched off with disabled_rules: [boilerplate_lines])
-    boilerplate_phrases: list[str] = field(default_factory=lambda: list(BOILERPLATE_PHRASES))  # lines containing one are dropped
-    c4_drop_unterminated_lines: bool = False  # C4: drop lines not ending in terminal punctuation (off: wrecks code, verse, titles)
+    strip_html: bool = True  # drop tags, comments, <script>/<style>; decode &entities;
+    strip_control: bool = True  # drop control chars (NUL, ESC…) and invisible ones (zero-width, BOM)
+    nfkc: bool = True  # Unicode NFKC: full-width ASCII → ASCII, ligatures unfolded
+    keep_cjk_punctuation: bool = True  # keep ，！？：；（）～… that NFKC would turn into ASCII
+    normalize_whitespace: bool = True  # LF line ends, no trailing spaces, inner runs → 1, ≤ 1 blank line
+    max_punctuation_run: int = 3  # "!!!!!", "。。。。" → 3 marks ("====" rules stay); 0 = off
+    # --- line filter (off with disabled_rules: [boilerplate_lines])
+    boilerplate_phrases: list[str] = field(
+        default_factory=lambda: list(BOILERPLATE_PHRASES))  # a line containing one is dropped
+    c4_drop_unterminated_lines: bool = False  # C4's line filter; off: it wrecks code, verse, titles
     # --- words
-    cjk_words: Literal["chars", "jieba"] = "chars"  # CJK words: one per character (fast) or jieba segmentation
-    cjk_min_fraction: float = 0.25  # a document is CJK when CJK characters are this share of its words
+    cjk_words: Literal["chars", "jieba"] = "chars"  # CJK words: one per character, or jieba's
+    cjk_min_fraction: float = 0.25  # a document is CJK when CJK chars are this share of its words
     # --- Gopher quality
     min_words: int = 50  # gopher_min_words: fewer non-symbol words → removed (Gopher: 50)
-    cjk_min_words: int = 8  # the same for CJK documents, a word being a character (8: 吃不言，睡不语 + 《谚语》)
+    cjk_min_words: int = 8  # … for CJK documents, in characters (吃不言，睡不语 + 《谚语》 is 8)
     max_words: int = 100_000  # gopher_max_words (Gopher: 100,000)
-    min_mean_word_length: float = 3.0  # gopher_mean_word_length, non-CJK only (Gopher: 3 … 10)
+    min_mean_word_length: float = 3.0  # gopher_mean_word_length, non-CJK (Gopher: 3 … 10)
     max_mean_word_length: float = 10.0
-    max_symbol_word_ratio: float = 0.1  # gopher_symbol_ratio: "#" or ellipses per word (Gopher: 0.1)
-    max_bullet_lines: float = 0.9  # gopher_bullet_lines: share of lines starting with a bullet (Gopher: 0.9)
-    max_ellipsis_lines: float = 0.3  # gopher_ellipsis_lines: share of lines ending in "…" (Gopher: 0.3)
-    min_alpha_words: float = 0.8  # gopher_alpha_words: share of words with a letter (Gopher: 0.8)
-    stop_words: list[str] = field(default_factory=lambda: list(GOPHER_STOP_WORDS))  # gopher_stop_words (Gopher's 8)
+    max_symbol_word_ratio: float = 0.1  # gopher_symbol_ratio: "#" or ellipses per word (Gopher)
+    max_bullet_lines: float = 0.9  # gopher_bullet_lines: share of lines opening with a bullet
+    max_ellipsis_lines: float = 0.3  # gopher_ellipsis_lines: share of lines ending in "…"
+    min_alpha_words: float = 0.8  # gopher_alpha_words: share of words with a letter (Gopher)
+    stop_words: list[str] = field(
+        default_factory=lambda: list(GOPHER_STOP_WORDS))  # gopher_stop_words (Gopher's 8)
     min_stop_words: int = 2  # distinct stop words a non-CJK document needs (Gopher: 2)
-    cjk_min_common_chars: float = 0.15  # cjk_common_chars: share of Han chars among the 1,000 most common
+    cjk_min_common_chars: float = 0.15  # cjk_common_chars: share of Han among the 1,000 commonest
     cjk_common_chars_min_han: int = 20  # … checked from this many Han characters on
     # --- Gopher repetition
-    max_dup_lines: float = 0.3  # gopher_dup_lines: share of lines repeating an earlier line
+    max_dup_lines: float = 0.3  # gopher_dup_lines: share of lines repeating an earlier one
     max_dup_paragraphs: float = 0.3  # gopher_dup_paragraphs
     max_dup_line_chars: float = 0.2  # gopher_dup_line_chars: share of characters in repeated lines
     max_dup_paragraph_chars: float = 0.2  # gopher_dup_paragraph_chars
-    ngram_min_words: int = 50  # the two n-gram rules skip shorter documents (a couplet's echo is style, not spam)
-    cjk_ngram_scale: float = 2.0  # CJK, cjk_words=chars: n-gram sizes and ngram_min_words × this (a word ≈ 2 characters)
-    max_top_ngram_chars: list[float] = field(default_factory=lambda: [0.20, 0.18, 0.16])  # gopher_top_ngrams, n = 2, 3, 4
+    ngram_min_words: int = 50  # n-gram rules skip shorter texts (a couplet's echo is not spam)
+    cjk_ngram_scale: float = 2.0  # CJK by chars: n and ngram_min_words × this (a word ≈ 2 chars)
+    max_top_ngram_chars: list[float] = field(
+        default_factory=lambda: [0.20, 0.18, 0.16])  # gopher_top_ngrams, n = 2, 3, 4
     max_dup_ngram_chars: list[float] = field(
         default_factory=lambda: [0.15, 0.14, 0.13, 0.12, 0.11, 0.10])  # gopher_dup_ngrams, n = 5 … 10
     # --- FineWeb
-    min_terminal_lines: float = 0.12  # fineweb_line_punctuation: share of lines ending a sentence (FineWeb: 0.12)
+    min_terminal_lines: float = 0.12  # fineweb_line_punctuation: share of lines ending a sentence
     # --- switches
-    disabled_rules: list[str] = field(default_factory=list)  # rule names to skip, e.g. [gopher_stop_words]
+    disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
 
     def __post_init__(self):
         for name in self.disabled_rules:
@@ -112,10 +115,11 @@ class CleanConfig:
             raise ConfigError("clean.min_words must not exceed max_words")
         if any(not p.strip() for p in self.boilerplate_phrases):
             raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
-        anchors = _phrases_by_anchor(self.boilerplate_phrases)  # not fields:
+        # Derived once per config; not fields, so not in config.yaml or the fingerprint.
+        anchors = _phrases_by_anchor(self.boilerplate_phrases)
         self._ascii_anchors = [(a, ps) for a, ps in anchors if a.isascii()]
         self._other_anchors = [(a, ps) for a, ps in anchors if not a.isascii()]
-        self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)  # derived
+        self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)
         self._stop_words = frozenset(self.stop_words)
 
 
