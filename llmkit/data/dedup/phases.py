@@ -73,7 +73,12 @@ class DedupPlan:
         return json.loads(self._marker(phase, task).read_text())
 
     def _complete(self, phase: str, task: int, info: dict) -> None:
-        write_atomic(self._marker(phase, task), json.dumps(info))
+        # renamed into place, not fsynced: a killed process leaves its writes in the page
+        # cache, and tens of fsyncs per run cost more than the buckets phase itself
+        marker = self._marker(phase, task)
+        tmp = _temporary(marker)
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, marker)
 
     def run(self, phase: str, task: int) -> None:
         """Run one task of a phase unless its marker says it is done."""

@@ -12,8 +12,9 @@ Runs the four phases of `phases.py` (signatures -> buckets -> clusters -> filter
   assembles and commits the artifact. Any task left undone, it runs itself.
 
 A rerun skips finished tasks (their `.done` markers); the work area is named after the
-stage fingerprint (config + input), so it is only reused for the same run, and it is
-deleted once the artifact is committed.
+stage fingerprint (config + input), so it is only reused for the same run (`--force` too
+reuses finished tasks: they are the same computation), and it is deleted once the artifact
+is committed.
 """
 
 from __future__ import annotations
