@@ -88,7 +88,6 @@ COMMON_HAN = frozenset(
     "姓泽吸侧庆妈遇追甲馆补唐炮沿殿刺怪彩俄旧警索岸轮妇载靠附毫怀软骨探雷旁罪枪牙迎序慢盛雨墙恶谷顿危稳熟"
 )
 
-_COMMON_HAN_CHAR = re.compile(f"[{''.join(sorted(COMMON_HAN))}]")
 
 
 class _once:
@@ -209,6 +208,8 @@ class WordCounts(NamedTuple):
     cjk_chars: int
     word_chars: int  # characters in words: all but whitespace
     content_words_by_char: int  # non-symbol words when every CJK character is a word
+    han_chars: int
+    common_han_chars: int  # of them in COMMON_HAN
 
 
 def _counts_of_words(text: str, words: list[str]):
@@ -216,9 +217,10 @@ def _counts_of_words(text: str, words: list[str]):
     symbols = [w for w in words if not _HAS_WORD_CHAR.search(w)]
     cjk = CJK_CHAR.subn("", text)[1]
     by_char = len(_TOKEN.findall(text)) - len(_CJK_SYMBOL_WORD.findall(f" {text} "))
+    han = HAN_CHAR.findall(text)
     counts = WordCounts(len(words), len(symbols), sum(map(len, symbols)),
                         sum(not _LETTER.search(w) for w in words), cjk, sum(map(len, words)),
-                        by_char)
+                        by_char, len(han), sum(map(COMMON_HAN.__contains__, han)))
     # Python's string hash is salted per process, but only equality within a document
     # matters, so every worker gets the same result (barring a 2**-64 collision).
     hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
@@ -302,19 +304,20 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
     return top, dup
 
 
-SPACE, CJK, WORD, LETTER = 1, 2, 4, 8  # bits of a character's class
+SPACE, CJK, WORD, LETTER, HAN, COMMON = 1, 2, 4, 8, 16, 32  # bits of a character's class
 
 
 def word_stats(codes, classes):
     """Cut a text (as code points) into words like `Doc.words` and measure them.
 
     Returns (hash of each word, length of each word, counts as in WordCounts). `classes[c]`
-    holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) bits of c.
+    holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) / HAN / COMMON
+    (in COMMON_HAN) bits of c.
     """
     size = codes.shape[0]
     hashes = np.empty(size, np.uint64)
     lengths = np.empty(size, np.int64)
-    counts = np.zeros(7, np.int64)
+    counts = np.zeros(9, np.int64)
     words, i = 0, 0
     while i < size:
         kind = classes[codes[i]]
@@ -334,8 +337,11 @@ def word_stats(codes, classes):
                 break
         hashes[words], lengths[words] = h, i - start
         words += 1
-        if classes[codes[start]] & CJK:
+        first = classes[codes[start]]
+        if first & CJK:
             counts[4] += 1
+            counts[7] += (first & HAN) != 0
+            counts[8] += (first & COMMON) != 0
         if not has_word:
             counts[1] += 1
             counts[2] += i - start
@@ -363,7 +369,7 @@ def _kernels():
 
 
 def _char_classes():
-    """The SPACE / CJK / WORD / LETTER bits of every code point, as Python's str methods say."""
+    """The class bits of every code point (WORD and LETTER as Python's str methods say)."""
     global _CLASSES
     if _CLASSES is None:
         points = np.arange(0x110000, dtype=np.uint32)
@@ -375,6 +381,11 @@ def _char_classes():
         table[ord("_")] |= WORD
         for lo, hi in CJK_RANGES:
             table[lo:hi + 1] |= CJK
+        han = np.frombuffer("".join(HAN_CHAR.findall("".join(map(chr, range(0x3400, 0x10000)))))
+                            .encode("utf-32-le"), np.uint32)
+        table[han] |= HAN
+        table[0x20000:0x31350] |= HAN
+        table[[ord(c) for c in COMMON_HAN]] |= COMMON
         table[0xD800:0xE000] = 0
         _CLASSES = table
     return _CLASSES
@@ -498,10 +509,10 @@ def cjk_common_chars(doc: Doc, cfg) -> str | None:
     """Too few of the 1,000 most common Han characters: random characters, not Chinese."""
     if not doc.is_cjk:
         return None
-    han = HAN_CHAR.subn("", doc.text)[1]
+    han = doc.counts.han_chars
     if han < cfg.cjk_common_chars_min_han:
         return None
-    if _COMMON_HAN_CHAR.subn("", doc.text)[1] < cfg.cjk_min_common_chars * han:
+    if doc.counts.common_han_chars < cfg.cjk_min_common_chars * han:
         return "cjk_common_chars"
     return None
 

@@ -169,7 +169,9 @@ def test_compiled_word_pass_agrees_with_python_string_methods(text):
         words=len(words), symbol_words=len(symbols), symbol_chars=sum(map(len, symbols)),
         letterless_words=sum(not any(c.isalpha() for c in w) for w in words),
         cjk_chars=len(rules.CJK_CHAR.findall(text)), word_chars=sum(map(len, words)),
-        content_words_by_char=len(words) - len(symbols))
+        content_words_by_char=len(words) - len(symbols),
+        han_chars=len(rules.HAN_CHAR.findall(text)),
+        common_han_chars=sum(c in COMMON_HAN for c in rules.HAN_CHAR.findall(text)))
 
 
 def repetition(text):
