@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -92,7 +92,8 @@ class ModelScorer:
 
 
 def ccnet_normalize(line: str) -> str:
-    """CCNet's text normalisation before KenLM: lowercase, accents stripped, digits -> 0."""
+    """The core of CCNet's normalisation before KenLM (its text_normalizer): lowercase, accents
+    stripped, digits -> 0."""
     import unicodedata
 
     line = unicodedata.normalize("NFD", line.strip().lower())
@@ -143,14 +144,19 @@ def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
 # -- pass 1: scores --------------------------------------------------------------------------
 
 def score_dataset(path: Path, scorer, cfg: PplFilterConfig, scratch: Path,
-                  progress=None) -> tuple[np.ndarray, list]:
-    """Perplexity of every row in input order, and each row's `group_by` value. Each batch's
-    scores are saved in `scratch` as they are done, and read back on a rerun."""
+                  progress=None) -> tuple[np.ndarray, np.ndarray, list]:
+    """Perplexity of every row in input order, each row's group (an index into the returned
+    `group_by` values; all 0 without group_by), and those values. Each batch's scores are saved in
+    `scratch` as they are done, and read back on a rerun."""
     from llmkit.data.io import iter_batches
 
     columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
-    scores, groups = [], []
+    names: dict = {}
+    scores, codes = [], []
     for k, batch in enumerate(iter_batches(path, columns=columns, batch_size=cfg.batch_rows)):
+        if cfg.group_by and cfg.group_by not in batch.schema.names:
+            raise UserError(f"group_by={cfg.group_by!r}: {path} has no such column "
+                            f"(it has {', '.join(batch.schema.names)})")
         done = scratch / f"ppl-{k:06d}.npy"
         if done.is_file():
             ppl = np.load(done)
@@ -159,43 +165,40 @@ def score_dataset(path: Path, scorer, cfg: PplFilterConfig, scratch: Path,
             np.save(done.with_suffix(".tmp.npy"), ppl)
             done.with_suffix(".tmp.npy").replace(done)
         scores.append(ppl)
-        groups += batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
+        values = batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
+        codes.append(np.array([names.setdefault(v, len(names)) for v in values], np.int64))
         if progress is not None:
             progress.advance(batch.num_rows)
-    return (np.concatenate(scores) if scores else np.zeros(0)), groups
+    if not scores:
+        return np.zeros(0), np.zeros(0, np.int64), []
+    return np.concatenate(scores), np.concatenate(codes), list(names)
 
 
 # -- decisions ---------------------------------------------------------------------------------
 
-def bucket_edges(ppl: np.ndarray, groups: list, percentiles: list[float]) -> dict:
-    """{group: (first edge, second edge)} over the scored rows of each group."""
-    members = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    edges = {}
-    for g, idx in members.items():
-        values = ppl[idx]
+def bucket_edges(ppl: np.ndarray, codes: np.ndarray, percentiles: list[float]) -> np.ndarray:
+    """[groups, 2]: the two percentiles of each group's scored (non-NaN) perplexities."""
+    n_groups = int(codes.max()) + 1 if len(codes) else 0
+    edges = np.full((n_groups, 2), np.inf)
+    order = np.argsort(codes, kind="stable")
+    for g, rows in enumerate(np.split(order, np.cumsum(np.bincount(codes, minlength=n_groups))[:-1])):
+        values = ppl[rows]
         values = values[~np.isnan(values)]
-        edges[g] = tuple(np.percentile(values, percentiles).tolist()) if len(values) else (np.inf, np.inf)
+        if len(values):
+            edges[g] = np.percentile(values, percentiles)
     return edges
 
 
-def removal_reasons(ppl: np.ndarray, groups: list, cfg: PplFilterConfig) -> tuple[list, dict]:
-    """Each row's removal reason (None = kept), and the bucket edges used (empty with max_ppl).
-    An unscorable (empty) document is kept: emptiness is clean's business."""
+def removal_reasons(ppl: np.ndarray, codes: np.ndarray, edges: np.ndarray | None,
+                    cfg: PplFilterConfig) -> list:
+    """Each row's removal reason (None = kept): above max_ppl, or in a bucket not kept (`edges`
+    from bucket_edges). An unscorable (empty) document is kept: emptiness is clean's business."""
     if cfg.max_ppl is not None:
-        return [("ppl_above_threshold" if p > cfg.max_ppl else None) for p in ppl], {}
-    edges = bucket_edges(ppl, groups, cfg.percentiles)
-    reasons = []
-    for p, g in zip(ppl, groups):
-        low, high = edges[g]
-        bucket = "head" if p < low else ("middle" if p < high else "tail")
-        keep = bucket in cfg.keep_buckets or np.isnan(p)
-        reasons.append(None if keep else f"ppl_bucket_{bucket}")
-    return reasons, edges
+        return [("ppl_above_threshold" if p > cfg.max_ppl else None) for p in ppl]
+    bucket = np.where(ppl < edges[codes, 0], 0, np.where(ppl < edges[codes, 1], 1, 2))
+    keep = np.isin(bucket, [BUCKETS.index(b) for b in cfg.keep_buckets]) | np.isnan(ppl)
+    return [None if k else f"ppl_bucket_{BUCKETS[b]}" for k, b in zip(keep, bucket)]
 
-
-# -- pass 2 and the stage --------------------------------------------------------------------------
 
 def split_batch(batch, ppl: np.ndarray, reasons: list):
     """(kept table, removed table with `reason`), both with the `ppl` column."""
@@ -247,31 +250,34 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
     rows = count_rows(src.path)
     with b:
         with Progress("ppl-filter: score", total=rows) as bar:
-            ppl, groups = score_dataset(src.path, scorer, cfg, b.work_dir, bar)
-        reasons, edges = removal_reasons(ppl, groups, cfg)
+            ppl, codes, groups = score_dataset(src.path, scorer, cfg, b.work_dir, bar)
+        edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
         kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
+        reasons_seen: Counter = Counter()
         start = 0
         for batch in iter_batches(src.path, batch_size=cfg.batch_rows):
             end = start + batch.num_rows
-            kept, removed = split_batch(batch, ppl[start:end], reasons[start:end])
+            reasons = removal_reasons(ppl[start:end], codes[start:end], edges, cfg)
+            kept, removed = split_batch(batch, ppl[start:end], reasons)
             kept_w.write(kept)
             removed_w.write(removed)
+            reasons_seen.update(r for r in reasons if r)
             start = end
         rows_out, rows_removed = kept_w.close(), removed_w.close()
         if start != len(ppl) or start != rows_out + rows_removed:  # a bug, never a user error
             raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read, "
                                  f"{rows_out} + {rows_removed} written")
         b.stats.update(rows_in=start, rows_out=rows_out, rows_removed=rows_removed,
-                       removed_by_reason=dict(sorted(Counter(r for r in reasons if r).items())),
-                       ppl=_ppl_stats(ppl, edges))
+                       removed_by_reason=dict(sorted(reasons_seen.items())),
+                       ppl=_ppl_stats(ppl, edges, groups))
     data_stage_summary(b.name, b.stats, time.time() - b.started)
     return b
 
 
-def _ppl_stats(ppl: np.ndarray, edges: dict) -> dict:
+def _ppl_stats(ppl: np.ndarray, edges: np.ndarray | None, groups: list) -> dict:
     scored = ppl[~np.isnan(ppl)]
     out = {"median": float(np.median(scored)) if len(scored) else None,
            "mean": float(np.mean(scored)) if len(scored) else None}
-    if edges:
-        out["bucket_edges"] = {str(g): list(e) for g, e in edges.items()}
+    if edges is not None:
+        out["bucket_edges"] = {str(g): edges[k].tolist() for k, g in enumerate(groups)}
     return out

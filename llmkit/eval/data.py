@@ -107,9 +107,9 @@ def _parquet_rows(path: Path, limit: int | None, columns: list[str] | None) -> l
 
 
 def require_columns(rows: list[dict], art: Artifact, *names: str) -> None:
-    """UserError naming the input and row when a row lacks one of `names`."""
+    """UserError naming the input and row when a row lacks one of `names` ("a|b": either one)."""
     for i, row in enumerate(rows):
-        missing = [n for n in names if row.get(n) is None]
+        missing = [n for n in names if all(row.get(k) is None for k in n.split("|"))]
         if missing:
             raise UserError(f"{art.path}: row {i + 1} has no {', '.join(missing)}; "
                             f"this evaluation needs {', '.join(names)}")

@@ -7,10 +7,10 @@ reference that is mostly Han characters is Chinese.
 
 - BLEU is sacrebleu's corpus BLEU, with its `zh` tokenizer for Chinese (each Han character a
   token) and `13a` otherwise.
-- exact match: the share of replies equal to a reference up to whitespace (`llmkit.rewards`).
 - ROUGE-1/2/L are rouge-score's F-measures (best over references, averaged, × 100). rouge-score's
   own tokenizer drops every non-ASCII character, so Chinese is split here: each Han character
   (or each jieba word, `zh_tokenizer: jieba`) is a token, as are runs of ASCII letters/digits.
+- exact match: the share of replies equal to a reference up to whitespace (`llmkit.rewards`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import numpy as np
 from llmkit.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+HEAD_ELEMENTS = 1 << 26  # logits computed at once (256 MB in float32)
 
 
 def resolve_device(name: str):
@@ -109,13 +110,19 @@ class LMScorer:
             cols += range(len(ids) - 1 - n, len(ids) - 1)  # position t predicts ids[t + 1]
             targets += ids[-n:]
         rows_t = torch.tensor(rows, device=self.device)
+        cols_t = torch.tensor(cols, device=self.device)
+        targets_t = torch.tensor(targets, device=self.device)
+        logprobs = []
         with torch.inference_mode(), self.autocast():
-            hidden = self.model.hidden_states(inputs.to(self.device))
-            logits = self.model.lm_head(hidden[rows_t, torch.tensor(cols, device=self.device)])
-            logprobs = logits.float().log_softmax(-1).gather(
-                1, torch.tensor(targets, device=self.device)[:, None]).squeeze(1)
+            hidden = self.model.hidden_states(inputs.to(self.device))[rows_t, cols_t]
+            # [targets, vocab] logits in slices: a big vocabulary times a full batch of targets
+            # would not fit in memory at once
+            step = max(1, HEAD_ELEMENTS // self.model.lm_head.weight.shape[0])
+            for i in range(0, len(targets), step):
+                logits = self.model.lm_head(hidden[i:i + step]).float()
+                logprobs.append(logits.log_softmax(-1).gather(1, targets_t[i:i + step, None]).squeeze(1))
         sums = torch.zeros(len(requests), dtype=torch.float64, device=self.device)
-        return sums.index_add_(0, rows_t, logprobs.double()).cpu().numpy()
+        return sums.index_add_(0, rows_t, torch.cat(logprobs).double()).cpu().numpy()
 
     def document_nll(self, docs: Sequence[Sequence[int]], window: int | None = None,
                      stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:

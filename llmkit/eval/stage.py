@@ -106,49 +106,62 @@ def _open_all(ws, specs: list[str]) -> list:
 
 # -- tasks ----------------------------------------------------------------------------------------
 
-def eval_perplexity(scorer, tokenizer, inputs: Inputs, cfg: EvalConfig) -> dict:
-    from llmkit.eval.data import input_name, read_rows
+@dataclass
+class EvalRun:
+    """What every task reads: the checkpoint under evaluation, its inputs, where files go."""
+
+    cfg: EvalConfig
+    inputs: Inputs
+    model: object        # llmkit Transformer, eval mode
+    tokenizer: object
+    scorer: object       # LMScorer of the model
+    chat: bool           # the model answers in the chat template
+    device: object
+    out_dir: Path
+
+
+def eval_perplexity(run: EvalRun) -> dict:
+    from llmkit.eval.data import input_name, read_rows, require_columns
     from llmkit.eval.perplexity import text_perplexity, token_split_perplexity
 
-    out = {}
-    if inputs.tokens is not None:
-        out[f"{inputs.tokens.name}:{cfg.ppl.split}"] = token_split_perplexity(scorer, inputs.tokens.path,
-                                                                             cfg.ppl)
-    for art in inputs.ppl:
-        rows = read_rows(art, cfg.ppl.max_docs, columns=None if art.stage == "file" else ["text", "source"])
-        out[input_name(art)] = text_perplexity(scorer, tokenizer, rows, cfg.ppl)
+    cfg, out = run.cfg.ppl, {}
+    if run.inputs.tokens is not None:
+        out[f"{run.inputs.tokens.name}:{cfg.split}"] = token_split_perplexity(
+            run.scorer, run.inputs.tokens.path, cfg)
+    for art in run.inputs.ppl:
+        rows = read_rows(art, cfg.max_docs, columns=None if art.stage == "file" else ["text", "source"])
+        require_columns(rows, art, "text")
+        out[input_name(art)] = text_perplexity(run.scorer, run.tokenizer, rows, cfg)
     return out
 
 
-def eval_choice(scorer, tokenizer, inputs: Inputs, cfg: EvalConfig) -> dict:
+def eval_choice(run: EvalRun) -> dict:
     from llmkit.eval.choice import evaluate_choice, parse_questions
     from llmkit.eval.data import input_name, read_rows
 
     out = {}
-    for k, art in enumerate(inputs.choice):
+    for k, art in enumerate(run.inputs.choice):
         name = input_name(art)
         questions = parse_questions(read_rows(art), name)
         dev = None
-        if inputs.choice_dev:
-            dev_art = inputs.choice_dev[k]
+        if run.inputs.choice_dev:
+            dev_art = run.inputs.choice_dev[k]
             dev = parse_questions(read_rows(dev_art), input_name(dev_art))
-        out[name] = evaluate_choice(scorer, tokenizer, questions, cfg.choice, dev)
+        out[name] = evaluate_choice(run.scorer, run.tokenizer, questions, run.cfg.choice, dev)
     return out
 
 
-def eval_generation(model, tokenizer, inputs: Inputs, cfg: EvalConfig, chat: bool, device,
-                    out_dir: Path) -> dict:
+def eval_generation(run: EvalRun) -> dict:
     from llmkit.eval.data import input_name, read_rows
     from llmkit.eval.generation import evaluate_generation
 
     out = {}
-    for art in inputs.generation:
+    for art in run.inputs.generation:
         name = input_name(art)
-        rows = read_rows(art, cfg.generation.max_examples)
-        metrics, samples = evaluate_generation(model, tokenizer, rows, cfg.generation, chat=chat,
-                                               device=device, name=name)
-        out[name] = metrics
-        _write_jsonl(out_dir / f"generations-{name}.jsonl", samples)
+        rows = read_rows(art, run.cfg.generation.max_examples)
+        out[name], samples = evaluate_generation(run.model, run.tokenizer, rows, run.cfg.generation,
+                                                 chat=run.chat, device=run.device, name=name)
+        _write_jsonl(run.out_dir / f"generations-{name}.jsonl", samples)
     return out
 
 
@@ -160,31 +173,41 @@ def load_judge(reward_run):
     return load_reward_model(reward_run.path), load_tokenizer(checkpoint_step_dir(reward_run.path))
 
 
-def eval_reward(model, tokenizer, inputs: Inputs, cfg: EvalConfig, chat: bool, device,
-                out_dir: Path) -> dict:
+def eval_reward(run: EvalRun) -> dict:
     import llmkit
     from llmkit.eval.data import read_rows, require_columns
     from llmkit.eval.preference import judge_policies, pairwise_accuracy, policy_replies
 
-    rc = cfg.reward
+    rc, inputs = run.cfg.reward, run.inputs
     judge = load_judge(inputs.reward_model)
     out: dict = {"reward_model": str(inputs.reward_model.path)}
     for art in inputs.preferences:
         rows = read_rows(art, rc.max_rows)
-        require_columns(rows, art, "chosen", "rejected")
-        out["pairwise"] = pairwise_accuracy(*judge, rows, batch_size=rc.batch_size, device=device)
+        require_columns(rows, art, "prompt|messages", "chosen", "rejected")
+        out["pairwise"] = pairwise_accuracy(*judge, rows, batch_size=rc.batch_size, device=run.device)
     for art in inputs.prompts:
         rows = read_rows(art, rc.max_rows)
-        policy = policy_replies(model, tokenizer, rows, rc, chat=chat, device=device, seed=cfg.seed)
+        policy = policy_replies(run.model, run.tokenizer, rows, rc, chat=run.chat, device=run.device,
+                                seed=run.cfg.seed)
         ref_model, ref_tokenizer = llmkit.load(inputs.reference.path)
-        reference = policy_replies(ref_model, ref_tokenizer, rows, rc, device=device, seed=cfg.seed,
-                                   chat=inputs.reference.stage in CHAT_STAGES)
-        del ref_model
+        reference = policy_replies(ref_model, ref_tokenizer, rows, rc, device=run.device,
+                                   seed=run.cfg.seed, chat=inputs.reference.stage in CHAT_STAGES)
+        del ref_model  # before the judge runs: three models need not share the memory
         win, samples = judge_policies(judge, rows, policy, reference, batch_size=rc.batch_size,
-                                      device=device)
+                                      device=run.device)
         out["win_rate"] = {**win, "reference": str(inputs.reference.path)}
-        _write_jsonl(out_dir / "win-rate.jsonl", samples)
+        _write_jsonl(run.out_dir / "win-rate.jsonl", samples)
     return out
+
+
+def eval_efficiency(run: EvalRun) -> dict:
+    from llmkit.eval.efficiency import evaluate_efficiency
+
+    return evaluate_efficiency(run.model, run.cfg.efficiency, device=run.device)
+
+
+TASK_RUNNERS = {"ppl": eval_perplexity, "choice": eval_choice, "generation": eval_generation,
+                "reward": eval_reward, "efficiency": eval_efficiency}
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -222,16 +245,15 @@ def headline(results: dict) -> dict:
 def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     """Evaluate `run` (a checkpoint run, or one of its step folders) into `eval/<--out or run name>`."""
     import llmkit
+    from llmkit.eval.data import resolve_checkpoint
     from llmkit.eval.scoring import LMScorer, resolve_device
     from llmkit.progress import print_summary
-
-    from llmkit.eval.data import resolve_checkpoint
 
     run_art, step = resolve_checkpoint(ctx.workspace, run, cfg.step)
     cfg = dataclasses.replace(cfg, step=step)  # the report names the step it measured
     inputs = Inputs(ctx.workspace, cfg, run_art)
-    name = f"eval/{ctx.out or run_art.name}"
-    b = ctx.workspace.builder(name, stage="eval", config=cfg, inputs=inputs.all(), force=ctx.force)
+    b = ctx.workspace.builder(f"eval/{ctx.out or run_art.name}", stage="eval", config=cfg,
+                              inputs=inputs.all(), force=ctx.force)
     if b.up_to_date:
         return b
     device = resolve_device(cfg.device)
@@ -241,20 +263,10 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     scorer = LMScorer(model, device=device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
     results: dict = {"run": str(run_art.path), "step": step, "tasks": list(cfg.tasks)}
     with b:
+        evaluation = EvalRun(cfg, inputs, model, tokenizer, scorer, chat, device, b.dir)
         for task in [t for t in TASKS if t in cfg.tasks]:
             started = time.time()
-            if task == "ppl":
-                results[task] = eval_perplexity(scorer, tokenizer, inputs, cfg)
-            elif task == "choice":
-                results[task] = eval_choice(scorer, tokenizer, inputs, cfg)
-            elif task == "generation":
-                results[task] = eval_generation(model, tokenizer, inputs, cfg, chat, device, b.dir)
-            elif task == "reward":
-                results[task] = eval_reward(model, tokenizer, inputs, cfg, chat, device, b.dir)
-            else:
-                from llmkit.eval.efficiency import evaluate_efficiency
-
-                results[task] = evaluate_efficiency(model, cfg.efficiency, device=device)
+            results[task] = TASK_RUNNERS[task](evaluation)
             print(f"eval: {task} done in {time.time() - started:.1f}s", flush=True)
         (b.dir / RESULTS).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
                                      encoding="utf-8")

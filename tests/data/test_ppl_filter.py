@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.data.io import DatasetWriter, read_table
-from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, ccnet_normalize, perplexities,
-                                    removal_reasons)
+from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, bucket_edges, ccnet_normalize,
+                                    perplexities, removal_reasons)
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import ModelConfig, Transformer
 from llmkit.tokenizer import (CONFIG_FILE, MODEL_FILE, Tokenizer, TokenizerConfig,
@@ -140,23 +140,32 @@ def test_a_missing_model_is_a_user_error(ws):
 
 def test_buckets_are_computed_per_group():
     ppl = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000.0])
-    groups = ["en"] * 10 + ["zh"] * 10
+    codes = np.array([0] * 10 + [1] * 10)  # en, zh
     cfg = PplFilterConfig(percentiles=[30, 60], keep_buckets=["head", "middle"], group_by="lang")
-    reasons, edges = removal_reasons(ppl, groups, cfg)
+    edges = bucket_edges(ppl, codes, cfg.percentiles)
+    assert edges[0] == pytest.approx([3.7, 6.4])
+    reasons = removal_reasons(ppl, codes, edges, cfg)
     # the same 4 highest of each language go, though every zh row is above every en row
     assert [i for i, r in enumerate(reasons) if r] == [6, 7, 8, 9, 16, 17, 18, 19]
-    assert edges["en"] == pytest.approx((3.7, 6.4))
-    whole, _ = removal_reasons(ppl, [None] * 20, PplFilterConfig(keep_buckets=["head"]))
+    one = np.zeros(20, np.int64)
+    whole = removal_reasons(ppl, one, bucket_edges(ppl, one, [30, 60]), PplFilterConfig(keep_buckets=["head"]))
     assert set(whole[6:]) == {"ppl_bucket_middle", "ppl_bucket_tail"} and not any(whole[:6])
 
 
 def test_an_empty_document_cannot_be_scored_and_is_kept():
     ppl = perplexities(np.array([0.0, 2.0, 9.0]), np.array([0, 1, 1]))
     assert math.isnan(ppl[0]) and ppl[1] == pytest.approx(math.exp(2))
-    reasons, _ = removal_reasons(ppl, [None] * 3, PplFilterConfig(max_ppl=5.0))
-    assert reasons == [None, "ppl_above_threshold", "ppl_above_threshold"]
-    reasons, _ = removal_reasons(ppl, [None] * 3, PplFilterConfig(keep_buckets=["tail"]))
-    assert reasons[0] is None
+    codes = np.zeros(3, np.int64)
+    assert removal_reasons(ppl, codes, None, PplFilterConfig(max_ppl=5.0)) == [
+        None, "ppl_above_threshold", "ppl_above_threshold"]
+    cfg = PplFilterConfig(keep_buckets=["tail"])
+    assert removal_reasons(ppl, codes, bucket_edges(ppl, codes, cfg.percentiles), cfg)[0] is None
+
+
+def test_group_by_a_missing_column_is_a_user_error(ws):
+    r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--out", "g",
+               "--set", "group_by=country")
+    assert r.exit_code == 2 and "country" in r.output
 
 
 @pytest.mark.parametrize("bad", [dict(percentiles=[60, 30]), dict(keep_buckets=["top"]),

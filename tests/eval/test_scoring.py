@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError
+from llmkit.eval import scoring
 from llmkit.eval.scoring import LMScorer, windows
 from tests.train.posttrain_fixtures import tiny_model
 
@@ -14,7 +15,10 @@ def full_logprobs(model, ids) -> torch.Tensor:
     return logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
 
 
-def test_batched_requests_equal_one_forward_pass_each():
+@pytest.mark.parametrize("head_rows", [None, 3])
+def test_batched_requests_equal_one_forward_pass_each(head_rows, monkeypatch):
+    if head_rows:  # the LM head in slices of 3 positions
+        monkeypatch.setattr(scoring, "HEAD_ELEMENTS", 50 * head_rows)
     model = tiny_model(50, seed=1).eval()
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, 50, n).tolist() for n in (3, 17, 9, 30, 2, 12)]
