@@ -129,18 +129,15 @@ class Doc:
         return _TOKEN.findall(self.text)
 
     @_once
-    def _counts(self):
-        """Word hashes, word lengths and a WordCounts, from one compiled pass over the text
-        (or from jieba's words)."""
-        if self.jieba:
-            return _counts_of_words(self.text, self.words)
-        codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
-        hashes, lengths, counts = _kernels()[0](codes, _char_classes())
-        return hashes, lengths, WordCounts(*counts.tolist())
-
-    @property
     def counts(self) -> "WordCounts":
-        return self._counts[2]
+        """Word counts from one compiled pass over the text (or from jieba's words); the pass
+        also leaves each word's hash and length in `word_hashes`, `word_lengths`."""
+        if self.jieba:
+            self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words)
+            return counts
+        codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
+        self.word_hashes, self.word_lengths, counts = _kernels()[0](codes, _char_classes())
+        return WordCounts(*counts.tolist())
 
     @property
     def cjk_chars(self) -> int:
@@ -195,9 +192,8 @@ class Doc:
         if self.counts.words < cfg.ngram_min_words * scale:
             size = max(top_ns[-1], dup_ns[-1]) + 1
             return [0] * size, [0] * size, 0, scale
-        hashes, lengths, counts = self._counts
-        top, dup = _kernels()[1](hashes, lengths, top_ns, dup_ns)
-        return top.tolist(), dup.tolist(), counts.word_chars, scale
+        top, dup = _kernels()[1](self.word_hashes, self.word_lengths, top_ns, dup_ns)
+        return top.tolist(), dup.tolist(), self.counts.word_chars, scale
 
 
 class WordCounts(NamedTuple):
