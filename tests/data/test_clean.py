@@ -212,3 +212,15 @@ def test_clean_stage_conserves_rows_counts_reasons_and_matches_across_workers(ma
     assert expected["boilerplate_lines"] and expected["gopher_min_words"]
     assert outputs[0][0].equals(outputs[1][0])
     assert outputs[0][1].equals(outputs[1][1])
+
+
+def test_recipe_section_and_set_overrides_build_the_config():
+    from llmkit.config import parse_overrides, resolve_config
+
+    recipe = {"min_words": 20, "max_top_ngram_chars": [0.3, 0.2, 0.1], "cjk_words": "jieba"}
+    cfg = resolve_config(CleanConfig, recipe, parse_overrides(
+        ["disabled_rules=gopher_stop_words,c4_lorem_ipsum", "max_punctuation_run=2"]))
+    assert cfg.min_words == 20 and cfg.cjk_words == "jieba" and cfg.max_punctuation_run == 2
+    assert cfg.max_top_ngram_chars == [0.3, 0.2, 0.1]
+    assert cfg.disabled_rules == ["gopher_stop_words", "c4_lorem_ipsum"]
+    assert clean_text("Lorem ipsum " + GOOD_EN, cfg)[1] is None
