@@ -91,7 +91,19 @@ def _summary(nll, counts, n_bytes) -> dict:
     return out
 
 
-def token_split_perplexity(scorer, tokens_dir: Path, cfg: PerplexityConfig) -> dict:
+def require_same_tokenizer(tokens_dir: Path, tokenizer) -> None:
+    """Token ids mean nothing to a model with another tokenizer: refuse to score them."""
+    from llmkit.tokenizer import MODEL_FILE
+
+    made_with = Path(tokens_dir) / "tokenizer" / MODEL_FILE
+    if made_with.is_file() and made_with.read_bytes() != (tokenizer.path / MODEL_FILE).read_bytes():
+        raise UserError(f"{tokens_dir} was tokenized with another tokenizer than the model's "
+                        f"({tokenizer.path}); evaluate on its text instead: set tokens=null and "
+                        "ppl.datasets=<the dataset>")
+
+
+def token_split_perplexity(scorer, tokenizer, tokens_dir: Path, cfg: PerplexityConfig) -> dict:
+    require_same_tokenizer(tokens_dir, tokenizer)
     docs, sources, _ = split_documents(Path(tokens_dir), cfg.split, cfg.max_docs)
     if not docs:
         raise UserError(f"{tokens_dir}: the {cfg.split} split has no documents; re-run "

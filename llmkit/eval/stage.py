@@ -127,7 +127,7 @@ def eval_perplexity(run: EvalRun) -> dict:
     cfg, out = run.cfg.ppl, {}
     if run.inputs.tokens is not None:
         out[f"{run.inputs.tokens.name}:{cfg.split}"] = token_split_perplexity(
-            run.scorer, run.inputs.tokens.path, cfg)
+            run.scorer, run.tokenizer, run.inputs.tokens.path, cfg)
     for art in run.inputs.ppl:
         rows = read_rows(art, cfg.max_docs, columns=None if art.stage == "file" else ["text", "source"])
         require_columns(rows, art, "text")

@@ -110,7 +110,7 @@ def test_dev_files_must_pair_with_files():
 
 
 def test_demo_question_files_parse_with_four_choices_and_balanced_answers(tmp_path):
-    files = sorted(EVAL_DATA.glob("*choice*.jsonl"))
+    files = sorted(EVAL_DATA.glob("mmlu_*.jsonl")) + sorted(EVAL_DATA.glob("ceval_*.jsonl"))
     assert len(files) >= 4  # en + zh, test + dev
     for f in files:
         qs = parse_questions(read_rows(eval_input(None, str(f))), f.name)

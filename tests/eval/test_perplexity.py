@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from llmkit.errors import ConfigError
+from llmkit.errors import ConfigError, UserError
 from llmkit.eval.perplexity import (PerplexityConfig, split_documents, text_perplexity,
                                     token_split_perplexity)
 from llmkit.eval.scoring import LMScorer
 from tests.eval.conftest import EOS, write_tokens
-from tests.train.posttrain_fixtures import tiny_model
+from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
 
 
 def nll_of(model, ids) -> float:
@@ -32,10 +32,10 @@ def test_val_documents_are_read_after_the_previous_eos(tmp_path, val_docs):
     assert [d.tolist() for d in docs] == [[EOS, *ids, EOS] for _, ids in val_docs[:2]]
 
 
-def test_token_split_perplexity_is_the_corpus_mean_over_documents_and_sources(tmp_path, val_docs):
+def test_token_split_perplexity_is_the_corpus_mean_over_documents_and_sources(tmp_path, val_docs, tok):
     model = tiny_model(50, seed=4).eval()
     tokens = write_tokens(tmp_path, {"val": val_docs})
-    got = token_split_perplexity(LMScorer(model, device="cpu"), tokens, PerplexityConfig())
+    got = token_split_perplexity(LMScorer(model, device="cpu"), tok, tokens, PerplexityConfig())
     nll = [nll_of(model, [EOS, *ids, EOS]) for _, ids in val_docs]
     n = [len(ids) + 1 for _, ids in val_docs]  # every token and the closing </s>
     assert got["tokens"] == sum(n) and got["docs"] == 3
@@ -55,6 +55,16 @@ def test_text_perplexity_tokenizes_and_reports_bits_per_byte(tok):
     assert got["tokens"] == sum(len(s) - 1 for s in seqs)
     assert got["bits_per_byte"] == pytest.approx(total / math.log(2) / n_bytes, rel=1e-5)
     assert set(got["by_source"]) == {"a", "b"}
+
+
+def test_shards_of_another_tokenizer_are_refused(tmp_path, tok):
+    tokens = write_tokens(tmp_path, {"val": [("web", [5, 6, 7])]})
+    scorer = LMScorer(tiny_model(tok.vocab_size), device="cpu")
+    tok.save(tokens / "tokenizer")
+    assert token_split_perplexity(scorer, tok, tokens, PerplexityConfig())["tokens"] == 4
+    make_tokenizer(tokens / "tokenizer", vocab_size=340)  # the shards say another one made them
+    with pytest.raises(UserError, match="another tokenizer"):
+        token_split_perplexity(scorer, tok, tokens, PerplexityConfig())
 
 
 def test_stride_must_leave_context():

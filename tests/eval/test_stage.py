@@ -36,11 +36,11 @@ def ws(tmp_path_factory, tok):
 
 
 ALL_TASKS = ["--set", "tasks=ppl,choice,generation,reward,efficiency",
-             "--set", f"choice.files={EVAL_DATA / 'choice_en.jsonl'},{EVAL_DATA / 'choice_zh.jsonl'}",
-             "--set", f"choice.dev_files={EVAL_DATA / 'choice_en_dev.jsonl'},{EVAL_DATA / 'choice_zh_dev.jsonl'}",
+             "--set", f"choice.files={EVAL_DATA / 'mmlu_en_test.jsonl'},{EVAL_DATA / 'ceval_zh_test.jsonl'}",
+             "--set", f"choice.dev_files={EVAL_DATA / 'mmlu_en_dev.jsonl'},{EVAL_DATA / 'ceval_zh_dev.jsonl'}",
              "--set", "choice.shots=1", "--set", "choice.max_questions=8",
-             "--set", f"generation.files={EVAL_DATA / 'generation.jsonl'}",
-             "--set", "generation.max_new_tokens=4", "--set", "generation.max_examples=6",
+             "--set", f"generation.files={EVAL_DATA / 'generation_en.jsonl'},{EVAL_DATA / 'generation_zh.jsonl'}",
+             "--set", "generation.max_new_tokens=4", "--set", "generation.max_examples=3",
              "--set", "reward.model=rm", "--set", "reward.reference=ref", "--set", "reward.max_new_tokens=4",
              "--set", "efficiency.batch_sizes=1,2", "--set", "efficiency.prompt_tokens=8",
              "--set", "efficiency.new_tokens=4", "--set", "efficiency.repeats=1", "--set", "ppl.window=32"]
@@ -58,21 +58,24 @@ def test_every_task_reports_into_results_json_and_the_manifest(ws):
     assert set(results) == {"run", "step", "tasks", "ppl", "choice", "generation", "reward", "efficiency"}
     assert set(results["ppl"]["tokens:val"]) >= {"ppl", "tokens", "docs", "by_source"}
     assert results["ppl"]["tokens:val"]["tokens"] == (40 + 1) + (150 + 1)  # each token and </s>
-    assert set(results["choice"]) == {"choice_en", "choice_zh"}
-    assert results["choice"]["choice_zh"]["questions"] == 8 and results["choice"]["choice_zh"]["shots"] == 1
-    assert set(results["generation"]["generation"]) == {"en"}  # the first 6 rows are English
+    assert set(results["choice"]) == {"mmlu_en_test", "ceval_zh_test"}
+    zh = results["choice"]["ceval_zh_test"]
+    assert zh["questions"] == 8 and zh["shots"] == 1 and set(zh["by_subject"]) <= {"古诗", "常识", "数学", "地理"}
+    assert set(results["generation"]) == {"generation_en", "generation_zh"}
+    assert set(results["generation"]["generation_zh"]) == {"zh"}
     assert set(results["reward"]["pairwise"]) == {"accuracy", "mean_margin", "pairs"}
     assert results["reward"]["win_rate"]["prompts"] == 3
     assert [run["batch_size"] for run in results["efficiency"]["runs"]] == [1, 2]
-    assert len((out / "generations-generation.jsonl").read_text().splitlines()) == 6
+    assert len((out / "generations-generation_zh.jsonl").read_text().splitlines()) == 3
     assert len((out / "win-rate.jsonl").read_text().splitlines()) == 3
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stats"]["ppl/tokens:val"] == results["ppl"]["tokens:val"]["ppl"]
-    assert manifest["stats"]["choice/choice_en/acc"] == results["choice"]["choice_en"]["acc"]
+    assert manifest["stats"]["choice/mmlu_en_test/acc"] == results["choice"]["mmlu_en_test"]["acc"]
     assert {Path(i["path"]).name for i in manifest["inputs"]} == {
-        "pretrain", "tokens", "rm", "ref", "prefs.jsonl", "prompts.jsonl", "choice_en.jsonl", "choice_zh.jsonl",
-        "choice_en_dev.jsonl", "choice_zh_dev.jsonl", "generation.jsonl"}
-    assert "choice_en" in r.output  # the printed table
+        "pretrain", "tokens", "rm", "ref", "prefs.jsonl", "prompts.jsonl", "mmlu_en_test.jsonl",
+        "ceval_zh_test.jsonl", "mmlu_en_dev.jsonl", "ceval_zh_dev.jsonl", "generation_en.jsonl",
+        "generation_zh.jsonl"}
+    assert "mmlu_en_test" in r.output  # the printed table
     again = llmkit(*args)
     assert again.exit_code == 0 and "up to date" in again.output
     prefs.write_text(prefs.read_text() + json.dumps(preference_rows(1, seed=9)[0]) + "\n")
