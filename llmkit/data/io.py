@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 PART = "part-{:05d}.parquet"
-ROWS_PER_GROUP = 65536
+BYTES_PER_GROUP = 64 << 20  # DESIGN: row groups of ~64 MB
 BYTES_PER_PART = 256 << 20  # roll to a new part file past this many bytes of text
 
 
@@ -42,7 +42,8 @@ class DatasetWriter:
             self._schema = self._schema or table.schema
             self._writer = pq.ParquetWriter(self.dir / PART.format(self._part), self._schema,
                                             compression="zstd")
-        self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
+        bytes_per_row = max(1, table.nbytes // table.num_rows)
+        self._writer.write_table(table, row_group_size=max(1, BYTES_PER_GROUP // bytes_per_row))
         self.rows += table.num_rows
         self._part_bytes += table.nbytes
         if self._part_bytes >= self.bytes_per_part:
@@ -85,8 +86,9 @@ def iter_batches(path: Path, columns: list[str] | None = None,
     import pyarrow.parquet as pq
 
     for f in dataset_files(path):
-        pf = pq.ParquetFile(f)
-        yield from pf.iter_batches(batch_size=batch_size, columns=columns)
+        # small read buffers: by default a whole row group's column is read at once
+        pf = pq.ParquetFile(f, buffer_size=1 << 20, pre_buffer=False)
+        yield from pf.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
 
 
 def count_rows(path: Path) -> int:
