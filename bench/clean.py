@@ -12,7 +12,7 @@ llmkit does strictly more work.
 
 Printed per corpus: rows/s and MB/s of UTF-8 input per core (CPU time, so other load on the
 machine inflates the figures less than wall time would), share of rows kept, and the ratio
-llmkit / datatrove.
+llmkit / datatrove; and a reference loop's CPU time, to compare machines.
 
     python bench/clean.py [--mb 30] [--peer-python /path/to/venv/bin/python] [--peer-mb 5]
 
@@ -124,7 +124,10 @@ def main():
 
     english = read_texts(["en_docstrings.jsonl.gz"])
     chinese = read_texts(["zh_poems.jsonl", "zh_prose.jsonl"])
-    print(f"per core (CPU seconds); batches of {BATCH_ROWS} rows\n")
+    t0 = time.process_time()
+    sum(range(10**7))
+    print(f"per core (CPU seconds); batches of {BATCH_ROWS} rows; this machine runs "
+          f"sum(range(10**7)) in {time.process_time() - t0:.2f} CPU s (scale figures by it)\n")
     en_rate = report("llmkit clean, English", en := replicate(english, args.mb), run_llmkit(en))
     report("llmkit clean, Chinese", zh := replicate(chinese, args.mb), run_llmkit(zh))
     if not args.peer_python:
