@@ -21,8 +21,10 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from llmkit.data.rules import (GOPHER_STOP_WORDS, RULE_NAMES, RULES, TERMINAL_PUNCTUATION, Doc,
-                               first_failed_rule)
+                               first_failed_rule, word_hash)
 from llmkit.errors import ConfigError
 
 # C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
@@ -121,6 +123,7 @@ class CleanConfig:
         self._other_anchors = [(a, ps) for a, ps in anchors if not a.isascii()]
         self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)
         self._stop_words = frozenset(self.stop_words)
+        self._stop_hashes = np.array(sorted({word_hash(w) for w in self.stop_words}), np.uint64)
 
 
 def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:

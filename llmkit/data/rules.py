@@ -133,10 +133,11 @@ class Doc:
         """Word counts from one compiled pass over the text (or from jieba's words); the pass
         also leaves each word's hash and length in `word_hashes`, `word_lengths`."""
         if self.jieba:
-            self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words)
+            self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words, self.cfg)
             return counts
         codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
-        self.word_hashes, self.word_lengths, counts = _kernels()[0](codes, _char_classes())
+        self.word_hashes, self.word_lengths, counts = _kernels()[0](codes, _char_classes(),
+                                                                    self.cfg._stop_hashes)
         return WordCounts(*counts.tolist())
 
     @property
@@ -206,9 +207,10 @@ class WordCounts(NamedTuple):
     content_words_by_char: int  # non-symbol words when every CJK character is a word
     han_chars: int
     common_han_chars: int  # of them in COMMON_HAN
+    stop_words: int  # distinct words of cfg.stop_words present
 
 
-def _counts_of_words(text: str, words: list[str]):
+def _counts_of_words(text: str, words: list[str], cfg):
     """The compiled pass's results, for words cut by jieba."""
     symbols = [w for w in words if not _HAS_WORD_CHAR.search(w)]
     cjk = CJK_CHAR.subn("", text)[1]
@@ -216,7 +218,8 @@ def _counts_of_words(text: str, words: list[str]):
     han = HAN_CHAR.findall(text)
     counts = WordCounts(len(words), len(symbols), sum(map(len, symbols)),
                         sum(not _LETTER.search(w) for w in words), cjk, sum(map(len, words)),
-                        by_char, len(han), sum(map(COMMON_HAN.__contains__, han)))
+                        by_char, len(han), sum(map(COMMON_HAN.__contains__, han)),
+                        len(cfg._stop_words.intersection(words)))
     # Python's string hash is salted per process, but only equality within a document
     # matters, so every worker gets the same result (barring a 2**-64 collision).
     hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
@@ -303,17 +306,18 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
 SPACE, CJK, WORD, LETTER, HAN, COMMON = 1, 2, 4, 8, 16, 32  # bits of a character's class
 
 
-def word_stats(codes, classes):
+def word_stats(codes, classes, stop_hashes):
     """Cut a text (as code points) into words like `Doc.words` and measure them.
 
     Returns (hash of each word, length of each word, counts as in WordCounts). `classes[c]`
     holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) / HAN / COMMON
-    (in COMMON_HAN) bits of c.
+    (in COMMON_HAN) bits of c; `stop_hashes` are the `word_hash`es of the stop words.
     """
     size = codes.shape[0]
     hashes = np.empty(size, np.uint64)
     lengths = np.empty(size, np.int64)
-    counts = np.zeros(9, np.int64)
+    counts = np.zeros(10, np.int64)
+    stop_seen = np.zeros(stop_hashes.shape[0], np.bool_)
     words, i = 0, 0
     while i < size:
         kind = classes[codes[i]]
@@ -333,6 +337,9 @@ def word_stats(codes, classes):
                 break
         hashes[words], lengths[words] = h, i - start
         words += 1
+        for k in range(stop_hashes.shape[0]):
+            if h == stop_hashes[k]:
+                stop_seen[k] = True
         first = classes[codes[start]]
         if first & CJK:
             counts[4] += 1
@@ -346,7 +353,16 @@ def word_stats(codes, classes):
         counts[5] += i - start
     counts[0] = words
     counts[6] = words - counts[1]
+    counts[9] = stop_seen.sum()
     return hashes[:words], lengths[:words], counts
+
+
+def word_hash(word: str) -> int:
+    """The hash `word_stats` gives a word (FNV-1a over its code points, unsalted)."""
+    h = 14695981039346656037
+    for c in word:
+        h = ((h ^ ord(c)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 _KERNELS = None
@@ -496,7 +512,7 @@ def gopher_stop_words(doc: Doc, cfg) -> str | None:
     """Fewer than `min_stop_words` distinct English stop words: not running English prose."""
     if doc.is_cjk:
         return None
-    if len(cfg._stop_words.intersection(doc.words)) < cfg.min_stop_words:
+    if doc.counts.stop_words < cfg.min_stop_words:
         return "gopher_stop_words"
     return None
 
