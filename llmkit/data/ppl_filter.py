@@ -46,7 +46,7 @@ class PplFilterConfig:
     unit: Literal["byte", "token"] = "byte"  # perplexity per UTF-8 byte or per model token (backend model)
     model_step: str | None = None   # step folder of --model (null: its latest; the output records the one used)
     window: int | None = None       # tokens per forward pass; null = the model's max_seq_len
-    stride: int | None = None       # a long document's windows advance by this; null = window // 2
+    stride: int | None = None       # a long document's windows advance by this; null = 3/4 window
     batch_rows: int = 256           # documents scored per step
     batch_tokens: int = 8192        # padded tokens per forward pass
     device: str = "auto"            # auto = cuda when available, else cpu
@@ -68,6 +68,10 @@ class PplFilterConfig:
             raise ConfigError("backend=kenlm needs kenlm_model=<path to .arpa or .bin>")
         if self.batch_rows < 1 or self.batch_tokens < 1:
             raise ConfigError("batch_rows and batch_tokens must be ≥ 1")
+        if (self.window is not None and self.window < 2) or (
+                self.stride is not None and not 1 <= self.stride < (self.window or self.stride + 1)):
+            raise ConfigError(f"need window ≥ 2 and 1 ≤ stride < window, got window={self.window}, "
+                              f"stride={self.stride}")
 
 
 # -- scorers: texts -> (negative log-likelihood in nats, units) ------------------------------------
@@ -84,8 +88,10 @@ class ModelScorer:
     def score(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         from llmkit.eval.perplexity import text_documents
 
-        nll, tokens = self.lm.document_nll(text_documents(self.tokenizer, texts),
-                                           self.cfg.window, self.cfg.stride)
+        window = min(self.cfg.window or self.lm.max_len, self.lm.max_len)
+        # a filter needs a ranking, not the best estimate: less overlap, less compute
+        stride = self.cfg.stride or max(1, window * 3 // 4)
+        nll, tokens = self.lm.document_nll(text_documents(self.tokenizer, texts), window, stride)
         if self.cfg.unit == "token":
             return nll, tokens
         return nll, np.array([len(t.encode("utf-8")) for t in texts])

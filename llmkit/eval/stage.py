@@ -35,18 +35,18 @@ RESULTS = "results.json"
 
 @dataclass
 class EvalConfig:
-    tasks: list[str] = field(default_factory=lambda: ["ppl"])  # which of ppl, choice, generation, reward, efficiency run
+    tasks: list[str] = field(default_factory=lambda: ["ppl"])  # any of TASKS; they run in that order
     tokens: str | None = "tokens"   # token artifact whose split `ppl` scores (null: only ppl.datasets)
     step: str | None = None         # step folder of the run to evaluate (null: its latest; set from --from)
     device: str = "auto"            # auto = cuda when available, else cpu
     dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
     batch_tokens: int = 8192        # padded tokens per scoring forward pass
     seed: int = 0                   # sampling seed (reward.temperature > 0)
-    ppl: PerplexityConfig = field(default_factory=PerplexityConfig)
-    choice: ChoiceConfig = field(default_factory=ChoiceConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)
+    ppl: PerplexityConfig = field(default_factory=PerplexityConfig)  # datasets, window, max_docs
+    choice: ChoiceConfig = field(default_factory=ChoiceConfig)  # question files, shots, format
+    generation: GenerationConfig = field(default_factory=GenerationConfig)  # prompt/reference files
+    reward: RewardConfig = field(default_factory=RewardConfig)  # judge, pairs, win-rate reference
+    efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)  # batch sizes, lengths
 
     def __post_init__(self):
         unknown = [t for t in self.tasks if t not in TASKS]

@@ -169,7 +169,7 @@ def test_group_by_a_missing_column_is_a_user_error(ws):
 
 
 @pytest.mark.parametrize("bad", [dict(percentiles=[60, 30]), dict(keep_buckets=["top"]),
-                                 dict(max_ppl=0), dict(backend="kenlm")])
+                                 dict(max_ppl=0), dict(backend="kenlm"), dict(window=8, stride=8)])
 def test_bad_settings_are_config_errors(bad):
     with pytest.raises(ConfigError):
         PplFilterConfig(**bad)
