@@ -8,6 +8,7 @@ from pathlib import Path
 
 from llmkit.config import load_recipe, parse_overrides, resolve_config
 from llmkit.errors import UserError
+from llmkit.recipes import check_section_names
 from llmkit.workspace import Artifact, Workspace
 
 
@@ -33,7 +34,9 @@ class StageContext:
             raise UserError("--rank and --world-size go together")
         if rank is not None and not 0 <= rank < world_size:
             raise UserError(f"--rank must be in [0, {world_size}), got {rank}")
-        return cls(Workspace(Path(root)), load_recipe(recipe), parse_overrides(set_),
+        recipe_data = load_recipe(recipe)
+        check_section_names(recipe_data, str(recipe))
+        return cls(Workspace(Path(root)), recipe_data, parse_overrides(set_),
                    list(inputs or []), out, force, workers or 1, rank, world_size)
 
     def config(self, cls, section: str, **flags):

@@ -1,0 +1,33 @@
+"""Every shipped recipe is tested data: each section parses against its stage's config."""
+
+from pathlib import Path
+
+import pytest
+
+from llmkit.cli.app import COMMANDS
+from llmkit.config import load_recipe
+from llmkit.errors import ConfigError
+from llmkit.recipes import STAGE_CONFIGS, check_recipe
+
+RECIPES = sorted(Path(__file__).resolve().parents[2].glob("recipes/*/recipe.yaml"))
+
+
+def test_there_are_recipes_for_cpu_and_gpu():
+    assert {p.parent.name for p in RECIPES} >= {"demo", "smol-135m", "1b"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.parent.name)
+def test_recipe_parses_against_the_stage_configs(path):
+    resolved = check_recipe(load_recipe(path), str(path))
+    assert resolved  # every recipe configures at least one stage
+
+
+def test_every_configurable_command_has_a_config_class():
+    assert set(STAGE_CONFIGS) == set(COMMANDS) - {"status"}
+
+
+def test_a_typo_in_a_recipe_names_the_section_and_key():
+    with pytest.raises(ConfigError, match=r"unknown section 'pretrian'.*'pretrain'"):
+        check_recipe({"pretrian": {}})
+    with pytest.raises(ConfigError, match=r"\[pretrain\].*'max_step'.*'max_steps'"):
+        check_recipe({"pretrain": {"max_step": 3}})
