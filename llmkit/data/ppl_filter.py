@@ -16,7 +16,8 @@ Perplexity is exp(negative log-likelihood / units). With an llmkit model the uni
 UTF-8 text by default: per byte, random characters of any script score above real text of any
 script, where per token they may not (a rare Han character falls back to three predictable byte
 tokens). `unit: token` gives the usual per-token perplexity. The document is scored as in
-`llmkit eval`: after `</s>` and followed by it.
+`llmkit eval`: after `</s>` and followed by it. `max_chars` scores a prefix only: a ranking
+needs no more, and long documents then cost what short ones do.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class PplFilterConfig:
     group_by: str | None = None     # percentiles per value of this column (source, lang); null = whole dataset
     unit: Literal["byte", "token"] = "byte"  # perplexity per UTF-8 byte or per model token (backend model)
     model_step: str | None = None   # step folder of --model (null: its latest; the output records the one used)
+    max_chars: int | None = None    # score each document's first this many characters (null: all of it)
     window: int | None = None       # tokens per forward pass; null = the model's max_seq_len
     stride: int | None = None       # a long document's windows advance by this; null = 3/4 window
     batch_rows: int = 256           # documents scored per step
@@ -68,6 +70,8 @@ class PplFilterConfig:
             raise ConfigError("backend=kenlm needs kenlm_model=<path to .arpa or .bin>")
         if self.batch_rows < 1 or self.batch_tokens < 1:
             raise ConfigError("batch_rows and batch_tokens must be ≥ 1")
+        if self.max_chars is not None and self.max_chars < 1:
+            raise ConfigError(f"max_chars must be ≥ 1 or null, got {self.max_chars}")
         if (self.window is not None and self.window < 2) or (
                 self.stride is not None and not 1 <= self.stride < (self.window or self.stride + 1)):
             raise ConfigError(f"need window ≥ 2 and 1 ≤ stride < window, got window={self.window}, "
@@ -167,7 +171,8 @@ def score_dataset(path: Path, scorer, cfg: PplFilterConfig, scratch: Path,
         if done.is_file():
             ppl = np.load(done)
         else:
-            ppl = perplexities(*scorer.score([t or "" for t in batch.column("text").to_pylist()]))
+            texts = [(t or "")[:cfg.max_chars] for t in batch.column("text").to_pylist()]
+            ppl = perplexities(*scorer.score(texts))
             np.save(done.with_suffix(".tmp.npy"), ppl)
             done.with_suffix(".tmp.npy").replace(done)
         scores.append(ppl)

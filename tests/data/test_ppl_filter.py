@@ -28,7 +28,7 @@ from tests.train.posttrain_fixtures import write_checkpoint_run
 
 RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
 SOURCES = ("zh_poems.jsonl", "zh_prose.jsonl", "en_docstrings.jsonl.gz")
-CHARS = 300  # documents are cut to this many characters: enough to judge, cheap to score
+CHARS = 300  # documents are scored on this many characters: enough to judge, cheap to score
 
 
 def demo_rows(name: str) -> list[dict]:
@@ -89,7 +89,7 @@ def ws(tmp_path_factory):
     gibberish = [r for r in demo_rows("noise.jsonl") if r["planted"].startswith("gibberish")]
     model, tok = train_lm([r["text"][:CHARS] for r in train], tmp / "tok")
     write_checkpoint_run(tmp / "ws", "lm", model, tok)
-    rows = [{"id": r["id"], "text": r["text"][:CHARS], "source": r["source"], "lang": r["lang"],
+    rows = [{"id": r["id"], "text": r["text"], "source": r["source"], "lang": r["lang"],
              "gibberish": r["planted"] != "none"} for r in held + gibberish]
     random.Random(1).shuffle(rows)
     write_dataset(tmp / "ws", "docs", rows)
@@ -101,7 +101,8 @@ def llmkit(*args):
 
 
 def test_gibberish_has_the_highest_perplexity_and_falls_in_the_tail(ws):
-    r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--set", "percentiles=30,80")
+    r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--set", "percentiles=30,80",
+               "--set", f"max_chars={CHARS}")
     assert r.exit_code == 0, r.output
     kept, removed = read_table(ws / "filtered"), read_table(ws / "filtered" / "removed")
     real_ppl = [p for p, g in zip(kept["ppl"].to_pylist() + removed["ppl"].to_pylist(),
@@ -117,17 +118,18 @@ def test_gibberish_has_the_highest_perplexity_and_falls_in_the_tail(ws):
     inputs = [Path(i["path"]).name for i in json.loads((ws / "filtered" / "manifest.json").read_text())["inputs"]]
     assert inputs == ["docs", "lm"]
     assert "up to date" in llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm",
-                                  "--set", "percentiles=30,80").output
+                                  "--set", "percentiles=30,80", "--set", f"max_chars={CHARS}").output
 
 
 def test_threshold_removes_rows_above_it_and_keeps_every_column(ws):
     r = llmkit("ppl-filter", "-w", ws, "--in", "docs", "--model", "lm", "--out", "thr",
-               "--set", "max_ppl=40")
+               "--set", "max_ppl=40", "--set", f"max_chars={CHARS}")
     assert r.exit_code == 0, r.output
     kept, removed = read_table(ws / "thr"), read_table(ws / "thr" / "removed")
     assert max(kept["ppl"].to_pylist()) <= 40 < min(removed["ppl"].to_pylist())
     assert set(removed["reason"].to_pylist()) == {"ppl_above_threshold"}
     assert {"id", "text", "source", "lang", "gibberish", "ppl"} <= set(kept.column_names)
+    assert max(len(t) for t in kept["text"].to_pylist()) > CHARS  # scored on a prefix, kept whole
     assert kept.num_rows + removed.num_rows == 220
 
 
