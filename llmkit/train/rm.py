@@ -55,9 +55,10 @@ class RewardModel(nn.Module):
         return self.trunk.aux_loss
 
     def _apply(self, fn, *args, **kwargs):
-        # the trunk's RoPE tables are its own (unregistered here) buffers: move them too
+        # the trunk's RoPE tables are buffers of the (unregistered) trunk: move them too
         super()._apply(fn, *args, **kwargs)
-        self.trunk._apply(fn, *args, **kwargs)
+        for name, buffer in list(self.trunk.named_buffers(recurse=False)):
+            setattr(self.trunk, name, fn(buffer))
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
