@@ -54,7 +54,7 @@ HAN_RUN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 @dataclass
 class TokenizerConfig:
     vocab_size: int = 32000             # pieces, including special tokens and the 256 bytes
-    character_coverage: float = 0.9995  # share of training characters kept as pieces; rarer ones become bytes
+    character_coverage: float = 0.9995  # share of characters kept as pieces; rarer: bytes
     input_sentence_size: int = 1_000_000  # at most this many training sentences (memory bound)
     max_sentence_chars: int = 4096      # documents are cut at newlines into sentences this long
     jieba: bool = False                 # segment Chinese with jieba before BPE
@@ -130,97 +130,130 @@ def mark_jieba_boundaries(text: str) -> str:
 
 # -- the chunk-cache encoder ----------------------------------------------------------------
 
-# " *[^ ▁]+" is sentencepiece's word (a run of spaces sticks to the word after it); a literal
-# "▁" is always a chunk of its own, encoded as bytes.
-_WORD = re.compile("[ ]*[^ \u2581]+|[ ]+|\u2581")
-_HASH_BITS = 22
-_SHORT_WORD = 24     # longer words that miss the cache are cut further before encoding
-_CACHED_CHARS = 64   # longer chunks are encoded but not kept
+_PAIR_BITS = 22      # size of the hashed set of character pairs found inside pieces
+_SLOT_BITS = 20      # slots of each chunk table (a new chunk may evict an old one)
+_KEY_BYTES = 16      # a chunk whose code points fit in 16 bytes is its own key (exact)
+_CACHED_CHARS = 64   # longer chunks are encoded every time, not kept
+_CACHE_CHARS = 1 << 25  # characters kept before the cache starts over (memory bound)
+_SPACE, _MARK = 0x20, 0x2581
 
 
-class _TokenStore:
-    """Token ids of many chunks in one growing array; an entry is (start, length)."""
+class _Grown:
+    """A numpy array that grows by doubling; `data[:size]` is its content."""
 
-    def __init__(self):
+    def __init__(self, dtype, capacity: int = 1 << 12):
         import numpy as np
 
-        self._np = np
-        self.ids = np.empty(1 << 16, np.int32)
+        self.data = np.empty(capacity, dtype)
         self.size = 0
-        self.starts = np.empty(1 << 12, np.int64)
-        self.lengths = np.empty(1 << 12, np.int64)
-        self.entries = 0
 
-    def add(self, ids, lengths) -> int:
-        """Append entries (their ids concatenated, and their lengths); return the first's number."""
-        np = self._np
-        first, n = self.entries, len(lengths)
-        if self.size + len(ids) > len(self.ids):
-            self.ids = _grown(self.ids, self.size + len(ids))
-        if first + n > len(self.starts):
-            self.starts = _grown(self.starts, first + n)
-            self.lengths = _grown(self.lengths, first + n)
-        self.ids[self.size:self.size + len(ids)] = ids
-        lengths = np.asarray(lengths, np.int64)
-        self.starts[first:first + n] = self.size + np.cumsum(lengths) - lengths
-        self.lengths[first:first + n] = lengths
-        self.size += len(ids)
-        self.entries += n
-        return first
+    def extend(self, values) -> int:
+        """Append `values`; return the offset where they start."""
+        import numpy as np
 
-    def gather(self, entries):
-        """The ids of `entries` concatenated, and each entry's length."""
-        np = self._np
-        starts, lengths = self.starts[entries], self.lengths[entries]
-        ends = np.cumsum(lengths)
-        total = int(ends[-1]) if len(ends) else 0
-        src = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
-        return self.ids[src], lengths
-
-    def truncate(self, entries: int) -> None:
-        self.size = int(self.starts[entries]) if entries < self.entries else self.size
-        self.entries = entries
+        start, end = self.size, self.size + len(values)
+        if end > len(self.data):
+            grown = np.empty(max(end, 2 * len(self.data)), self.data.dtype)
+            grown[:start] = self.data[:start]
+            self.data = grown
+        self.data[start:end] = values
+        self.size = end
+        return start
 
 
-def _grown(a, need: int):
+def _segment_any(mask, starts, sizes):
+    """For each segment [start, start + size) of a boolean array: is any element true?
+    (A cumulative sum: numpy's reduceat is slow on many short segments.)"""
     import numpy as np
 
-    out = np.empty(max(need, 2 * len(a)), a.dtype)
-    out[:len(a)] = a
-    return out
+    before = np.concatenate([[0], np.cumsum(mask)])
+    return before[starts + sizes] > before[starts]
+
+
+def _repeat_ranges(starts, lengths):
+    """Indices starts[0] .. starts[0]+lengths[0]-1, starts[1] .., concatenated."""
+    import numpy as np
+
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
 
 
 class ChunkCacheEncoder:
     """Encodes batches of texts to the ids sentencepiece gives, each distinct chunk only once.
 
-    Text is cut into sentencepiece's whitespace words; a word seen before costs a dict
-    lookup. New long words (Chinese has no spaces) are cut further wherever no vocabulary
-    piece joins the two neighbouring characters, so their parts are cached too. `jieba`
-    additionally cuts Chinese runs at jieba's word boundaries (the hybrid tokenizer).
+    A batch is cut, with numpy, before every run of spaces (sentencepiece's words) and, next
+    to non-ASCII characters, wherever no vocabulary piece holds the two neighbours (Chinese
+    has no spaces; this cuts it into short chunks). Chunks are looked up in a direct-mapped
+    table by a hash of their characters, and a hit counts only if the characters are the
+    same, so ids never depend on the hash. Only the misses become Python strings, encoded by
+    sentencepiece in one call. `jieba` also cuts Chinese runs at jieba's word boundaries (the
+    hybrid tokenizer).
     """
 
-    def __init__(self, sp, *, jieba: bool = False, max_entries: int = 500_000):
+    def __init__(self, sp, *, jieba: bool = False):
         import numpy as np
 
         self._np = np
         self._sp = sp
         self._jieba = jieba
-        self._max_entries = max_entries
-        self._index: dict[str, int] = {}
-        self._store = _TokenStore()
-        self._joinable = self._bigram_table()
-        ws_bytes = [sp.piece_to_id(f"<0x{b:02X}>") for b in WS_MARK.encode("utf-8")]
-        self._index[WS_MARK] = self._store.add(np.array(ws_bytes, np.int32), [3])
+        self._jieba_cache: dict[str, list[int]] = {}
+        self._joinable = self._pair_table()
+        self._literal_mark = [sp.piece_to_id(f"<0x{b:02X}>") for b in WS_MARK.encode("utf-8")]
+        self._char_ids = self._single_characters()
+        self._low_bits = np.array([(1 << n) - 1 for n in range(65)], np.uint64)  # masks
+        self._powers = np.ones(0, np.uint64)  # of the chunk hash's base, modulo 2**64
+        self._inverse_powers = np.ones(0, np.uint64)
+        self._clear()
 
-    def _bigram_table(self):
+    def _clear(self) -> None:
+        """Empty the cache; entries 0..len(char_ids) are the one-character pieces."""
+        np = self._np
+        self._packed_key = np.zeros((1 << _SLOT_BITS, 3), np.uint64)  # short chunks, exact
+        self._packed_entry = np.full(1 << _SLOT_BITS, -1, np.int32)
+        self._slot_hash = np.zeros(1 << _SLOT_BITS, np.uint32)   # longer ones, by hash
+        self._slot_entry = np.full(1 << _SLOT_BITS, -1, np.int32)
+        self._tokens = _Grown(np.int32)      # every entry's ids, concatenated
+        self._chars = _Grown(np.uint32)      # every entry's characters, concatenated
+        self._token_start, self._token_len = _Grown(np.int64), _Grown(np.int64)
+        self._char_start, self._char_len = _Grown(np.int64), _Grown(np.int64)
+        self._tokens.extend(self._char_ids)
+        n = len(self._char_ids)
+        self._token_start.extend(np.arange(n))
+        self._token_len.extend(np.ones(n, np.int64))
+        self._char_start.extend(np.zeros(n, np.int64))
+        self._char_len.extend(np.zeros(n, np.int64))  # never matched by the hash lookup
+
+    def _single_characters(self):
+        """Piece ids of the characters that are pieces by themselves, and a table from
+        code point to their entry (-1 for the others)."""
+        np = self._np
+        sp = self._sp
+        chars, ids = [], []
+        for i, p in enumerate(sp.id_to_piece(list(range(sp.get_piece_size())))):
+            if len(p) == 1 and p != WS_MARK and not (
+                    sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i)):
+                chars.append(ord(p))
+                ids.append(i)
+        if sp.piece_to_id(WS_MARK) != sp.unk_id():
+            chars.append(_SPACE)  # sentencepiece writes a space as its "▁" piece
+            ids.append(sp.piece_to_id(WS_MARK))
+        self._char_entry = np.full(0x110000, -1, np.int32)
+        self._char_entry[chars] = np.arange(len(chars))
+        return np.array(ids, np.int32)
+
+    @property
+    def cached_chunks(self) -> int:
+        return self._token_len.size
+
+    def _pair_table(self):
         """Hashed set of character pairs that occur inside some piece (collisions only cut less)."""
         np = self._np
-        left, right = [], []
-        for i in range(self._sp.get_piece_size()):
-            p = self._sp.id_to_piece(i)
-            left += map(ord, p[:-1])
-            right += map(ord, p[1:])
-        table = np.zeros(1 << _HASH_BITS, bool)
+        pieces = [p for p in self._sp.id_to_piece(list(range(self._sp.get_piece_size())))
+                  if len(p) > 1]
+        left = list(map(ord, chain.from_iterable(p[:-1] for p in pieces)))
+        right = list(map(ord, chain.from_iterable(p[1:] for p in pieces)))
+        table = np.zeros(1 << _PAIR_BITS, bool)
         table[self._pair_hash(np.array(left, np.uint32), np.array(right, np.uint32))] = True
         return table
 
@@ -228,106 +261,260 @@ class ChunkCacheEncoder:
         np = self._np
         with np.errstate(over="ignore"):
             h = (a * np.uint32(0x9E3779B1)) ^ (b * np.uint32(0x85EBCA77))
-        return h >> np.uint32(32 - _HASH_BITS)
+        return h >> np.uint32(32 - _PAIR_BITS)
 
     def encode(self, texts: Sequence[str]):
         """(ids of all texts concatenated as int32, number of ids of each text)."""
         np = self._np
-        words_per_text = [_WORD.findall(t) for t in texts]
-        words = list(chain.from_iterable(words_per_text))
-        entries = np.fromiter(map(self._index.get, words, repeat(-1)), np.int64, len(words))
-        missing = np.flatnonzero(entries < 0).tolist()
-        scratch = self._store.entries
-        if missing:
-            fresh, scratch = self._add_words([words[i] for i in missing])
-            entries[missing] = [fresh[words[i]] for i in missing]
-        ids, lengths = self._store.gather(entries)
-        self._store.truncate(scratch)  # entries of chunks too long (or too many) to keep
-        per_text = np.fromiter(map(len, words_per_text), np.int64, len(texts))
-        ends = np.concatenate([[0], np.cumsum(lengths)])
-        word_ends = np.cumsum(per_text)
-        return ids, ends[word_ends] - ends[word_ends - per_text]
+        return self.encode_joined("".join(texts),
+                                  np.fromiter(map(len, texts), np.int64, len(texts)))
 
-    def _add_words(self, words: list[str]) -> tuple[dict[str, int], int]:
-        """Encode new words: (word -> store entry, first entry that is not cached)."""
-        unique = list(dict.fromkeys(words))
-        whole = [w for w in unique if len(w) <= _SHORT_WORD and not self._needs_jieba(w)]
-        cut = [w for w in unique if len(w) > _SHORT_WORD or self._needs_jieba(w)]
-        parts_of = self._cut(cut) if cut else []
-        out = {}
-        new = []
-        for p in dict.fromkeys(chain(whole, chain.from_iterable(parts_of))):
-            entry = self._index.get(p)
-            if entry is None:
-                new.append(p)
-            else:
-                out[p] = entry
-        encoded = dict(zip(new, self._sp.encode(new, num_threads=1))) if new else {}
-        room = self._max_entries - len(self._index)
-        keep = [p for p in new if len(p) <= _CACHED_CHARS][:max(room, 0)]
-        kept = set(keep)
-        composite = [(w, ps) for w, ps in zip(cut, parts_of) if len(ps) > 1]
-        keep_words = [(w, ps) for w, ps in composite
-                      if len(w) <= _CACHED_CHARS and all(p in kept or p in self._index
-                                                         for p in ps)]
-        keep_words = keep_words[:max(room - len(keep), 0)]
-        # cached entries first, then the temporary ones, which are dropped after the batch
-        self._add_encoded(keep, encoded, out, cache=True)
-        self._add_joined(keep_words, out, cache=True)
-        scratch = self._store.entries
-        self._add_encoded([p for p in new if p not in kept], encoded, out, cache=False)
-        kept_words = {w for w, _ in keep_words}
-        self._add_joined([wp for wp in composite if wp[0] not in kept_words], out, cache=False)
-        return out, scratch
-
-    def _add_encoded(self, chunks: list[str], encoded: dict, out: dict, cache: bool) -> None:
-        if not chunks:
-            return
+    def encode_joined(self, joined: str, lengths):
+        """`encode` of the texts that make up `joined`, `lengths` characters each."""
         np = self._np
-        lens = [len(encoded[c]) for c in chunks]
-        ids = np.fromiter(chain.from_iterable(encoded[c] for c in chunks), np.int32, sum(lens))
-        first = self._store.add(ids, lens)
-        for j, c in enumerate(chunks):
-            out[c] = first + j
-            if cache:
-                self._index[c] = first + j
+        if self._chars.size > _CACHE_CHARS:
+            self._clear()
+        if not joined:
+            return np.empty(0, np.int32), np.zeros(len(lengths), np.int64)
+        # code points, then _KEY_BYTES zero characters: a key may read that far past a start
+        ascii = joined.isascii()
+        padded = np.frombuffer(joined.encode("ascii") + bytes(_KEY_BYTES) if ascii else
+                               joined.encode("utf-32-le") + bytes(4 * _KEY_BYTES),
+                               np.uint8 if ascii else np.uint32)
+        cp = padded[:len(joined)]
+        starts = self._chunk_starts(cp, joined, lengths)
+        sizes = np.diff(np.append(starts, len(cp)))
+        entries = np.full(len(starts), -1, np.int64)
+        single = sizes == 1
+        entries[single] = self._char_entry[cp[starts[single]]]
+        other = np.flatnonzero(entries < 0)
+        keys, packed = self._chunk_keys(padded, starts[other], sizes[other])
+        entries[other] = self._lookup(cp, starts[other], sizes[other], keys, packed)
+        missing = np.flatnonzero(entries[other] < 0)
+        first_temporary = self._token_len.size
+        if len(missing):
+            entries[other[missing]], first_temporary = self._add(
+                cp, joined, starts[other[missing]], sizes[other[missing]], keys[missing],
+                packed[missing])
+        token_counts = self._token_len.data[entries]
+        ids = self._tokens.data[_repeat_ranges(self._token_start.data[entries], token_counts)]
+        self._drop_from(first_temporary)
+        token_ends = np.concatenate([[0], np.cumsum(token_counts)])
+        doc_starts = np.cumsum(lengths) - lengths
+        first_chunk = np.searchsorted(starts, np.append(doc_starts, len(cp)))
+        return ids, np.diff(token_ends[first_chunk])
 
-    def _add_joined(self, words: list[tuple[str, list[str]]], out: dict, cache: bool) -> None:
-        """Entries for words made of parts that already have entries."""
-        if not words:
-            return
+    def _chunk_starts(self, cp, joined: str, lengths):
+        """Offsets where a chunk starts: places BPE cannot merge across (`cp`: the batch's
+        code points)."""
         np = self._np
-        parts = np.array([out[p] for _, ps in words for p in ps], np.int64)
-        ids, part_lens = self._store.gather(parts)
-        n_parts = np.array([len(ps) for _, ps in words])
-        word_lens = np.add.reduceat(part_lens, np.cumsum(n_parts) - n_parts)
-        first = self._store.add(ids, word_lens)
-        for j, (w, _) in enumerate(words):
-            out[w] = first + j
-            if cache:
-                self._index[w] = first + j
-
-    def _needs_jieba(self, word: str) -> bool:
-        return self._jieba and HAN_RUN.search(word) is not None
-
-    def _cut(self, words: list[str]) -> list[list[str]]:
-        """Each word cut where no piece joins two characters (and at jieba boundaries)."""
-        np = self._np
-        joined = "".join(words)
-        cp = np.frombuffer(joined.encode("utf-32-le"), np.uint32).copy()
-        cp[cp == 0x20] = 0x2581
-        joinable = self._joinable[self._pair_hash(cp[:-1], cp[1:])]
-        starts = np.cumsum([len(w) for w in words]) - [len(w) for w in words]
-        joinable[starts[1:] - 1] = False
+        wide_text = cp.dtype != np.uint8
+        space = cp == _SPACE
+        if wide_text:
+            mark = cp == _MARK
+            space |= mark
+        cut = space[1:] & ~space[:-1]  # a run of spaces starts sentencepiece's next word
+        if wide_text:  # cut where no piece joins the neighbours, next to non-ASCII
+            cut |= mark[:-1] | mark[1:]  # a literal "▁" is a chunk of its own
+            high = cp >= 0x80
+            wide = np.flatnonzero(high[:-1] | high[1:])
+            left, right = cp[wide], cp[wide + 1]
+            left[space[wide]] = _MARK  # sentencepiece's view: a space is "▁"
+            right[space[wide + 1]] = _MARK
+            cut[wide] |= ~self._joinable[self._pair_hash(left, right)]
+        doc_ends = np.cumsum(lengths)[:-1]
+        cut[doc_ends[(doc_ends > 0) & (doc_ends < len(cp))] - 1] = True
         if self._jieba:
-            for w, s in zip(words, starts.tolist()):
-                for c in jieba_boundaries(w):
-                    joinable[s + c - 1] = False
-        cuts = (np.flatnonzero(~joinable) + 1).tolist()
-        bounds = [0, *cuts, len(joined)]
-        pieces = [joined[a:b] for a, b in zip(bounds, bounds[1:])]
-        first = np.searchsorted(bounds, starts).tolist() + [len(pieces)]
-        return [pieces[a:b] for a, b in zip(first, first[1:])]
+            for pos in self._jieba_cuts(joined, lengths):
+                cut[pos - 1] = True
+        return np.concatenate([[0], np.flatnonzero(cut) + 1])
+
+    def _chunk_keys(self, padded, starts, sizes):
+        """([n, 3] keys, whether each key is exact). A chunk that fits in 16 bytes — up to
+        16 ASCII characters (as bytes) or 4 others (as code points) — is its own key: those
+        bytes, zeros past its end, then its size and kind. A longer chunk's key is
+        [hash, 0, size]: a lookup must confirm it by comparing characters."""
+        np = self._np
+        keys = np.empty((len(starts), 3), np.uint64)
+        narrow = padded
+        if padded.dtype == np.uint8:
+            ascii = np.ones(len(starts), bool)
+            keys[:, 2] = sizes
+        else:
+            ascii = ~_segment_any(padded[:-_KEY_BYTES] >= 0x80, starts, sizes)
+            keys[:, 2] = sizes.astype(np.uint64) | (~ascii).astype(np.uint64) << np.uint64(32)
+            self._pack(keys, padded, starts, sizes, ~ascii)
+            narrow = padded.astype(np.uint8)  # exact for the ASCII chunks, used only there
+        self._pack(keys, narrow, starts, sizes, ascii)
+        packed = sizes <= np.where(ascii, _KEY_BYTES, _KEY_BYTES // 4)
+        if not packed.all():
+            long = np.flatnonzero(~packed)
+            keys[long, 0] = self._chunk_hashes(padded, starts[long], sizes[long])
+            keys[long, 1] = 0
+        return keys, packed
+
+    def _pack(self, keys, padded, starts, sizes, which) -> None:
+        """Write the first 16 bytes of the chosen chunks (zeros past their end) in keys[:, :2]."""
+        np = self._np
+        # the 8 bytes starting at every byte of the buffer, as one (unaligned) uint64 each
+        words = np.ndarray((padded.nbytes - 7,), np.uint64, buffer=padded, strides=(1,))
+        rows = np.flatnonzero(which)
+        first_byte = starts[rows] * padded.itemsize
+        valid_bits = sizes[rows] * (8 * padded.itemsize)
+        for w in (0, 1):
+            keys[rows, w] = words[first_byte + 8 * w] & self._low_bits[
+                np.clip(valid_bits - 64 * w, 0, 64)]
+
+    def _chunk_hashes(self, cp, starts, sizes):
+        """A polynomial hash of each given chunk's characters."""
+        np = self._np
+        chars = cp[_repeat_ranges(starts, sizes)]
+        powers, inverse = self._powers_upto(len(chars))
+        first = np.cumsum(sizes) - sizes
+        with np.errstate(over="ignore"):
+            prefix = np.cumsum(np.multiply(chars, powers, dtype=np.uint64))
+            before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], np.uint64(0))
+            h = (prefix[first + sizes - 1] - before) * inverse[first]
+            return (h + sizes.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+
+    def _powers_upto(self, n: int):
+        np = self._np
+        if len(self._powers) < n:
+            size = max(n, 2 * len(self._powers), 1 << 16)
+            base = 0x100000001B3  # odd, so invertible modulo 2**64
+            with np.errstate(over="ignore"):
+                up = np.cumprod(np.full(size, base, np.uint64))
+                down = np.cumprod(np.full(size, pow(base, -1, 2 ** 64), np.uint64))
+            self._powers = np.concatenate([[np.uint64(1)], up[:-1]])
+            self._inverse_powers = np.concatenate([[np.uint64(1)], down[:-1]])
+        return self._powers[:n], self._inverse_powers
+
+    def _lookup(self, cp, starts, sizes, keys, packed):
+        """The cached entry of every chunk, -1 for those not cached."""
+        np = self._np
+        out = np.full(len(keys), -1, np.int64)
+        exact = np.flatnonzero(packed)
+        slots = self._slot(keys[exact])
+        for way in (0, 1):  # a key sits in the first slot of its pair, or else the second
+            wanted, kept = keys[exact], self._packed_key[slots ^ way]
+            hit = ((kept[:, 0] == wanted[:, 0]) & (kept[:, 1] == wanted[:, 1])
+                   & (kept[:, 2] == wanted[:, 2]))
+            out[exact[hit]] = self._packed_entry[slots[hit] ^ way]
+            exact, slots = exact[~hit], slots[~hit]
+        hashed = np.flatnonzero(~packed)
+        if len(hashed):
+            out[hashed] = self._lookup_hashed(cp, starts[hashed], sizes[hashed],
+                                              keys[hashed, 0])
+        return out
+
+    def _lookup_hashed(self, cp, starts, sizes, keys):
+        """Entries of longer chunks: a hit counts only if the characters are the same, so
+        ids never depend on the hash."""
+        np = self._np
+        slots = self._slot(keys)
+        entries = self._slot_entry[slots].astype(np.int64)
+        hit = (self._slot_hash[slots] == keys.astype(np.uint32)) & (entries >= 0)
+        hit[hit] = self._char_len.data[entries[hit]] == sizes[hit]
+        found = np.flatnonzero(hit)
+        if len(found):
+            n = sizes[found]
+            where = _repeat_ranges(starts[found], n)
+            kept = self._chars.data[_repeat_ranges(self._char_start.data[entries[found]], n)]
+            differs = _segment_any(cp[where] != kept, np.cumsum(n) - n, n)
+            hit[found[differs]] = False
+        return np.where(hit, entries, -1)
+
+    def _slot(self, keys):
+        """Table slot of each key ([n] hashes or [n, 3] keys)."""
+        np = self._np
+        with np.errstate(over="ignore"):
+            if keys.ndim == 2:
+                keys = (keys[:, 0] ^ (keys[:, 1] * np.uint64(0xC2B2AE3D27D4EB4F))
+                        ^ (keys[:, 2] * np.uint64(0x165667B19E3779F9)))
+            mixed = keys * np.uint64(0x9E3779B97F4A7C15)
+        return (mixed >> np.uint64(64 - _SLOT_BITS)).astype(np.int64)
+
+    def _add(self, cp, joined: str, starts, sizes, keys, packed):
+        """Encode the missing chunks, one per distinct key, and cache the short ones.
+        Returns every chunk's entry and the first entry that is temporary (dropped after
+        the batch)."""
+        np = self._np
+        _, reps, occurrence_of = np.unique(keys, axis=0, return_index=True,
+                                           return_inverse=True)
+        occurrence_of = occurrence_of.reshape(-1)
+        long = sizes[reps] > _CACHED_CHARS
+        order = np.argsort(long, kind="stable")  # cached entries first, temporary ones last
+        reps, rank = reps[order], np.argsort(order)
+        chunks = [joined[a:a + n] for a, n in zip(starts[reps].tolist(), sizes[reps].tolist())]
+        first = self._append(self._encode_chunks(chunks),
+                             cp[_repeat_ranges(starts[reps], sizes[reps])], sizes[reps])
+        cached = int((~long).sum())
+        new_entries = np.arange(first, first + cached)
+        exact, kept_keys = packed[reps[:cached]], keys[reps[:cached]]
+        slots = self._slot(kept_keys[exact])
+        taken = self._packed_entry[slots] >= 0
+        slots[taken] ^= 1  # the other way of the pair (evicting what is there)
+        self._packed_key[slots] = kept_keys[exact]
+        self._packed_entry[slots] = new_entries[exact]
+        slots = self._slot(kept_keys[~exact, 0])
+        self._slot_hash[slots] = kept_keys[~exact, 0].astype(np.uint32)
+        self._slot_entry[slots] = new_entries[~exact]
+        entries = first + rank[occurrence_of]
+        # a chunk whose hash equals another's but whose characters differ: encode it alone
+        differs = self._char_len.data[entries] != sizes
+        same = np.flatnonzero(~differs)
+        n = sizes[same]
+        differs[same] = _segment_any(
+            cp[_repeat_ranges(starts[same], n)]
+            != self._chars.data[_repeat_ranges(self._char_start.data[entries[same]], n)],
+            np.cumsum(n) - n, n)
+        for i in np.flatnonzero(differs).tolist():
+            chunk = joined[starts[i]:starts[i] + sizes[i]]
+            entries[i] = self._append(self._encode_chunks([chunk]),
+                                      cp[starts[i]:starts[i] + sizes[i]], sizes[i:i + 1])
+        return entries, first + cached
+
+    def _encode_chunks(self, chunks: list[str]) -> list[list[int]]:
+        encoded = self._sp.encode(chunks, num_threads=1)
+        if WS_MARK in chunks:  # sentencepiece decodes it as a space: keep its bytes instead
+            encoded[chunks.index(WS_MARK)] = self._literal_mark
+        return encoded
+
+    def _append(self, encoded: list[list[int]], chars, sizes) -> int:
+        """Add entries (ids and characters); return the first one's number."""
+        np = self._np
+        lens = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        first = self._token_len.size
+        start = self._tokens.extend(np.fromiter(chain.from_iterable(encoded), np.int32,
+                                                int(lens.sum())))
+        self._token_start.extend(start + np.cumsum(lens) - lens)
+        self._token_len.extend(lens)
+        start = self._chars.extend(chars)
+        self._char_start.extend(start + np.cumsum(sizes) - sizes)
+        self._char_len.extend(sizes)
+        return first
+
+    def _drop_from(self, entry: int) -> None:
+        if entry < self._token_len.size:
+            self._tokens.size = int(self._token_start.data[entry])
+            self._chars.size = int(self._char_start.data[entry])
+            for g in (self._token_start, self._token_len, self._char_start, self._char_len):
+                g.size = entry
+
+    def _jieba_cuts(self, joined: str, lengths) -> list[int]:
+        """Offsets in the joined batch where jieba starts a word inside a Chinese run."""
+        out = []
+        ends = self._np.cumsum(lengths).tolist()
+        for start, end in zip([0] + ends[:-1], ends):
+            for m in HAN_RUN.finditer(joined, start, end):
+                run = m.group()
+                cuts = self._jieba_cache.get(run)
+                if cuts is None:
+                    cuts = jieba_boundaries(run)
+                    if len(self._jieba_cache) < 1 << 20:
+                        self._jieba_cache[run] = cuts
+                out += [m.start() + c for c in cuts]
+        return out
 
 
 # -- the tokenizer --------------------------------------------------------------------------
@@ -351,7 +538,13 @@ class Tokenizer:
         self.eos_id, self.pad_id = self.sp.eos_id(), self.sp.pad_id()
         self.role_ids = {r: self.sp.piece_to_id(t) for r, t in ROLE_TOKENS.items()}
         self.end_of_turn_id = self.sp.piece_to_id(END_OF_TURN)
-        self._encoder = ChunkCacheEncoder(self.sp, jieba=self.jieba)
+        self._chunk_encoder = None
+
+    @property
+    def _encoder(self) -> ChunkCacheEncoder:
+        if self._chunk_encoder is None:  # its tables take a moment: build on first use
+            self._chunk_encoder = ChunkCacheEncoder(self.sp, jieba=self.jieba)
+        return self._chunk_encoder
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -382,6 +575,10 @@ class Tokenizer:
     def encode_flat(self, texts: Sequence[str]):
         """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
         return self._encoder.encode(texts)
+
+    def encode_joined(self, joined: str, lengths):
+        """`encode_flat` of the texts that make up `joined`, `lengths` characters each."""
+        return self._encoder.encode_joined(joined, lengths)
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`; control tokens (<s>, </s>, <pad>) decode to nothing."""

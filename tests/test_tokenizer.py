@@ -106,18 +106,27 @@ def test_chunk_cache_gives_sentencepieces_ids_in_english_and_chinese(demo_tok):
     assert demo_tok.encode_batch(texts) == demo_tok.sp.encode(texts)
 
 
-def test_ids_do_not_depend_on_what_the_cache_holds(demo_tok, tmp_path):
-    from llmkit.tokenizer import ChunkCacheEncoder
+def test_ids_do_not_depend_on_what_the_cache_holds(demo_tok, monkeypatch):
+    import numpy as np
 
-    texts = demo_texts()[::7]
-    cold = ChunkCacheEncoder(demo_tok.sp)
-    tiny = ChunkCacheEncoder(demo_tok.sp, max_entries=10)  # nearly nothing is kept
+    import llmkit.tokenizer as T
+
+    texts = demo_texts()[::7] + EDGE_CASES
+    want = demo_tok.encode_batch(texts)
+    cold = T.ChunkCacheEncoder(demo_tok.sp)
     first, counts = cold.encode(texts)
-    again, _ = cold.encode(texts)
-    one_by_one = [tiny.encode([t])[0].tolist() for t in texts]
-    assert first.tolist() == again.tolist()
-    assert one_by_one == demo_tok.encode_batch(texts)
-    assert counts.tolist() == [len(x) for x in one_by_one]
+    again, _ = cold.encode(texts)  # every chunk now a hit
+    assert first.tolist() == again.tolist() == [i for ids in want for i in ids]
+    assert counts.tolist() == [len(ids) for ids in want]
+    # two slots: chunks evict each other all the time
+    monkeypatch.setattr(T, "_SLOT_BITS", 1)
+    tiny = T.ChunkCacheEncoder(demo_tok.sp)
+    assert [tiny.encode([t])[0].tolist() for t in texts[:300]] == want[:300]
+    # every chunk hashes alike: a hit must still have the same characters
+    monkeypatch.setattr(T.ChunkCacheEncoder, "_chunk_hashes",
+                        lambda self, cp, starts, sizes: np.full(len(starts), 7, np.uint64))
+    clash = T.ChunkCacheEncoder(demo_tok.sp)
+    assert [clash.encode([t])[0].tolist() for t in texts[:300]] == want[:300]
 
 
 def test_literal_whitespace_mark_is_byte_encoded_to_survive_the_round_trip(demo_tok):
@@ -147,7 +156,8 @@ def test_chat_encoding_equals_the_template_and_masks_assistant_tokens(demo_tok):
             {"role": "assistant", "content": " 4\n"}]
     ids, mask = demo_tok.encode_chat(msgs)
     text = demo_tok.format_chat(msgs)
-    assert text == "<|system|>Be brief.<|end|><|user|>你好, what is 2+2?<|end|><|assistant|> 4\n<|end|>"
+    assert text == ("<|system|>Be brief.<|end|><|user|>你好, what is 2+2?<|end|>"
+                    "<|assistant|> 4\n<|end|>")
     assert ids == [demo_tok.bos_id] + demo_tok.encode(text)
     learned = [i for i, m in zip(ids, mask) if m]
     assert learned == demo_tok.encode(" 4\n") + [demo_tok.end_of_turn_id]

@@ -55,11 +55,11 @@ class _Stream:
 
 
 def _open_split(tokens_dir: Path, split: str):
-    """Memory-mapped shards, and per document: shard, offset, length, source code; and the
-    source names (sorted) the codes index."""
+    """Memory-mapped shards of a split, and per document: shard, offset, length, source code;
+    and the source names (sorted) that the codes index."""
     import numpy as np
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+
+    from llmkit.data.tokenize import read_index
 
     try:
         manifest = json.loads((tokens_dir / "manifest.json").read_text())
@@ -67,30 +67,23 @@ def _open_split(tokens_dir: Path, split: str):
     except (OSError, ValueError, KeyError):
         raise UserError(f"{tokens_dir} is not a complete token artifact (no manifest with a "
                         "dtype); build it with `llmkit tokenize`") from None
-    if not (tokens_dir / split).is_dir():
-        raise UserError(f"{tokens_dir} has no split {split!r}; splits: train, val")
-    arrays, shard, offset, length, codes = [], [], [], [], []
-    ids: dict[str, int] = {}
+    if split not in ("train", "val"):
+        raise UserError(f"no split {split!r} in {tokens_dir}; splits: train, val")
+    arrays, shard, offset, length, source = [], [], [], [], []
     for k, path in enumerate(sorted((tokens_dir / split).glob("shard-*.bin"))):
         size = path.stat().st_size // dtype.itemsize
         arrays.append(np.memmap(path, dtype, mode="r", shape=(size,)) if size
                       else np.empty(0, dtype))
-        index = pq.read_table(path.with_suffix(".parquet"),
-                              columns=["source", "offset", "length"])
-        shard.append(np.full(index.num_rows, k, np.int64))
-        offset.append(index.column("offset").to_numpy())
-        length.append(index.column("length").to_numpy())
-        enc = pc.dictionary_encode(index.column("source")).combine_chunks()
-        local = np.array([ids.setdefault(n, len(ids)) for n in enc.dictionary.to_pylist()],
-                         np.int64)
-        codes.append(local[enc.indices.to_numpy(zero_copy_only=False)] if len(local)
-                     else np.empty(0, np.int64))
-    names = sorted(ids)
-    rank = np.array([names.index(n) for n in ids], np.int64)  # first-seen code -> sorted code
+        off, n, src = read_index(tokens_dir, int(path.stem.split("-")[1]), split)
+        shard.append(np.full(len(n), k, np.int64))
+        offset.append(off)
+        length.append(n)
+        source.append(src)
     cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
-    code = cat(codes)
-    return manifest, arrays, cat(shard), cat(offset), cat(length), \
-        (rank[code] if len(code) else code), names
+    names, codes = np.unique(np.concatenate(source) if source else np.empty(0, object),
+                             return_inverse=True)
+    return manifest, arrays, cat(shard), cat(offset), cat(length), codes.reshape(-1), \
+        names.tolist()
 
 
 def _runs(shard, offset, length, keep):

@@ -5,10 +5,11 @@ The artifact::
     tokens/
       tokenizer/                  a copy of the tokenizer that made the shards
       train/shard-00000.bin       flat uint16 (vocab ≤ 65535) or uint32 token ids: every
-                                  document of the shard's train split, each followed by </s>
-      train/shard-00000.parquet   one row per document: id, source, offset, length (tokens,
-                                  its </s> included), in .bin order
-      val/...                     the same for the val split
+                                  train document of the shard, each followed by </s>
+      val/shard-00000.bin         the same for the val documents
+      index/shard-00000.parquet   one row per document of the shard, in input order: id,
+                                  source, split (train | val), offset and length (tokens,
+                                  its </s> included) in that split's .bin
       config.yaml, manifest.json  stats: tokens, docs, per split and per source; dtype, vocab
 
 One shard per input part file, in input order; a document goes to val when the hash of its id
@@ -16,6 +17,9 @@ falls below `val_fraction`. So the output is the same for any --workers and any
 --rank/--world-size split. With --rank, a task only tokenizes its shards (every
 world_size-th) into the workspace's scratch folder; `llmkit tokenize` without --rank then
 adds whatever is missing and assembles the artifact.
+
+The hot loop builds arrow arrays from numpy buffers rather than through pyarrow's compute
+functions, which import pandas (half a second per process).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from llmkit.errors import ConfigError, UserError
 
 SPLITS = ("train", "val")
 SHARD = "shard-{:05d}"
+INDEX = "index"
 TOKENIZER_DIR = "tokenizer"
 
 
@@ -53,18 +58,69 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 65535 else "uint32"
 
 
-def val_mask(ids: list[str], fraction: float, seed: int):
-    """True for the documents of the val split: a stable hash of (seed, id) below `fraction`."""
-    import hashlib
+# -- arrow strings without pyarrow.compute --------------------------------------------------
 
+def string_buffers(column):
+    """(offsets from 0, UTF-8 bytes) of an arrow string column (or a list of str); nulls
+    count as empty."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not isinstance(column, pa.Array):
+        column = strings(column)
+    if column.null_count:
+        column = column.fill_null("")
+    wide = pa.types.is_large_string(column.type)
+    _, offsets, data = column.buffers()
+    offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[
+        column.offset:column.offset + len(column) + 1].astype(np.int64)
+    raw = memoryview(data)[offsets[0]:offsets[-1]] if data is not None else memoryview(b"")
+    return offsets - offsets[0], raw
+
+
+def strings(values: list[str]):
+    """An arrow string array of `values`."""
+    import numpy as np
+    import pyarrow as pa
+
+    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def numbers(values):
+    """An arrow array viewing a numpy array."""
+    import numpy as np
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                 [None, pa.py_buffer(values)])
+
+
+def val_mask(ids, fraction: float, seed: int):
+    """True for the documents of the val split: a hash of (seed, id) below `fraction`.
+    `ids`: an arrow string array or a list of str."""
     import numpy as np
 
-    limit = int(fraction * 2 ** 64)
-    salt = f"{seed}\x1f".encode()
-    return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(salt + i.encode("utf-8", "surrogatepass"),
-                                        digest_size=8).digest(), "little") < limit
-         for i in ids), bool, len(ids))
+    offsets, raw = string_buffers(ids)
+    data = np.frombuffer(raw, np.uint8).astype(np.uint64)
+    sizes = np.diff(offsets)
+    local = np.arange(len(data)) - np.repeat(offsets[:-1], sizes)
+    with np.errstate(over="ignore"):
+        powers = np.cumprod(np.full(int(sizes.max(initial=0)) + 1, 0x100000001B3, np.uint64))
+        before = np.concatenate([[np.uint64(0)],
+                                 np.cumsum((data + np.uint64(1)) * powers[local])])
+        h = before[offsets[1:]] - before[offsets[:-1]]
+        h += np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + sizes.astype(np.uint64)
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            h = (h ^ (h >> np.uint64(shift))) * np.uint64(factor)  # splitmix64's finaliser
+        h ^= h >> np.uint64(31)
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < fraction
 
 
 # -- one batch, in a worker -----------------------------------------------------------------
@@ -79,12 +135,26 @@ def _load_tokenizer(path: str) -> None:
     _tokenizer = Tokenizer(path)
 
 
-def encode_batch(texts: list[str], ids: list[str], cfg: TokenizeConfig, tokenizer=None):
+def joined_text(column):
+    """(all strings of an arrow string column as one str, each one's length in characters),
+    read straight from the column's buffers; nulls count as empty."""
+    import numpy as np
+
+    offsets, raw = string_buffers(column)
+    joined = bytes(raw).decode("utf-8")
+    if len(joined) == len(raw):  # ASCII: a character is a byte
+        return joined, np.diff(offsets)
+    lead = (np.frombuffer(raw, np.uint8) & 0xC0) != 0x80  # first byte of each character
+    chars_before = np.concatenate([[0], np.cumsum(lead)])
+    return joined, np.diff(chars_before[offsets])
+
+
+def encode_documents(text_column, ids, cfg: TokenizeConfig, tokenizer=None):
     """(train tokens, val tokens, per-document length incl. </s>, per-document is_val)."""
     import numpy as np
 
     tok = tokenizer or _tokenizer
-    flat, counts = tok.encode_flat([t or "" for t in texts])
+    flat, counts = tok.encode_joined(*joined_text(text_column))
     lengths = counts + 1
     ends = np.cumsum(lengths)
     tokens = np.full(int(ends[-1]) if len(ends) else 0, tok.eos_id,
@@ -99,26 +169,27 @@ def encode_batch(texts: list[str], ids: list[str], cfg: TokenizeConfig, tokenize
 
 def _encode_task(args):
     batch, cfg = args
-    texts = batch.column("text").to_pylist()
-    return encode_batch(texts, batch.column("id").to_pylist(), cfg)
+    return encode_documents(batch.column("text"), batch.column("id"), cfg)
 
 
 class _OrderedPool:
     """Runs tasks in this process, or in `workers` processes that each load the tokenizer
     once; results come back in submission order with a few tasks in flight per worker."""
 
-    def __init__(self, workers: int, tokenizer_path: Path):
-        self.workers, self.path = workers, str(tokenizer_path)
+    def __init__(self, workers: int, tokenizer):
+        self.workers, self.tokenizer = workers, tokenizer
         self.pool = None
 
     def __enter__(self):
+        global _tokenizer
         if self.workers > 1:
             import multiprocessing as mp
 
             method = "spawn" if "torch" in sys.modules else "fork"
-            self.pool = mp.get_context(method).Pool(self.workers, _load_tokenizer, (self.path,))
+            self.pool = mp.get_context(method).Pool(self.workers, _load_tokenizer,
+                                                    (str(self.tokenizer.path),))
         else:
-            _load_tokenizer(self.path)
+            _tokenizer = self.tokenizer
         return self
 
     def map(self, fn, items):
@@ -141,19 +212,76 @@ class _OrderedPool:
 
 # -- one shard ------------------------------------------------------------------------------
 
-def _index_writer(path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class _ShardWriter:
+    """Tokens appended to `train.bin` / `val.bin`, one index row per document (written in
+    row groups of INDEX_ROWS), and the counts for the manifest."""
 
-    schema = pa.schema([("id", pa.string()), ("source", pa.string()),
-                        ("offset", pa.int64()), ("length", pa.int64())])
-    return pq.ParquetWriter(path, schema, compression="zstd")
+    INDEX_ROWS = 1 << 16
+
+    def __init__(self, directory: Path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.split_type = pa.dictionary(pa.int8(), pa.string())
+        self.split_names = strings(list(SPLITS))
+        self.schema = pa.schema([("id", pa.string()), ("source", pa.string()),
+                                 ("split", self.split_type), ("offset", pa.int64()),
+                                 ("length", pa.int64())])
+        self.bins = {s: open(directory / f"{s}.bin", "wb") for s in SPLITS}
+        self.index = pq.ParquetWriter(directory / f"{INDEX}.parquet", self.schema,
+                                      compression="zstd")
+        self.pending: list = []
+        self.offsets = dict.fromkeys(SPLITS, 0)
+        self.stats = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()}
+                      for s in SPLITS}
+
+    def add(self, train, val, ids, sources, source_names: list[str], lengths,
+            in_val) -> None:
+        """Append one batch: its tokens per split, and per document its id, source (an
+        arrow string array, or None to use `source_names`), length and split."""
+        import numpy as np
+        import pyarrow as pa
+
+        offset = np.empty(len(lengths), np.int64)
+        for split, tokens, chosen in (("train", train, ~in_val), ("val", val, in_val)):
+            self.bins[split].write(memoryview(tokens))
+            lens = lengths[chosen]
+            offset[chosen] = self.offsets[split] + np.cumsum(lens) - lens
+            self.offsets[split] += int(lens.sum())
+            self.stats[split]["docs"] += len(lens)
+            self.stats[split]["tokens"] += len(tokens)
+        for s, n, v in zip(source_names, lengths.tolist(), in_val.tolist()):
+            self.stats[SPLITS[v]]["tokens_by_source"][s] += n
+        split = pa.DictionaryArray.from_arrays(numbers(in_val.astype(np.int8)),
+                                               self.split_names)
+        self.pending.append(pa.Table.from_arrays(
+            [ids, sources if sources is not None else strings(source_names), split,
+             numbers(offset),
+             numbers(lengths.astype(np.int64))], schema=self.schema))
+        if sum(t.num_rows for t in self.pending) >= self.INDEX_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self.pending:
+            self.index.write_table(pa.concat_tables(self.pending))
+            self.pending = []
+
+    def close(self) -> dict:
+        self._flush()
+        for f in self.bins.values():
+            f.close()
+        self.index.close()
+        for st in self.stats.values():
+            st["tokens_by_source"] = dict(sorted(st["tokens_by_source"].items()))
+        return self.stats
 
 
 def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPool,
                    cfg: TokenizeConfig, progress=None) -> dict:
-    """Tokenize one parquet part into `out/` ({split}.bin, {split}.parquet, stats.json);
-    `out` appears complete or not at all."""
+    """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet,
+    stats.json); `out` appears complete or not at all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -165,10 +293,7 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    stats = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()} for s in SPLITS}
-    bins = {s: open(tmp / f"{s}.bin", "wb") for s in SPLITS}
-    index = {s: _index_writer(tmp / f"{s}.parquet") for s in SPLITS}
-    offsets = dict.fromkeys(SPLITS, 0)
+    writer = _ShardWriter(tmp)
     try:
         batches = _with_ids(pf.iter_batches(batch_size=cfg.batch_rows, columns=columns), part)
         held = deque()  # the batches whose results are in flight, for their ids and sources
@@ -180,33 +305,15 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
 
         for train, val, lengths, in_val in pool.map(_encode_task, tasks()):
             batch = held.popleft()
-            ids = batch.column("id").to_pylist()
-            sources = (batch.column("source").to_pylist() if "source" in batch.schema.names
-                       else [default_source] * batch.num_rows)
-            for split, tokens, chosen in (("train", train, ~in_val), ("val", val, in_val)):
-                bins[split].write(tokens.tobytes())
-                rows = chosen.nonzero()[0].tolist()
-                lens = lengths[chosen]
-                starts = offsets[split] + lens.cumsum() - lens
-                offsets[split] += int(lens.sum())
-                src = [sources[i] or default_source for i in rows]
-                index[split].write_table(pa.table({
-                    "id": [ids[i] for i in rows], "source": src,
-                    "offset": starts, "length": lens}, schema=index[split].schema))
-                st = stats[split]
-                st["docs"] += len(rows)
-                st["tokens"] += len(tokens)
-                for s, n in zip(src, lens.tolist()):
-                    st["tokens_by_source"][s] += n
+            column = batch.column("source") if "source" in batch.schema.names else None
+            names = column.to_pylist() if column is not None else [None] * batch.num_rows
+            complete = column is not None and column.type == pa.string() and all(names)
+            writer.add(train, val, batch.column("id"), column if complete else None,
+                       [s or default_source for s in names], lengths, in_val)
             if progress is not None:
                 progress.advance(batch.num_rows)
     finally:
-        for f in bins.values():
-            f.close()
-        for w in index.values():
-            w.close()
-    for st in stats.values():
-        st["tokens_by_source"] = dict(sorted(st["tokens_by_source"].items()))
+        stats = writer.close()
     (tmp / "stats.json").write_text(json.dumps(stats))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
@@ -214,14 +321,17 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
 
 
 def _with_ids(batches, part: Path):
-    """Batches with an `id` column (generated from the row number where the dataset has none)."""
+    """Batches with a string `id` column (the row number where the dataset has none)."""
     import pyarrow as pa
 
     row = 0
     for b in batches:
         if "id" not in b.schema.names:
-            b = b.append_column("id", pa.array([f"{part.stem}:{row + i}"
-                                                for i in range(b.num_rows)]))
+            b = b.append_column("id", strings([f"{part.stem}:{row + i}"
+                                               for i in range(b.num_rows)]))
+        elif not pa.types.is_string(b.schema.field("id").type) or b.column("id").null_count:
+            i = b.schema.get_field_index("id")
+            b = b.set_column(i, "id", b.column(i).cast(pa.string()).fill_null(""))
         row += b.num_rows
         yield b
 
@@ -239,7 +349,6 @@ def plan_shards(datasets) -> list[tuple[Path, str]]:
 
 
 def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
-    from llmkit.data.io import count_rows
     from llmkit.progress import Progress, print_summary
     from llmkit.tokenizer import Tokenizer
 
@@ -256,9 +365,9 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
 
     def run_shards(work: Path) -> None:
         todo = [k for k in mine if not (work / SHARD.format(k)).is_dir()]
-        total = sum(count_rows_of(shards[k][0]) for k in todo)
+        total = sum(_rows(shards[k][0]) for k in todo)
         with Progress("tokenize", total=total, unit="docs") as bar, \
-                _OrderedPool(ctx.workers, tok_art.path) as pool:
+                _OrderedPool(ctx.workers, tok) as pool:
             for k in todo:
                 part, source = shards[k]
                 tokenize_shard(part, source, work / SHARD.format(k), pool, cfg, bar)
@@ -282,7 +391,7 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
     return b
 
 
-def count_rows_of(part: Path) -> int:
+def _rows(part: Path) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(part).metadata.num_rows
@@ -291,17 +400,17 @@ def count_rows_of(part: Path) -> int:
 def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
     """Move the finished shards into the artifact; return the manifest's stats."""
     splits = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()} for s in SPLITS}
-    for s in SPLITS:
-        (out / s).mkdir(parents=True, exist_ok=True)
+    for d in (*SPLITS, INDEX):
+        (out / d).mkdir(parents=True, exist_ok=True)
     for k in range(n_shards):
-        src = work / SHARD.format(k)
+        src, name = work / SHARD.format(k), SHARD.format(k)
         shard_stats = json.loads((src / "stats.json").read_text())
         for s in SPLITS:
-            os.replace(src / f"{s}.bin", out / s / f"{SHARD.format(k)}.bin")
-            os.replace(src / f"{s}.parquet", out / s / f"{SHARD.format(k)}.parquet")
+            os.replace(src / f"{s}.bin", out / s / f"{name}.bin")
             for key in ("docs", "tokens"):
                 splits[s][key] += shard_stats[s][key]
             splits[s]["tokens_by_source"].update(shard_stats[s]["tokens_by_source"])
+        os.replace(src / f"{INDEX}.parquet", out / INDEX / f"{name}.parquet")
     by_source: Counter = Counter()
     for s in SPLITS:
         by_source.update(splits[s]["tokens_by_source"])
@@ -316,3 +425,20 @@ def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
         "eos_id": tok.eos_id,
         "shards": n_shards,
     }
+
+
+def read_index(tokens_dir: Path, shard: int, split: str):
+    """(offset, length, source) numpy arrays of one shard's documents of `split`, in .bin
+    order (what the data loader needs)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(Path(tokens_dir) / INDEX / f"{SHARD.format(shard)}.parquet").read(
+        columns=["split", "offset", "length", "source"])
+    col = table.column("split").combine_chunks()
+    names = col.dictionary.to_pylist()
+    codes = col.indices.to_numpy(zero_copy_only=False)
+    chosen = codes == names.index(split) if split in names else np.zeros(len(codes), bool)
+    source = np.array(table.column("source").to_pylist(), dtype=object)[chosen]
+    return (table.column("offset").to_numpy()[chosen], table.column("length").to_numpy()[chosen],
+            source)

@@ -14,23 +14,32 @@ BLOCK = 20000  # source i's stream holds the values i*BLOCK, i*BLOCK+1, ... (pos
 
 
 def write_tokens(root: Path, shards: list[list[tuple[str, int]]], split="train") -> Path:
-    """A token artifact whose shards hold documents (source, n_tokens); each source's stream
-    counts up from its BLOCK, so a token tells its source and its position in the stream."""
+    """A token artifact whose shards hold documents (source, n_tokens) of `split`; each
+    source's stream counts up from its BLOCK, so a token tells its source and its position
+    in the stream. The other split gets one document per shard, which must be ignored."""
     names = sorted({s for shard in shards for s, _ in shard})
     next_value = {s: names.index(s) * BLOCK for s in names}
-    (root / split).mkdir(parents=True, exist_ok=True)
+    other = "val" if split == "train" else "train"
+    for d in ("train", "val", "index"):
+        (root / d).mkdir(parents=True, exist_ok=True)
     for k, docs in enumerate(shards):
         tokens, rows, offset = [], [], 0
         for j, (source, n) in enumerate(docs):
             v = next_value[source]
             tokens += range(v, v + n)
             next_value[source] += n
-            rows.append({"id": f"{k}-{j}", "source": source, "offset": offset, "length": n})
+            rows.append({"id": f"{k}-{j}", "source": source, "split": split,
+                         "offset": offset, "length": n})
             offset += n
+        rows.insert(1, {"id": f"{k}-x", "source": "elsewhere", "split": other,
+                        "offset": 0, "length": 3})
         np.array(tokens, np.uint16).tofile(root / split / f"shard-{k:05d}.bin")
-        pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([
-            ("id", pa.string()), ("source", pa.string()), ("offset", pa.int64()),
-            ("length", pa.int64())])), root / split / f"shard-{k:05d}.parquet")
+        np.array([65000] * 3, np.uint16).tofile(root / other / f"shard-{k:05d}.bin")
+        table = pa.Table.from_pylist(rows).cast(pa.schema([
+            ("id", pa.string()), ("source", pa.string()), ("split", pa.string()),
+            ("offset", pa.int64()), ("length", pa.int64())]))
+        table = table.set_column(2, "split", table.column("split").dictionary_encode())
+        pq.write_table(table, root / "index" / f"shard-{k:05d}.parquet")
     (root / "manifest.json").write_text(json.dumps({"stats": {"dtype": "uint16",
                                                                "vocab_size": 65535}}))
     return root

@@ -40,13 +40,14 @@ def ws(tmp_path_factory):
 
 
 def read_split(tokens: Path, split: str):
-    """(tokens of every shard, index rows with their shard number)."""
+    """(tokens of every shard, index rows of the split with their shard number)."""
     stats = json.loads((tokens / "manifest.json").read_text())["stats"]
     arrays, rows = [], []
     for k, b in enumerate(sorted((tokens / split).glob("shard-*.bin"))):
         arrays.append(np.fromfile(b, dtype=stats["dtype"]))
-        for r in pq.read_table(b.with_suffix(".parquet")).to_pylist():
-            rows.append({**r, "shard": k})
+        for r in pq.read_table(tokens / "index" / f"{b.stem}.parquet").to_pylist():
+            if r["split"] == split:
+                rows.append({**r, "shard": k})
     return arrays, rows
 
 
@@ -93,7 +94,7 @@ def test_manifest_counts_tokens_per_split_and_source(ws):
 def snapshot(tokens: Path) -> dict:
     return {str(p.relative_to(tokens)): (p.read_bytes() if p.suffix == ".bin" else
                                          pq.read_table(p).to_pylist())
-            for p in sorted(tokens.glob("*/shard-*"))}
+            for p in sorted(tokens.glob("*/shard-*"))}  # .bin files and indexes
 
 
 def test_output_is_identical_for_any_workers_and_rank_split(ws):
