@@ -41,19 +41,18 @@ class PerplexityConfig:
 def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, list[str], int]:
     """The first `limit` documents of a token artifact's split as `[</s>] + tokens` (their own
     `</s>` included), their sources, and the `</s>` id."""
-    import pyarrow.parquet as pq
-
+    from llmkit.data.tokenize import read_index
     from llmkit.workspace import Artifact
 
     stats = Artifact.open(tokens_dir).stats
     dtype, eos = np.dtype(stats["dtype"]), int(stats["eos_id"])
     docs, sources = [], []
-    for index in sorted((tokens_dir / split).glob("shard-*.parquet")):
-        table = pq.read_table(index, columns=["source", "offset", "length"]).to_pydict()
-        if not table["offset"]:
+    for path in sorted((Path(tokens_dir) / split).glob("shard-*.bin")):
+        offsets, lengths, shard_sources = read_index(tokens_dir, int(path.stem.split("-")[1]), split)
+        if not len(offsets):
             continue
-        tokens = np.memmap(index.with_suffix(".bin"), dtype=dtype, mode="r")
-        for source, offset, length in zip(table["source"], table["offset"], table["length"]):
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+        for offset, length, source in zip(offsets.tolist(), lengths.tolist(), shard_sources):
             docs.append(np.concatenate([[eos], tokens[offset:offset + length]]).astype(np.int64))
             sources.append(source)
             if len(docs) == limit:

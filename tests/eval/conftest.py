@@ -1,20 +1,19 @@
-"""Fixtures of the eval tests: a tiny tokenizer, language models whose predictions we set, and a
-token artifact written by hand."""
+"""Fixtures of the eval tests: a tiny tokenizer, language models whose predictions we set, and
+token shards of given texts."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn as nn
+from typer.testing import CliRunner
 
+from llmkit.cli.app import build_app
+from llmkit.data.io import DatasetWriter
 from llmkit.workspace import Workspace
 from tests.train.posttrain_fixtures import make_tokenizer
-
-EOS = 2  # the fixture tokenizer's </s>
 
 
 @pytest.fixture(scope="package")
@@ -41,21 +40,17 @@ class UnigramLM(nn.Module):
         return self.lm_head.bias.log_softmax(-1)[token].item()
 
 
-def write_tokens(root, docs_by_split: dict) -> Path:
-    """A token artifact as `llmkit tokenize` writes it: each document followed by </s>."""
-    b = Workspace(root).builder("tokens", stage="tokenize", config={}, quiet=True)
+def tokenize_rows(root: Path, tok, rows: list[dict], val_fraction: float) -> Path:
+    """`tokens` made by `llmkit tokenize` from a dataset of `rows` and the tokenizer `tok`."""
+    b = Workspace(root).builder("tokenizer", stage="tokenizer", config={}, quiet=True)
     with b:
-        for split, docs in docs_by_split.items():
-            (b.dir / split).mkdir()
-            flat, index, offset = [], {"id": [], "source": [], "offset": [], "length": []}, 0
-            for i, (source, ids) in enumerate(docs):
-                flat += [*ids, EOS]
-                index["id"].append(f"{split}{i}")
-                index["source"].append(source)
-                index["offset"].append(offset)
-                index["length"].append(len(ids) + 1)
-                offset += len(ids) + 1
-            np.array(flat, np.uint16).tofile(b.dir / split / "shard-00000.bin")
-            pq.write_table(pa.table(index), b.dir / split / "shard-00000.parquet")
-        b.stats.update(dtype="uint16", eos_id=EOS, vocab_size=50)
-    return b.final
+        tok.save(b.dir)
+    b = Workspace(root).builder("docs", stage="ingest", config={}, quiet=True)
+    with b:
+        writer = DatasetWriter(b.dir)
+        writer.write(pa.Table.from_pylist(rows))
+        writer.close()
+    r = CliRunner().invoke(build_app(), ["tokenize", "-w", str(root), "--in", "docs",
+                                         "--set", f"val_fraction={val_fraction}"])
+    assert r.exit_code == 0, r.output
+    return root / "tokens"

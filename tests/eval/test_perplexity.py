@@ -1,15 +1,18 @@
 import math
 
-import numpy as np
 import pytest
 import torch
 
+from llmkit.data.tokenize import val_mask
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.perplexity import (PerplexityConfig, split_documents, text_perplexity,
                                     token_split_perplexity)
 from llmkit.eval.scoring import LMScorer
-from tests.eval.conftest import EOS, write_tokens
-from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
+from tests.eval.conftest import tokenize_rows
+from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_model
+
+ROWS = [{"id": f"d{i}", "text": t, "source": "zh" if "计算" in t else "en"}
+        for i, t in enumerate(task_sentences(10, seed=3))]
 
 
 def nll_of(model, ids) -> float:
@@ -18,31 +21,34 @@ def nll_of(model, ids) -> float:
     return -logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
 
 
-@pytest.fixture
-def val_docs():
-    rng = np.random.default_rng(0)
-    return [("web", rng.integers(4, 50, 20).tolist()), ("code", rng.integers(4, 50, 7).tolist()),
-            ("web", rng.integers(4, 50, 12).tolist())]
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory, tok):
+    return tokenize_rows(tmp_path_factory.mktemp("ppl"), tok, ROWS, val_fraction=0.5)
 
 
-def test_val_documents_are_read_after_the_previous_eos(tmp_path, val_docs):
-    tokens = write_tokens(tmp_path, {"train": val_docs[:1], "val": val_docs})
-    docs, sources, eos = split_documents(tokens, "val", limit=2)
-    assert eos == EOS and sources == ["web", "code"]
-    assert [d.tolist() for d in docs] == [[EOS, *ids, EOS] for _, ids in val_docs[:2]]
+@pytest.fixture(scope="module")
+def val_rows():
+    in_val = val_mask([r["id"] for r in ROWS], 0.5, 0)
+    return [r for r, v in zip(ROWS, in_val) if v]
 
 
-def test_token_split_perplexity_is_the_corpus_mean_over_documents_and_sources(tmp_path, val_docs, tok):
-    model = tiny_model(50, seed=4).eval()
-    tokens = write_tokens(tmp_path, {"val": val_docs})
+def test_val_documents_are_read_after_the_previous_eos(tokens, val_rows, tok):
+    docs, sources, eos = split_documents(tokens, "val", limit=3)
+    assert eos == tok.eos_id and sources == [r["source"] for r in val_rows[:3]]
+    assert [d.tolist() for d in docs] == [[eos, *tok.encode(r["text"]), eos] for r in val_rows[:3]]
+
+
+def test_token_split_perplexity_is_the_corpus_mean_over_documents_and_sources(tokens, val_rows, tok):
+    model = tiny_model(tok.vocab_size, seed=4).eval()
     got = token_split_perplexity(LMScorer(model, device="cpu"), tok, tokens, PerplexityConfig())
-    nll = [nll_of(model, [EOS, *ids, EOS]) for _, ids in val_docs]
-    n = [len(ids) + 1 for _, ids in val_docs]  # every token and the closing </s>
-    assert got["tokens"] == sum(n) and got["docs"] == 3
+    seqs = [[tok.eos_id, *tok.encode(r["text"]), tok.eos_id] for r in val_rows]
+    nll = [nll_of(model, s) for s in seqs]
+    n = [len(s) - 1 for s in seqs]  # every text token and the closing </s>
+    assert got["tokens"] == sum(n) and got["docs"] == len(val_rows) >= 4
     assert got["ppl"] == pytest.approx(math.exp(sum(nll) / sum(n)), rel=1e-5)
-    web = got["by_source"]["web"]
-    assert web["ppl"] == pytest.approx(math.exp((nll[0] + nll[2]) / (n[0] + n[2])), rel=1e-5)
-    assert got["by_source"]["code"]["docs"] == 1
+    en = [i for i, r in enumerate(val_rows) if r["source"] == "en"]
+    assert got["by_source"]["en"]["ppl"] == pytest.approx(
+        math.exp(sum(nll[i] for i in en) / sum(n[i] for i in en)), rel=1e-5)
 
 
 def test_text_perplexity_tokenizes_and_reports_bits_per_byte(tok):
@@ -58,13 +64,11 @@ def test_text_perplexity_tokenizes_and_reports_bits_per_byte(tok):
 
 
 def test_shards_of_another_tokenizer_are_refused(tmp_path, tok):
-    tokens = write_tokens(tmp_path, {"val": [("web", [5, 6, 7])]})
-    scorer = LMScorer(tiny_model(tok.vocab_size), device="cpu")
-    tok.save(tokens / "tokenizer")
-    assert token_split_perplexity(scorer, tok, tokens, PerplexityConfig())["tokens"] == 4
-    make_tokenizer(tokens / "tokenizer", vocab_size=340)  # the shards say another one made them
+    other = make_tokenizer(tmp_path / "other", vocab_size=340)
+    tokens = tokenize_rows(tmp_path / "ws", other, ROWS, val_fraction=0.5)
     with pytest.raises(UserError, match="another tokenizer"):
-        token_split_perplexity(scorer, tok, tokens, PerplexityConfig())
+        token_split_perplexity(LMScorer(tiny_model(tok.vocab_size), device="cpu"), tok, tokens,
+                               PerplexityConfig())
 
 
 def test_stride_must_leave_context():

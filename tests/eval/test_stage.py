@@ -1,15 +1,15 @@
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.train.rm import RewardModel
 from tests.conftest import write_jsonl
-from tests.eval.conftest import write_tokens
-from tests.train.posttrain_fixtures import preference_rows, tiny_model, write_checkpoint_run
+from tests.eval.conftest import tokenize_rows
+from tests.train.posttrain_fixtures import (preference_rows, task_sentences, tiny_model,
+                                            write_checkpoint_run)
 
 EVAL_DATA = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "eval"
 
@@ -27,9 +27,8 @@ def ws(tmp_path_factory, tok):
     write_checkpoint_run(root, "ref", tiny_model(tok.vocab_size, seed=2), tok)
     rm = RewardModel(tiny_model(tok.vocab_size, seed=3))
     write_checkpoint_run(root, "rm", rm, tok, config=rm.checkpoint_config())
-    rng = np.random.default_rng(0)
-    write_tokens(root, {"val": [("web", rng.integers(4, 300, 40).tolist()),
-                                ("code", rng.integers(4, 300, 150).tolist())]})
+    tokenize_rows(root, tok, [{"id": f"d{i}", "text": t, "source": "tasks"}
+                              for i, t in enumerate(task_sentences(4))], val_fraction=0.5)
     prefs = write_jsonl(tmp / "prefs.jsonl", preference_rows(6))
     prompts = write_jsonl(tmp / "prompts.jsonl", [{"prompt": r["prompt"]} for r in preference_rows(3, seed=1)])
     return root, prefs, prompts
@@ -56,8 +55,10 @@ def test_every_task_reports_into_results_json_and_the_manifest(ws):
     results = json.loads((out / "results.json").read_text())
     assert results["step"] == "step-00000001"
     assert set(results) == {"run", "step", "tasks", "ppl", "choice", "generation", "reward", "efficiency"}
-    assert set(results["ppl"]["tokens:val"]) >= {"ppl", "tokens", "docs", "by_source"}
-    assert results["ppl"]["tokens:val"]["tokens"] == (40 + 1) + (150 + 1)  # each token and </s>
+    assert set(results["ppl"]["tokens:val"]) >= {"ppl", "nll_per_token", "tokens", "docs"}
+    val = json.loads((root / "tokens" / "manifest.json").read_text())["stats"]["splits"]["val"]
+    ppl = results["ppl"]["tokens:val"]
+    assert (ppl["tokens"], ppl["docs"]) == (val["tokens"], val["docs"])  # every token, </s> included
     assert set(results["choice"]) == {"mmlu_en_test", "ceval_zh_test"}
     zh = results["choice"]["ceval_zh_test"]
     assert zh["questions"] == 8 and zh["shots"] == 1 and set(zh["by_subject"]) <= {"古诗", "常识", "数学", "地理"}
