@@ -65,6 +65,17 @@ def reference_answer(row: dict) -> str:
     return row.get("response") if row.get("response") is not None else row["chosen"]
 
 
+def one_per_prompt(rows: list[dict]) -> list[dict]:
+    """The first row of each prompt. A ranked preference list expands to all its pairs, best
+    pair first; later pairs have a lesser reply as `chosen`, which is not the answer."""
+    seen, out = set(), []
+    for row in rows:
+        if row.get("prompt") not in seen:
+            seen.add(row.get("prompt"))
+            out.append(row)
+    return out
+
+
 # -- tokenisation --------------------------------------------------------------------------
 
 @dataclass

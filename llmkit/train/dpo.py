@@ -138,7 +138,8 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     import copy
     from functools import partial
 
-    from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, fixed_batches
+    from llmkit.data.chat import (BatchStream, collate_pairs, encode_pairs, fixed_batches,
+                                  one_per_prompt)
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
@@ -167,7 +168,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
     eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
     collate = partial(collate_pairs, pad_id=tokenizer.pad_id)
-    scored = heldout[:cfg.eval_records]
+    scored = one_per_prompt(heldout)[:cfg.eval_records]
     with training_run(b, resumable) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
         policy.to(default_device())

@@ -1,13 +1,13 @@
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
-from functools import partial
-
 from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, collate_pairs,
                               collate_sft, conversation, encode_conversation, encode_pair,
-                              encode_sft_rows, fixed_batches, pack, packed_row, prompt_messages,
-                              reference_answer, sft_rows)
+                              encode_sft_rows, fixed_batches, one_per_prompt, pack, packed_row,
+                              prompt_messages, reference_answer, sft_rows)
 from llmkit.errors import UserError
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
 
@@ -158,3 +158,11 @@ def test_stream_replays_the_same_batches_after_resume():
     resumed.load_state_dict(state)
     it2 = iter(resumed)
     assert [ids(next(it2)) for _ in range(6)] == rest
+
+
+def test_one_row_per_prompt_keeps_the_best_pair_of_a_ranked_list():
+    ranked = [{"prompt": "1+1", "chosen": "2", "rejected": "3"},
+              {"prompt": "1+1", "chosen": "2", "rejected": "9"},
+              {"prompt": "1+1", "chosen": "3", "rejected": "9"},  # a lesser reply as `chosen`
+              {"prompt": "2+2", "chosen": "4", "rejected": "5"}]
+    assert [reference_answer(r) for r in one_per_prompt(ranked)] == ["2", "4"]
