@@ -45,13 +45,15 @@ TOKENIZER_DIR = "tokenizer"
 class TokenizeConfig:
     val_fraction: float = 0.005  # share of documents (chosen by a hash of the id) in val
     split_seed: int = 0          # salt of that hash: another value picks another val set
-    batch_rows: int = 1024       # documents per worker task (memory: a few tasks per worker)
+    batch_rows: int = 1024       # documents read from parquet at a time
+    task_bytes: int = 1 << 20    # text per worker task (memory: a few tasks per worker)
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.batch_rows < 1:
-            raise ConfigError(f"batch_rows must be ≥ 1, got {self.batch_rows}")
+        if self.batch_rows < 1 or self.task_bytes < 1:
+            raise ConfigError(f"batch_rows and task_bytes must be ≥ 1, got {self.batch_rows}, "
+                              f"{self.task_bytes}")
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -149,12 +151,15 @@ def joined_text(column):
     return joined, np.diff(chars_before[offsets])
 
 
-def encode_documents(text_column, ids, cfg: TokenizeConfig, tokenizer=None):
-    """(train tokens, val tokens, per-document length incl. </s>, per-document is_val)."""
+def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
+    """Encode the documents of record batches (columns id, text): (train tokens, val tokens,
+    per-document length incl. </s>, per-document is_val)."""
     import numpy as np
 
     tok = tokenizer or _tokenizer
-    flat, counts = tok.encode_joined(*joined_text(text_column))
+    texts = [joined_text(b.column("text")) for b in batches]
+    flat, counts = tok.encode_joined("".join(t for t, _ in texts),
+                                     np.concatenate([n for _, n in texts]))
     lengths = counts + 1
     ends = np.cumsum(lengths)
     tokens = np.full(int(ends[-1]) if len(ends) else 0, tok.eos_id,
@@ -162,14 +167,15 @@ def encode_documents(text_column, ids, cfg: TokenizeConfig, tokenizer=None):
     body = np.ones(len(tokens), bool)
     body[ends - 1] = False
     tokens[body] = flat
-    in_val = val_mask(ids, cfg.val_fraction, cfg.split_seed)
+    in_val = np.concatenate([val_mask(b.column("id"), cfg.val_fraction, cfg.split_seed)
+                             for b in batches])
     token_in_val = np.repeat(in_val, lengths)
     return tokens[~token_in_val], tokens[token_in_val], lengths, in_val
 
 
 def _encode_task(args):
-    batch, cfg = args
-    return encode_documents(batch.column("text"), batch.column("id"), cfg)
+    batches, cfg = args
+    return encode_documents(batches, cfg)
 
 
 class _OrderedPool:
@@ -296,28 +302,44 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
     writer = _ShardWriter(tmp)
     try:
         batches = _with_ids(pf.iter_batches(batch_size=cfg.batch_rows, columns=columns), part)
-        held = deque()  # the batches whose results are in flight, for their ids and sources
+        held = deque()  # the tasks' batches whose results are in flight (ids, sources)
 
         def tasks():
-            for batch in batches:
-                held.append(batch)
-                yield batch.select(["id", "text"]), cfg
+            for group in _grouped(batches, cfg.task_bytes):
+                held.append(group)
+                yield [b.select(["id", "text"]) for b in group], cfg
 
         for train, val, lengths, in_val in pool.map(_encode_task, tasks()):
-            batch = held.popleft()
-            column = batch.column("source") if "source" in batch.schema.names else None
-            names = column.to_pylist() if column is not None else [None] * batch.num_rows
+            group = held.popleft()
+            ids = pa.concat_arrays([b.column("id") for b in group])
+            column = (pa.concat_arrays([b.column("source") for b in group])
+                      if "source" in group[0].schema.names else None)
+            names = column.to_pylist() if column is not None else [None] * len(ids)
             complete = column is not None and column.type == pa.string() and all(names)
-            writer.add(train, val, batch.column("id"), column if complete else None,
+            writer.add(train, val, ids, column if complete else None,
                        [s or default_source for s in names], lengths, in_val)
             if progress is not None:
-                progress.advance(batch.num_rows)
+                progress.advance(len(ids))
     finally:
         stats = writer.close()
     (tmp / "stats.json").write_text(json.dumps(stats))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return stats
+
+
+def _grouped(batches, task_bytes: int):
+    """Consecutive batches in groups of at least `task_bytes` of text (the last may be less):
+    few, large encoder calls even when documents are short."""
+    group, size = [], 0
+    for b in batches:
+        group.append(b)
+        size += b.column("text").nbytes
+        if size >= task_bytes:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
 
 def _with_ids(batches, part: Path):
