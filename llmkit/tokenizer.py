@@ -25,7 +25,7 @@ import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -136,6 +136,7 @@ _KEY_BYTES = 16      # a chunk whose code points fit in 16 bytes is its own key 
 _CACHED_CHARS = 64   # longer chunks are encoded every time, not kept
 _CACHE_CHARS = 1 << 25  # characters kept before the cache starts over (memory bound)
 _SPACE, _MARK = 0x20, 0x2581
+_SMALL_BATCH_CHARS = 4096  # smaller batches go to sentencepiece directly
 
 
 class _Grown:
@@ -574,6 +575,15 @@ class Tokenizer:
 
     def encode_flat(self, texts: Sequence[str]):
         """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
+        import numpy as np
+
+        if (not self.jieba and sum(map(len, texts)) < _SMALL_BATCH_CHARS
+                and not any(WS_MARK in t for t in texts)):
+            # a few short texts (a chat turn): sentencepiece directly costs less than setting
+            # up the batch encoder's arrays, and gives the same ids
+            encoded = self.sp.encode(list(texts))
+            counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
+            return np.fromiter(chain.from_iterable(encoded), np.int32, int(counts.sum())), counts
         return self._encoder.encode(texts)
 
     def encode_joined(self, joined: str, lengths):

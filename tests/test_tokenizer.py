@@ -129,6 +129,15 @@ def test_ids_do_not_depend_on_what_the_cache_holds(demo_tok, monkeypatch):
     assert [clash.encode([t])[0].tolist() for t in texts[:300]] == want[:300]
 
 
+def test_short_texts_and_long_batches_get_the_same_ids(demo_tok):
+    from llmkit.tokenizer import ChunkCacheEncoder
+
+    texts = EDGE_CASES + demo_texts()[::50]
+    batch = ChunkCacheEncoder(demo_tok.sp)
+    assert [demo_tok.encode(t) for t in texts] == [batch.encode([t])[0].tolist()
+                                                   for t in texts]
+
+
 def test_literal_whitespace_mark_is_byte_encoded_to_survive_the_round_trip(demo_tok):
     ids = demo_tok.encode("a▁b")
     byte_ids = [demo_tok.piece_to_id(f"<0x{b:02X}>") for b in "▁".encode()]
