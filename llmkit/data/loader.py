@@ -59,7 +59,7 @@ def _open_split(tokens_dir: Path, split: str):
     and the source names (sorted) that the codes index."""
     import numpy as np
 
-    from llmkit.data.tokenize import read_index
+    from llmkit.data.tokenize import read_index_codes
 
     try:
         manifest = json.loads((tokens_dir / "manifest.json").read_text())
@@ -69,21 +69,24 @@ def _open_split(tokens_dir: Path, split: str):
                         "dtype); build it with `llmkit tokenize`") from None
     if split not in ("train", "val"):
         raise UserError(f"no split {split!r} in {tokens_dir}; splits: train, val")
-    arrays, shard, offset, length, source = [], [], [], [], []
+    arrays, shard, offset, length, codes = [], [], [], [], []
+    code_of: dict[str, int] = {}
     for k, path in enumerate(sorted((tokens_dir / split).glob("shard-*.bin"))):
         size = path.stat().st_size // dtype.itemsize
         arrays.append(np.memmap(path, dtype, mode="r", shape=(size,)) if size
                       else np.empty(0, dtype))
-        off, n, src = read_index(tokens_dir, int(path.stem.split("-")[1]), split)
+        off, n, local, names = read_index_codes(tokens_dir, int(path.stem.split("-")[1]), split)
         shard.append(np.full(len(n), k, np.int64))
         offset.append(off)
         length.append(n)
-        source.append(src)
+        to_global = np.array([code_of.setdefault(x, len(code_of)) for x in names], np.int64)
+        codes.append(to_global[local] if len(local) else local)
+    names = sorted(code_of)
+    rank = np.array([names.index(n) for n in code_of], np.int64)  # first seen -> sorted
     cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))
-    names, codes = np.unique(np.concatenate(source) if source else np.empty(0, object),
-                             return_inverse=True)
-    return manifest, arrays, cat(shard), cat(offset), cat(length), codes.reshape(-1), \
-        names.tolist()
+    code = cat(codes)
+    return manifest, arrays, cat(shard), cat(offset), cat(length), \
+        (rank[code] if len(code) else code), names
 
 
 def _runs(shard, offset, length, keep):

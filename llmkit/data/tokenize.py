@@ -451,16 +451,33 @@ def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
 
 def read_index(tokens_dir: Path, shard: int, split: str):
     """(offset, length, source) numpy arrays of one shard's documents of `split`, in .bin
-    order (what the data loader needs)."""
+    order."""
+    offset, length, codes, names = read_index_codes(tokens_dir, shard, split)
+    return offset, length, np_object(names)[codes]
+
+
+def read_index_codes(tokens_dir: Path, shard: int, split: str):
+    """(offset, length, source code) numpy arrays of one shard's documents of `split`, in .bin
+    order, and the source names the codes index (what the data loader needs: memory stays
+    small with millions of documents)."""
     import numpy as np
     import pyarrow.parquet as pq
 
     table = pq.ParquetFile(Path(tokens_dir) / INDEX / f"{SHARD.format(shard)}.parquet").read(
         columns=["split", "offset", "length", "source"])
-    col = table.column("split").combine_chunks()
-    names = col.dictionary.to_pylist()
-    codes = col.indices.to_numpy(zero_copy_only=False)
-    chosen = codes == names.index(split) if split in names else np.zeros(len(codes), bool)
-    source = np.array(table.column("source").to_pylist(), dtype=object)[chosen]
+    split_col = table.column("split").combine_chunks()
+    chosen = split_col.indices.to_numpy(zero_copy_only=False) == (
+        split_col.dictionary.to_pylist().index(split)
+        if split in split_col.dictionary.to_pylist() else -1)
+    sources = table.column("source").combine_chunks().dictionary_encode()
+    codes = sources.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     return (table.column("offset").to_numpy()[chosen], table.column("length").to_numpy()[chosen],
-            source)
+            codes[chosen], sources.dictionary.to_pylist())
+
+
+def np_object(values: list):
+    import numpy as np
+
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
