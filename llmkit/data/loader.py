@@ -90,7 +90,8 @@ def _open_split(tokens_dir: Path, split: str):
 
 
 def _runs(shard, offset, length, keep):
-    """Merge consecutive kept documents that are contiguous in one shard into segments."""
+    """Merge consecutive kept documents (`keep`: their indices, in order) that are contiguous
+    in one shard into segments."""
     import numpy as np
 
     shard, offset, length = shard[keep], offset[keep], length[keep]
@@ -148,8 +149,11 @@ class TokenLoader:
         self.manifest, arrays, shard, offset, length, codes, names = _open_split(self.path,
                                                                                  split)
         self.vocab_size = self.manifest["stats"].get("vocab_size")
-        self._all = _Stream(arrays, *_runs(shard, offset, length, np.ones(len(shard), bool)))
-        streams = {n: _Stream(arrays, *_runs(shard, offset, length, codes == i))
+        self._all = _Stream(arrays, *_runs(shard, offset, length, np.arange(len(shard))))
+        by_source = np.argsort(codes, kind="stable")  # each source's documents, in order
+        bounds = np.searchsorted(codes[by_source], np.arange(len(names) + 1))
+        streams = {n: _Stream(arrays, *_runs(shard, offset, length,
+                                             by_source[bounds[i]:bounds[i + 1]]))
                    for i, n in enumerate(names)}
         self.tokens_by_source = {n: s.tokens for n, s in streams.items()}
         self.probabilities = mixture(self.tokens_by_source, temperature, weights) \
