@@ -425,24 +425,27 @@ class ChunkCacheEncoder:
             hit[found[differs]] = False
         return np.where(hit, entries, -1)
 
-    def _slot(self, keys):
-        """Table slot of each key ([n] hashes or [n, 3] keys)."""
+    def _mix(self, keys):
+        """One 64-bit hash of each key ([n] hashes or [n, 3] keys)."""
         np = self._np
         with np.errstate(over="ignore"):
             if keys.ndim == 2:
                 keys = (keys[:, 0] ^ (keys[:, 1] * np.uint64(0xC2B2AE3D27D4EB4F))
                         ^ (keys[:, 2] * np.uint64(0x165667B19E3779F9)))
-            mixed = keys * np.uint64(0x9E3779B97F4A7C15)
-        return (mixed >> np.uint64(64 - _SLOT_BITS)).astype(np.int64)
+            return keys * np.uint64(0x9E3779B97F4A7C15)
+
+    def _slot(self, keys):
+        """Table slot of each key ([n] hashes or [n, 3] keys)."""
+        return (self._mix(keys) >> self._np.uint64(64 - _SLOT_BITS)).astype(self._np.int64)
 
     def _add(self, cp, joined: str, starts, sizes, keys, packed):
         """Encode the missing chunks, one per distinct key, and cache the short ones.
         Returns every chunk's entry and the first entry that is temporary (dropped after
         the batch)."""
         np = self._np
-        _, reps, occurrence_of = np.unique(keys, axis=0, return_index=True,
+        _, reps, occurrence_of = np.unique(self._mix(keys), return_index=True,
                                            return_inverse=True)
-        occurrence_of = occurrence_of.reshape(-1)
+        twin = reps[occurrence_of]  # the chunk that stands for each one (itself, mostly)
         long = sizes[reps] > _CACHED_CHARS
         order = np.argsort(long, kind="stable")  # cached entries first, temporary ones last
         reps, rank = reps[order], np.argsort(order)
@@ -461,14 +464,15 @@ class ChunkCacheEncoder:
         self._slot_hash[slots] = kept_keys[~exact, 0].astype(np.uint32)
         self._slot_entry[slots] = new_entries[~exact]
         entries = first + rank[occurrence_of]
-        # a chunk whose hash equals another's but whose characters differ: encode it alone
-        differs = self._char_len.data[entries] != sizes
-        same = np.flatnonzero(~differs)
-        n = sizes[same]
-        differs[same] = _segment_any(
-            cp[_repeat_ranges(starts[same], n)]
-            != self._chars.data[_repeat_ranges(self._char_start.data[entries[same]], n)],
-            np.cumsum(n) - n, n)
+        # a chunk whose hash equals another's but which differs: encode it alone. Exact keys
+        # compare whole; hashed ones (long chunks) by their characters
+        differs = ~(keys == keys[twin]).all(axis=1)
+        check = np.flatnonzero(~differs & ~packed & (twin != np.arange(len(twin))))
+        if len(check):
+            n = sizes[check]
+            differs[check] = _segment_any(
+                cp[_repeat_ranges(starts[check], n)]
+                != cp[_repeat_ranges(starts[twin[check]], n)], np.cumsum(n) - n, n)
         for i in np.flatnonzero(differs).tolist():
             chunk = joined[starts[i]:starts[i] + sizes[i]]
             entries[i] = self._append(self._encode_chunks([chunk]),
