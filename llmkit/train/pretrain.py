@@ -154,7 +154,8 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     if from_ is not None:
         from_art, from_step = starting_weights(ctx.workspace, from_)
         inputs.append(from_art)
-    b, resumable = open_run(ctx, "pretrain", cfg, inputs)
+    # resume_from picks where this run continues; it must not make it look like another run
+    b, resumable = open_run(ctx, "pretrain", dataclasses.replace(cfg, resume_from=None), inputs)
     if b.up_to_date:
         return b
 

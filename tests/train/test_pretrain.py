@@ -87,6 +87,18 @@ def test_interrupted_stage_resumes_where_its_last_checkpoint_left_off(tmp_path, 
     assert [r["loss"] for r in read_metrics(run / "pretrain")] == [r["loss"] for r in straight]
 
 
+def test_resume_from_continues_the_same_run_from_an_older_step(tmp_path, trained):
+    import shutil
+
+    run = tmp_path / "ws"
+    shutil.copytree(trained.parent, run)
+    straight = read_metrics(run / "pretrain")
+    (run / "pretrain" / "manifest.json").unlink()
+    out = pretrain(run, "max_steps=8", "resume_from=step-00000004").output
+    assert "resumed from" in out and "step-00000004" in out
+    assert [r["loss"] for r in read_metrics(run / "pretrain")] == [r["loss"] for r in straight]
+
+
 def test_from_starts_a_new_run_from_a_checkpoint(ws, trained):
     pretrain(ws, "max_steps=1", "warmup_steps=0", extra=["--from", "pretrain", "--out", "more"])
     first = read_metrics(ws / "more")[0]["loss"]
