@@ -49,6 +49,23 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
     return b
 
 
+def ordered_imap(pool, fn, items, window: int):
+    """`pool.imap` that reads at most `window` items ahead of the results, in input order.
+
+    Pool.imap reads its whole input ahead of the workers; a window keeps memory at a few
+    batches per worker.
+    """
+    from collections import deque
+
+    pending = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
 class _mapper:
     """`map` in this process, or an order-preserving process pool for workers > 1."""
 
@@ -62,20 +79,7 @@ class _mapper:
         import multiprocessing as mp
 
         self.pool = mp.get_context("spawn" if _torch_loaded() else "fork").Pool(self.workers)
-        return self._bounded_imap
-
-    def _bounded_imap(self, fn, items):
-        # Pool.imap would read the whole input ahead of the workers; keep a small window so
-        # memory stays at a few batches per worker.
-        from collections import deque
-
-        window = deque()
-        for item in items:
-            window.append(self.pool.apply_async(fn, (item,)))
-            if len(window) >= 2 * self.workers:
-                yield window.popleft().get()
-        while window:
-            yield window.popleft().get()
+        return lambda fn, items: ordered_imap(self.pool, fn, items, 2 * self.workers)
 
     def __exit__(self, *exc):
         if self.pool is not None:

@@ -33,6 +33,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.data.pipeline import ordered_imap
 from llmkit.errors import ConfigError, UserError
 
 SPLITS = ("train", "val")
@@ -202,13 +203,7 @@ class _OrderedPool:
         if self.pool is None:
             yield from map(fn, items)
             return
-        window = deque()
-        for item in items:
-            window.append(self.pool.apply_async(fn, (item,)))
-            if len(window) >= 2 * self.workers:
-                yield window.popleft().get()
-        while window:
-            yield window.popleft().get()
+        yield from ordered_imap(self.pool, fn, items, 2 * self.workers)
 
     def __exit__(self, *exc):
         if self.pool is not None:
