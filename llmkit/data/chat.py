@@ -28,7 +28,7 @@ PAD_DOC = -1  # document id of padding: real tokens never attend to it
 
 # -- rows of the datasets -> messages -------------------------------------------------------
 
-def conversation(row: dict, where: str = "") -> list[dict]:
+def conversation(row: dict) -> list[dict]:
     """The messages of an SFT row: its `messages`, or `prompt` then `response`."""
     messages = row.get("messages")
     if messages:
@@ -37,10 +37,10 @@ def conversation(row: dict, where: str = "") -> list[dict]:
         out = [{"role": "user", "content": row["prompt"]},
                {"role": "assistant", "content": row["response"]}]
     else:
-        raise UserError(f"{where or 'row'} {row.get('id', '')!r}: an SFT row needs `messages` or "
+        raise UserError(f"row {row.get('id', '')!r}: an SFT row needs `messages` or "
                         "`prompt` and `response`; ingest the data with `llmkit ingest --kind sft`")
     if not any(m["role"] == "assistant" for m in out):
-        raise UserError(f"{where or 'row'} {row.get('id', '')!r} has no assistant turn to learn")
+        raise UserError(f"row {row.get('id', '')!r} has no assistant turn to learn")
     return out
 
 
