@@ -26,7 +26,7 @@ bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 lint: setup
-	$(BIN)/python -m compileall -q llmkit tests bench
+	$(BIN)/python -m pyflakes llmkit tests bench
 
 clean-workspace:
 	rm -rf workspace

@@ -17,7 +17,6 @@ import glob
 import hashlib
 import io
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path

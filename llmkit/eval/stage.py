@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.errors import ConfigError, UserError
+from llmkit.errors import ConfigError
 from llmkit.eval.choice import ChoiceConfig
 from llmkit.eval.efficiency import EfficiencyConfig
 from llmkit.eval.generation import GenerationConfig

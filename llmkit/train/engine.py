@@ -34,7 +34,7 @@ from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
-from llmkit.train.distributed import DistEnv, barrier, seed_everything, setup_distributed
+from llmkit.train.distributed import barrier, seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
 
 log = logging.getLogger("llmkit.train")

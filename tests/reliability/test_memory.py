@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import resource
 import subprocess
 import sys
 

@@ -10,6 +10,7 @@ from llmkit.errors import ConfigError
 from llmkit.train.dpo import DpoConfig, completion_logps, run_dpo
 from llmkit.train.losses import sequence_logps
 from llmkit.train.sft import load_transformer
+from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, separable_pairs,
                                             tiny_model, write_checkpoint_run, write_dataset)
 
@@ -83,11 +84,9 @@ def test_invalid_dpo_settings_name_the_key():
 
 
 def test_make_fragment_runs_dpo_with_its_reference(tmp_path):
-    from tests.train.test_sft import make_dry_run
-
     for name in ("sft", "pref_train", "base"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    assert make_dry_run(tmp_path, "dpo") == f"llmkit dpo --from sft --in pref_train -w {tmp_path}"
-    assert make_dry_run(tmp_path, "dpo", "DPO_REF=base", "DPO_FLAGS=--set loss_type=ipo") == (
+    assert make_command(tmp_path, "dpo") == f"llmkit dpo --from sft --in pref_train -w {tmp_path}"
+    assert make_command(tmp_path, "dpo", "DPO_REF=base", "DPO_FLAGS=--set loss_type=ipo") == (
         f"llmkit dpo --from sft --in pref_train --ref base -w {tmp_path} --set loss_type=ipo")

@@ -1,8 +1,6 @@
 import copy
 import json
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +13,10 @@ from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, PPOConfig, PPOT
                               clipped_value_loss, entropy_from_logits, gae,
                               group_relative_advantages, kl_estimate, left_pad, logprobs_of,
                               masked_mean, response_mask_of, run_ppo, token_rewards, whiten)
+from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,
                                             write_checkpoint_run, write_dataset)
 
-REPO = Path(__file__).resolve().parents[2]
 
 # ---- pure functions against hand-computed cases ------------------------------------------------
 
@@ -278,22 +276,13 @@ def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path):
 # ---- the make fragment ----------------------------------------------------------------------------
 
 
-MAKE_FRAGMENTS = ["-f", str(REPO / "stages/common.mk"), "-f", str(REPO / "stages/ppo.mk")]
-
-
-def make_dry_run(ws: Path, *variables: str) -> str:
-    out = subprocess.run(["make", "-n", *MAKE_FRAGMENTS, f"WS={ws}", *variables, f"{ws}/ppo/manifest.json"],
-                         capture_output=True, text=True, check=True)
-    return " ".join(out.stdout.replace("\\\n", " ").split())
-
-
 def test_make_fragment_runs_ppo_on_its_inputs(tmp_path):
     for name in ("sft", "prompts_train", "rm", "prompts_eval"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    verify = make_dry_run(tmp_path)
+    verify = make_command(tmp_path, "ppo")
     assert verify == f"llmkit ppo --from sft --in prompts_train -w {tmp_path}"
-    with_rm = make_dry_run(tmp_path, "PPO_REWARD=rm", "PPO_EVAL=prompts_eval",
+    with_rm = make_command(tmp_path, "ppo", "PPO_REWARD=rm", "PPO_EVAL=prompts_eval",
                            "PPO_FLAGS=--set algo=grpo")
     assert with_rm == (f"llmkit ppo --from sft --in prompts_train --reward rm --eval prompts_eval "
                        f"-w {tmp_path} --set algo=grpo")
@@ -303,8 +292,7 @@ def test_make_fragment_waits_for_the_reward_model(tmp_path):
     for name in ("sft", "prompts_train"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    out = subprocess.run(["make", "-n", *MAKE_FRAGMENTS, f"WS={tmp_path}", "PPO_REWARD=rm",
-                          f"{tmp_path}/ppo/manifest.json"], capture_output=True, text=True)
+    out = make_dry_run(tmp_path, "ppo", "PPO_REWARD=rm", check=False)
     assert out.returncode != 0 and "rm/manifest.json" in out.stderr
 
 

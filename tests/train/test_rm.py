@@ -6,6 +6,7 @@ import torch
 from llmkit.config import _Raw
 from llmkit.errors import UserError
 from llmkit.train.rm import RewardModel, RmConfig, load_reward_model, run_rm
+from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (make_tokenizer, separable_pairs, tiny_model,
                                             write_checkpoint_run, write_dataset)
 
@@ -79,10 +80,8 @@ def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
 
 
 def test_make_fragment_runs_rm_on_its_inputs(tmp_path):
-    from tests.train.test_sft import make_dry_run
-
     for name in ("sft", "pref_train", "pref_eval"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    assert make_dry_run(tmp_path, "rm", "RM_EVAL=pref_eval") == (
+    assert make_command(tmp_path, "rm", "RM_EVAL=pref_eval") == (
         f"llmkit rm --from sft --in pref_train --eval pref_eval -w {tmp_path}")

@@ -8,7 +8,7 @@ from llmkit.errors import ConfigError, UserError
 from llmkit.train.losses import sft_loss, token_logps
 from llmkit.train.sft import (SftConfig, evaluate_exact_match, generate_replies,
                               labelled_token_logps, load_transformer, run_sft)
-from llmkit.workspace import Workspace
+from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,
                                             write_checkpoint_run, write_dataset)
 
@@ -115,21 +115,10 @@ def test_bad_settings_are_user_errors(make_ctx, setup, tok):
         load_transformer(rm_like)
 
 
-def make_dry_run(ws, stage: str, *variables: str) -> str:
-    import subprocess
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run(["make", "-n", "-f", str(repo / "stages/common.mk"), "-f",
-                          str(repo / f"stages/{stage}.mk"), f"WS={ws}", *variables,
-                          f"{ws}/{stage}/manifest.json"], capture_output=True, text=True, check=True)
-    return " ".join(out.stdout.replace("\\\n", " ").split())
-
-
 def test_make_fragment_runs_sft_on_its_inputs(tmp_path):
     for name in ("pretrain", "sft_train", "sft_eval"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text("{}")
-    assert make_dry_run(tmp_path, "sft") == f"llmkit sft --from pretrain --in sft_train -w {tmp_path}"
-    assert make_dry_run(tmp_path, "sft", "SFT_EVAL=sft_eval", "SFT_FLAGS=--set lr=1e-3") == (
+    assert make_command(tmp_path, "sft") == f"llmkit sft --from pretrain --in sft_train -w {tmp_path}"
+    assert make_command(tmp_path, "sft", "SFT_EVAL=sft_eval", "SFT_FLAGS=--set lr=1e-3") == (
         f"llmkit sft --from pretrain --in sft_train --eval sft_eval -w {tmp_path} --set lr=1e-3")
