@@ -4,7 +4,8 @@ a `latest` file naming the newest complete one.
 A step folder holds `model.safetensors` (consolidated weights, tied matrices stored once),
 `config.json` (model config), `trainer_state.json` (step, tokens seen, per-rank data position
 and RNG states, metrics), a copy of the tokenizer, and `ds/` (DeepSpeed's optimizer / ZeRO
-shards, for exact resume). Everything here reads safetensors and JSON only: nothing is unpickled.
+shards, for exact resume). Everything here reads safetensors and JSON; DeepSpeed's own `.pt`
+files are read through `safe_torch_load`, never with the full unpickler.
 """
 
 from __future__ import annotations
@@ -139,6 +140,39 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
+
+
+# -- DeepSpeed's pickles ---------------------------------------------------------------------
+
+# DeepSpeed reads its states back with torch.load(weights_only=False), which would run any code
+# planted in a checkpoint folder. The engine swaps in `safe_torch_load`: torch's weights-only
+# unpickler, allowing just the DeepSpeed types that its states hold (found by
+# torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO 0-3 / fp32 / bf16 / fp16 saves).
+DEEPSPEED_STATE_TYPES = (
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)
+
+
+def safe_torch_load(path, map_location=None):
+    """torch.load for DeepSpeed state files that refuses, with a UserError, anything but tensors,
+    containers and the DeepSpeed types above."""
+    import importlib
+    import pickle
+
+    import torch
+
+    allowed = [getattr(importlib.import_module(module), name) for module, name in DEEPSPEED_STATE_TYPES]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[0]
+        raise UserError(f"refusing to load {path}: it holds more than tensors and DeepSpeed state "
+                        f"({reason}); it was not written by llmkit. Delete that step folder, or "
+                        "resume from another one (resume_from=step-...)") from None
 
 
 # -- weights -------------------------------------------------------------------------------

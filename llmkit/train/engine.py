@@ -396,6 +396,9 @@ class Engine:
                 f"{step_dir} was written by {state['world_size']} processes, this run has "
                 f"{self.dist.world_size}; resume with the same number, or start a new run from its "
                 "weights (--from)")
+        # every DeepSpeed read of the step folder (model, optimizer, ZeRO shards) goes through
+        # its checkpoint engine: make those reads weights-only
+        self.model.checkpoint_engine.load = ckpt.safe_torch_load
         load_path, _ = self.model.load_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED,
                                                   load_optimizer_states=True,
                                                   load_lr_scheduler_states=False)
