@@ -39,8 +39,9 @@ def load_model(path, device=None):
     step_dir = checkpoint_step_dir(path)
     state_dict, config = load_weights(step_dir)
     if config.get(HEAD_KEY):
-        raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; load it with "
-                        "llmkit.train.rm.load_reward_model")
+        raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; start from a "
+                        "pretrain / sft / dpo checkpoint (a reward model loads with "
+                        "llmkit.train.rm.load_reward_model)")
     if "model_type" in config:
         raise UserError(f"{step_dir} holds a Hugging Face transformers config.json; turn the folder into an "
                         "llmkit checkpoint with `llmkit import --from DIR --out NAME` first")

@@ -278,7 +278,7 @@ def compare_with_transformers(model, tokenizer, hf_model, hf_tokenizer, cfg: Exp
     with torch.no_grad():
         diff = (model(inputs) - hf_model(inputs).logits.float()).abs().max().item()
     ours = _greedy_llmkit(model, inputs, cfg.probe_new_tokens)
-    theirs = _greedy_transformers(hf_model, inputs, cfg.probe_new_tokens, tokenizer.pad_id)
+    theirs = _greedy_transformers(hf_model, inputs, cfg.probe_new_tokens)
     greedy_equal = ours == theirs
     if diff > cfg.tolerance or not greedy_equal:
         print(f"warning: export parity: max |logit diff| {diff:.2e} (tolerance {cfg.tolerance:.0e}), "
@@ -323,16 +323,18 @@ def _greedy_llmkit(model, inputs, n: int) -> list[list[int]]:
     return generate(model, inputs, n, greedy=True)[:, inputs.shape[1]:].tolist()
 
 
-def _greedy_transformers(hf_model, inputs, n: int, pad_id: int) -> list[list[int]]:
+def _greedy_transformers(hf_model, inputs, n: int) -> list[list[int]]:
+    """n greedy tokens through transformers' own KV cache. A plain loop, not generate(): that one
+    applies the exported generation_config (its eos ids), which llmkit's probe does not stop at."""
     import torch
-    import transformers
 
-    # no stop tokens: both sides generate exactly n tokens
-    config = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                           eos_token_id=None, pad_token_id=pad_id)
+    tokens = []
     with torch.no_grad():
-        out = hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
-    return out[:, inputs.shape[1]:].tolist()
+        out = hf_model(inputs, use_cache=True)
+        for _ in range(n):
+            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+            out = hf_model(tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+    return torch.cat(tokens, 1).tolist()
 
 
 def _as_ids(encoded) -> list[int]:

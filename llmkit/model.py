@@ -434,6 +434,46 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
     return tokens
 
 
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [N, P], attention mask [N, P]) padded on the left, as generation needs."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate_replies(model: Transformer, prompts: list[list[int]], *, stop_ids: list[int], pad_id: int,
+                     max_new_tokens: int, batch_size: int = 64, temperature: float = 0.0,
+                     seed: int = 0) -> list[list[int]]:
+    """Reply tokens for each prompt (greedy when temperature is 0), cut before the first stop id,
+    in batches of similar length. Prompts are cut from the left so that prompt + reply fit in
+    max_seq_len. The model is used as it is (call .eval() first for deterministic replies)."""
+    limit = model.config.max_seq_len - max_new_tokens
+    if limit < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
+                          f"max_seq_len={model.config.max_seq_len}")
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+    replies: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        ids, mask = left_pad([prompts[i][-limit:] for i in rows], pad_id)
+        out = generate(model, ids.to(device), max_new_tokens, temperature=temperature,
+                       greedy=temperature == 0, eos_id=stop_ids[0], attention_mask=mask.to(device),
+                       generator=generator)
+        for r, i in enumerate(rows):
+            reply = out[r, ids.shape[1]:].tolist()
+            cut = min((reply.index(s) for s in stop_ids if s in reply), default=len(reply))
+            replies[i] = reply[:cut]
+    return replies
+
+
 # ---- Hugging Face interchange (llmkit export / import) ----
 
 def to_hf_config(cfg: ModelConfig) -> dict:

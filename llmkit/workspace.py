@@ -64,6 +64,13 @@ def fingerprint_of(stage: str, config: dict, input_fingerprints: list[str]) -> s
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+# the stage that writes each default artifact name, for "what to do" in a missing-input error
+BUILT_BY = {"raw": "ingest", "clean": "clean", "dedup": "dedup", "filtered": "ppl-filter",
+            "tokenizer": "tokenizer", "tokens": "tokenize", "pretrain": "pretrain", "sft": "sft",
+            "rm": "rm", "dpo": "dpo", "ppo": "ppo", "sft_train": "ingest --kind sft",
+            "pref_train": "ingest --kind preference", "prompts_train": "ingest --kind prompt"}
+
+
 @dataclass
 class Artifact:
     """A complete artifact: a directory whose manifest.json exists."""
@@ -124,9 +131,10 @@ class Workspace:
         for c in candidates:
             if c.exists():
                 return Artifact.open(c)
+        stage = BUILT_BY.get(str(name_or_path))
+        hint = f"build it first with `llmkit {stage}`" if stage else "run the stage that builds it first"
         raise UserError(
-            f"no artifact {str(name_or_path)!r} in workspace {self.root}; "
-            "run the stage that builds it first (see `llmkit status`)"
+            f"no artifact {str(name_or_path)!r} in workspace {self.root}; {hint} (see `llmkit status`)"
         )
 
     def builder(self, name: str, *, stage: str, config, inputs: list[Artifact] = (),

@@ -6,7 +6,9 @@ import transformers
 from safetensors.torch import save_file
 
 from llmkit.model import (ConfigError, KVCache, ModelConfig, Transformer, from_hf_config, from_hf_state_dict,
-                          generate, model_config, sample_next_token, to_hf_config, to_hf_state_dict)
+                          generate, generate_replies, model_config, sample_next_token, to_hf_config,
+                          to_hf_state_dict)
+from tests.train.posttrain_fixtures import constant_model
 
 VOCAB = 97
 
@@ -295,3 +297,11 @@ def test_bf16_weights_and_autocast_run_forward_and_cached_generation(overrides):
     assert model(x).dtype == torch.float32
     assert (model(x) - full).abs().max() < 0.1  # bf16 keeps the logits close
     assert generate(model, x, 3, greedy=True).shape == (2, 9)
+
+
+def test_replies_stop_before_the_first_stop_token_and_fit_the_context():
+    model = constant_model(40)
+    prompts = [[5, 6, 7], [i % 40 for i in range(200)]]  # the second is cut from the left to fit
+    kw = dict(pad_id=3, max_new_tokens=4, batch_size=2)
+    assert generate_replies(model, prompts, stop_ids=[9], **kw) == [[0] * 4, [0] * 4]
+    assert generate_replies(model, prompts, stop_ids=[9, 0], **kw) == [[], []]

@@ -155,46 +155,18 @@ def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
 
 # -- generation --------------------------------------------------------------------------------
 
-def generate_replies(model, prompts: list[list[int]], *, stop_ids: list[int], pad_id: int,
-                     max_new_tokens: int, batch_size: int, device, temperature: float = 0.0,
-                     seed: int = 0) -> list[list[int]]:
-    """Reply tokens for each prompt (greedy when temperature is 0), cut before the first stop id.
-    Prompts are cut from the left so that prompt + reply fit in the model's max_seq_len."""
-    import torch
-
-    from llmkit.model import generate
-    from llmkit.train.ppo import left_pad
-
-    limit = model.config.max_seq_len - max_new_tokens
-    if limit < 1:
-        raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
-                          f"max_seq_len={model.config.max_seq_len}")
-    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
-    replies: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        ids, mask = left_pad([prompts[i][-limit:] for i in rows], pad_id)
-        out = generate(model, ids.to(device), max_new_tokens, temperature=temperature,
-                       greedy=temperature == 0, eos_id=stop_ids[0], attention_mask=mask.to(device),
-                       generator=generator)
-        for r, i in enumerate(rows):
-            reply = out[r, ids.shape[1]:].tolist()
-            cut = min((reply.index(s) for s in stop_ids if s in reply), default=len(reply))
-            replies[i] = reply[:cut]
-    return replies
-
-
 def evaluate_generation(model, tokenizer, rows: list[dict], cfg: GenerationConfig, *, chat: bool,
                         device, name: str = "generation") -> tuple[dict, list[dict]]:
     """Metrics by language for one file, and the samples (prompt, references, reply, lang)."""
+    from llmkit.model import generate_replies
+
     refs = [references_of(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
     langs = [language_of(r, ref) for r, ref in zip(rows, refs)]
     prompts = [prompt_ids(tokenizer, r, chat, f"{name} row {i + 1}") for i, r in enumerate(rows)]
     stop_ids = [tokenizer.end_of_turn_id, tokenizer.eos_id] if chat else [tokenizer.eos_id]
     replies = generate_replies(model.to(device).eval(), prompts, stop_ids=stop_ids,
                                pad_id=tokenizer.pad_id, max_new_tokens=cfg.max_new_tokens,
-                               batch_size=cfg.batch_size, device=device)
+                               batch_size=cfg.batch_size)
     texts = [tokenizer.decode(r) for r in replies]
     if not chat and cfg.stop_at_newline:
         texts = [t.strip("\n").split("\n", 1)[0] for t in texts]

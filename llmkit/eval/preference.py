@@ -87,14 +87,14 @@ def win_rate(policy_rewards: np.ndarray, reference_rewards: np.ndarray) -> dict:
 
 def policy_replies(model, tokenizer, rows: list[dict], cfg: RewardConfig, *, chat: bool, device,
                    seed: int = 0) -> list[str]:
-    from llmkit.eval.generation import generate_replies, prompt_ids
+    from llmkit.eval.generation import prompt_ids
+    from llmkit.model import generate_replies
 
     prompts = [prompt_ids(tokenizer, r, chat, f"prompt row {i + 1}") for i, r in enumerate(rows)]
     stop_ids = [tokenizer.end_of_turn_id, tokenizer.eos_id] if chat else [tokenizer.eos_id]
     replies = generate_replies(model.to(device).eval(), prompts, stop_ids=stop_ids,
                                pad_id=tokenizer.pad_id, max_new_tokens=cfg.max_new_tokens,
-                               batch_size=cfg.batch_size, device=device,
-                               temperature=cfg.temperature, seed=seed)
+                               batch_size=cfg.batch_size, temperature=cfg.temperature, seed=seed)
     return [tokenizer.decode(r).strip() for r in replies]
 
 

@@ -11,6 +11,7 @@ files are read through `safe_torch_load`, never with the full unpickler.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import random
@@ -142,6 +143,54 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
     return doomed
 
 
+# -- the run folder as a workspace artifact ----------------------------------------------------
+
+RUN_FINGERPRINT = "run_fingerprint"  # file in a run dir: the fingerprint of the run it holds
+
+
+def open_run(ctx, stage: str, cfg, inputs: list):
+    """(Builder of a checkpoint run, whether its directory holds a run to resume): a run of the
+    same fingerprint that did not finish resumes; anything else is cleared by `start_run`."""
+    import dataclasses
+
+    from llmkit.workspace import MANIFEST
+
+    # resume_from picks where a run continues; it must not make it look like another run
+    cfg = dataclasses.replace(cfg, resume_from=None)
+    b = ctx.workspace.builder(ctx.out_name(stage), stage=stage, config=cfg, inputs=inputs,
+                              force=ctx.force, in_place=True)
+    marker = b.final / RUN_FINGERPRINT
+    resumable = (marker.is_file() and marker.read_text().strip() == b.fingerprint
+                 and not (b.final / MANIFEST).exists())
+    return b, resumable
+
+
+def start_run(b, resumable: bool) -> None:
+    """Inside `with b:` — clear a run dir that holds another (or a finished) run, mark ours."""
+    if not resumable:
+        for p in b.dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (b.dir / RUN_FINGERPRINT).write_text(b.fingerprint + "\n")
+
+
+@contextlib.contextmanager
+def training_run(b, resumable: bool):
+    """Every process of a training run enters this: the main one holds the builder (lock,
+    manifest written on success) and clears or keeps the run dir (`start_run`) before the
+    others go on. Yields the process's DistEnv."""
+    from llmkit.train.distributed import barrier, setup_distributed
+
+    dist = setup_distributed()
+    if not dist.is_main:
+        barrier()
+        yield dist
+        return
+    with b:
+        start_run(b, resumable)
+        barrier()
+        yield dist
+
+
 # -- DeepSpeed's pickles ---------------------------------------------------------------------
 
 # DeepSpeed reads its states back with torch.load(weights_only=False), which would run any code
@@ -157,8 +206,9 @@ DEEPSPEED_STATE_TYPES = (
 
 
 def safe_torch_load(path, map_location=None):
-    """torch.load for DeepSpeed state files that refuses, with a UserError, anything but tensors,
-    containers and the DeepSpeed types above."""
+    """torch.load for DeepSpeed state files: tensors, containers and the DeepSpeed types above.
+    A file that names any other global is refused with a UserError (nothing of it runs); a file
+    that is merely damaged raises torch's error, so the caller can fall back to an older step."""
     import importlib
     import pickle
 
@@ -168,11 +218,17 @@ def safe_torch_load(path, map_location=None):
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()[0]
-        raise UserError(f"refusing to load {path}: it holds more than tensors and DeepSpeed state "
-                        f"({reason}); it was not written by llmkit. Delete that step folder, or "
-                        "resume from another one (resume_from=step-...)") from None
+    except pickle.UnpicklingError:
+        try:
+            named = torch.serialization.get_unsafe_globals_in_checkpoint(path)  # reads, never runs
+        except Exception:
+            raise  # not a readable checkpoint at all: damaged
+        foreign = sorted(set(named) - {f"{module}.{name}" for module, name in DEEPSPEED_STATE_TYPES})
+        if not foreign:
+            raise
+        raise UserError(f"refusing to load {path}: it asks to run {', '.join(foreign[:3])}, which is not "
+                        "tensor or DeepSpeed state; it was not written by llmkit. Delete that step folder, "
+                        "or resume from another one (resume_from=step-...)") from None
 
 
 # -- weights -------------------------------------------------------------------------------

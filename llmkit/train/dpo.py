@@ -143,9 +143,10 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
-                                  exact_match_scorer, load_transformer, open_run, read_rows,
-                                  split_rows, training_run)
+    from llmkit.api import load_model
+    from llmkit.train.checkpoint import open_run, training_run
+    from llmkit.train.sft import (default_device, exact_match_scorer, load_start, read_rows,
+                                  split_rows)
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
@@ -158,9 +159,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                             [a for a in (base_art, ref_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
-    policy, step_dir = load_transformer(base_step)
-    check_seq_len(cfg, policy)
-    tokenizer = checkpoint_tokenizer(step_dir)
+    policy, tokenizer = load_start(base_step, cfg)
     needed = ("prompt", "chosen", "rejected")
     train_rows, heldout = split_rows(read_rows(data_art, needed),
                                      read_rows(eval_art, needed) if eval_art else None,
@@ -174,7 +173,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
         policy.to(default_device())
         reference, ref_seconds = None, 0.0
         if cfg.uses_reference:
-            reference = (load_transformer(ref_step)[0].to(default_device()) if ref_step
+            reference = (load_model(ref_step, default_device())[0] if ref_step
                          else policy if cfg.precompute_ref else copy.deepcopy(policy))
             if cfg.precompute_ref:
                 started = time.time()

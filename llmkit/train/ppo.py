@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import Transformer, generate
+from llmkit.model import Transformer, generate, left_pad
 from llmkit.train.engine import Task
 from llmkit.train.sft import GenerativeConfig
 
@@ -396,18 +396,6 @@ class Samples:
 Scorer = Callable[[Samples], torch.Tensor]  # sampled responses -> one score per row [N]
 
 
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids [N, P], attention mask [N, P]) padded on the left, as generation needs."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
-
-
 def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
     """1 on each response token up to and including its first stop token, 0 after it."""
     if not stop_ids:
@@ -737,9 +725,10 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.rm import load_reward_model
-    from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
-                                  evaluate_exact_match, load_transformer, open_run, read_rows,
-                                  split_rows, start_run)
+    from llmkit.api import load_tokenizer
+    from llmkit.train.checkpoint import open_run, start_run
+    from llmkit.train.sft import (default_device, evaluate_exact_match, load_start, read_rows,
+                                  split_rows)
 
     policy_art, policy_step = starting_weights(ctx.workspace, policy)
     prompts_art = ctx.input(default="prompts_train")
@@ -751,13 +740,11 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     if b.up_to_date:
         return b
 
-    model, step_dir = load_transformer(policy_step)
-    check_seq_len(cfg, model)
-    tokenizer = checkpoint_tokenizer(step_dir)
+    model, tokenizer = load_start(policy_step, cfg)
     rm = None
     if rm_art is not None and (mode != "verify" or cfg.value_model == "separate"):
         rm = load_reward_model(rm_step)
-        if not same_tokenizer(tokenizer, checkpoint_tokenizer(rm_step)):
+        if not same_tokenizer(tokenizer, load_tokenizer(rm_step)):
             raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
                             "the reward model from the same base as the policy")
     rows = read_rows(prompts_art, ())

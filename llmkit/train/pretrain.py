@@ -135,17 +135,29 @@ def starting_weights(workspace, from_: str):
     return art, resolve_step_dir(art.path)
 
 
+def require_same_tokenizer(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
+    """Continued pretraining must read tokens made by the tokenizer the weights were trained
+    with: ids from another vocabulary would train silently on garbage."""
+    from llmkit.tokenizer import MODEL_FILE
+    from llmkit.train.checkpoint import TOKENIZER
+
+    ours = step_dir / TOKENIZER / MODEL_FILE
+    if ours.is_file() and ours.read_bytes() != (tokenizer_dir / MODEL_FILE).read_bytes():
+        raise ConfigError(f"{tokens_dir} was tokenized with {tokenizer_dir}, but {step_dir} was trained "
+                          f"with another tokenizer ({ours}); tokenize the corpus with that tokenizer, "
+                          "or train a new model without --from")
+
+
 def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
     the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
-    import contextlib
-
+    from llmkit.api import load_model
     from llmkit.data.loader import TokenLoader
     from llmkit.model import Transformer
     from llmkit.progress import print_summary
-    from llmkit.train.distributed import barrier, seed_everything, setup_distributed
+    from llmkit.train.checkpoint import open_run, training_run
+    from llmkit.train.distributed import seed_everything, setup_distributed
     from llmkit.train.engine import Engine
-    from llmkit.train.sft import load_transformer, open_run, start_run
 
     tokens_art = ctx.input(default="tokens")
     tokenizer_art = tokenizer_of(tokens_art, ctx.workspace)
@@ -154,18 +166,19 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     if from_ is not None:
         from_art, from_step = starting_weights(ctx.workspace, from_)
         inputs.append(from_art)
-    # resume_from picks where this run continues; it must not make it look like another run
-    b, resumable = open_run(ctx, "pretrain", dataclasses.replace(cfg, resume_from=None), inputs)
+    b, resumable = open_run(ctx, "pretrain", cfg, inputs)
     if b.up_to_date:
         return b
 
     vocab_size = tokens_art.manifest["stats"]["vocab_size"]
     seed_everything(cfg.seed)  # every rank builds the same initial weights
     if from_step is not None:
-        model, _ = load_transformer(from_step)
+        model, _ = load_model(from_step)
         b.extra["from"] = str(from_step)
     else:
         model = Transformer(cfg.model.build(vocab_size))
+    if from_step is not None:
+        require_same_tokenizer(from_step, tokenizer_art.path, tokens_art.path)
     if model.config.vocab_size < vocab_size:
         raise ConfigError(f"the model's vocab_size ({model.config.vocab_size}) is smaller than the "
                           f"tokenizer's ({vocab_size}); drop model.vocab_size or raise it")
@@ -182,10 +195,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     val = TokenLoader(tokens_art.path, "val", **loader_args) if val_tokens > cfg.seq_len else None
     task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
 
-    with b if dist.is_main else contextlib.nullcontext():  # one writer of the manifest
-        if dist.is_main:
-            start_run(b, resumable)
-        barrier()
+    with training_run(b, resumable):
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer_art.path,
                         model_config=model.config).fit()
         last = result.metrics

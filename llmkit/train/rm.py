@@ -177,9 +177,8 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     from llmkit.progress import print_summary
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import (check_seq_len, checkpoint_tokenizer, default_device,
-                                  load_transformer, open_run, read_rows, split_rows,
-                                  training_run)
+    from llmkit.train.checkpoint import open_run, training_run
+    from llmkit.train.sft import default_device, load_start, read_rows, split_rows
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
@@ -187,9 +186,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     b, resumable = open_run(ctx, "rm", cfg, [a for a in (base_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
-    trunk, step_dir = load_transformer(base_step)
-    check_seq_len(cfg, trunk)
-    tokenizer = checkpoint_tokenizer(step_dir)
+    trunk, tokenizer = load_start(base_step, cfg)
     needed = ("prompt", "chosen", "rejected")
     train_rows, heldout = split_rows(read_rows(data_art, needed),
                                      read_rows(eval_art, needed) if eval_art else None,

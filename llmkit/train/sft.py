@@ -5,26 +5,20 @@ conversations are packed into one sequence with attention blocked between them. 
 scored before and after training by greedy exact match on held-out rows
 (`evaluate_exact_match`), recorded as `stats.base_accuracy` and `stats.accuracy`.
 
-This module also holds what the post-training stages (sft, rm, dpo) share: opening the
-starting checkpoint and its tokenizer, reading and splitting the data, the checkpoint-run
-directory, and the log-probabilities of labelled tokens.
+This module also holds what the post-training stages (sft, rm, dpo, ppo) share: opening the
+starting checkpoint and its tokenizer, reading and splitting the data, exact-match scoring, and
+the log-probabilities of labelled tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.engine import Task, TrainConfig
-
-RUN_FINGERPRINT = "run_fingerprint"  # file in a run dir: the fingerprint of the run it holds
-
 
 # -- configuration -------------------------------------------------------------------------
 
@@ -73,30 +67,13 @@ class SftConfig(GenerativeConfig):
 
 # -- the starting checkpoint ---------------------------------------------------------------
 
-def load_transformer(path):
-    """(Transformer, step folder) of a language-model checkpoint (run or step folder)."""
-    from llmkit.model import Transformer
-    from llmkit.train.checkpoint import load_weights, resolve_step_dir
-    from llmkit.train.rm import HEAD_KEY, model_config_from
+def load_start(step_dir, cfg: PostTrainConfig):
+    """(model, tokenizer) of the checkpoint a post-training run starts from; seq_len must fit."""
+    from llmkit.api import load_model, load_tokenizer
 
-    step_dir = resolve_step_dir(path)
-    state_dict, config = load_weights(step_dir)
-    if config.get(HEAD_KEY):
-        raise UserError(f"{path} is a {config[HEAD_KEY]} model, not a language model; "
-                        "start from a pretrain / sft / dpo checkpoint")
-    model = Transformer(model_config_from(config, step_dir))
-    model.load_state_dict(state_dict, strict=True)
-    return model, step_dir
-
-
-def checkpoint_tokenizer(step_dir: Path):
-    from llmkit.tokenizer import Tokenizer
-    from llmkit.train.checkpoint import TOKENIZER
-
-    if not (step_dir / TOKENIZER).is_dir():
-        raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; checkpoints carry their tokenizer, "
-                        "so this one was not written by llmkit's engine")
-    return Tokenizer(step_dir / TOKENIZER)
+    model, step_dir = load_model(step_dir)
+    check_seq_len(cfg, model)
+    return model, load_tokenizer(step_dir)
 
 
 def check_seq_len(cfg: PostTrainConfig, model) -> None:
@@ -133,46 +110,7 @@ def split_rows(rows: list[dict], eval_rows: list[dict] | None, fraction: float,
     return train, [r for r in rows if is_heldout(r.get("id"), fraction, seed)]
 
 
-# -- the checkpoint run --------------------------------------------------------------------
-
-def open_run(ctx, stage: str, cfg, inputs: list):
-    """(Builder of a checkpoint run, whether its directory holds a run to resume): a run of the
-    same fingerprint that did not finish resumes; anything else is cleared by `start_run`."""
-    from llmkit.workspace import MANIFEST
-
-    b = ctx.workspace.builder(ctx.out_name(stage), stage=stage, config=cfg, inputs=inputs,
-                              force=ctx.force, in_place=True)
-    marker = b.final / RUN_FINGERPRINT
-    resumable = (marker.is_file() and marker.read_text().strip() == b.fingerprint
-                 and not (b.final / MANIFEST).exists())
-    return b, resumable
-
-
-def start_run(b, resumable: bool) -> None:
-    """Inside `with b:` — clear a run dir that holds another (or a finished) run, mark ours."""
-    if not resumable:
-        for p in b.dir.iterdir():
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    (b.dir / RUN_FINGERPRINT).write_text(b.fingerprint + "\n")
-
-
-@contextlib.contextmanager
-def training_run(b, resumable: bool):
-    """Every process of a training run enters this: the main one holds the builder (lock,
-    manifest written on success) and clears or keeps the run dir (`start_run`) before the
-    others go on. Yields the process's DistEnv."""
-    from llmkit.train.distributed import barrier, setup_distributed
-
-    dist = setup_distributed()
-    if not dist.is_main:
-        barrier()
-        yield dist
-        return
-    with b:
-        start_run(b, resumable)
-        barrier()
-        yield dist
-
+# -- evaluation during a run ---------------------------------------------------------------
 
 def exact_match_scorer(cfg: GenerativeConfig, dist, tokenizer, records: list[dict]):
     """`score(model) -> accuracy | None`: exact match on the main process. None under ZeRO-3
@@ -218,40 +156,17 @@ def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=No
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int,
                      batch_size: int = 64) -> list[str]:
     """Greedy replies (text up to the first stop token) to each conversation's prompt."""
-    import torch
+    from llmkit.model import generate_replies as generate_tokens
 
-    from llmkit.model import generate
-
-    device = next(model.parameters()).device
-    keep = max(1, model.config.max_seq_len - max_new_tokens)
-    prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0][-keep:]
-               for c in conversations]
-    stop = set(tokenizer.stop_ids)
-    replies: list[str] = [""] * len(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0] for c in conversations]
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            width = max(len(prompts[i]) for i in idx)
-            ids = torch.full((len(idx), width), tokenizer.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):  # left padding: every prompt ends at the same column
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                mask[row, width - len(prompts[i]):] = 1
-            out = generate(model, ids.to(device), min(max_new_tokens, model.config.max_seq_len - width),
-                           greedy=True, eos_id=tokenizer.end_of_turn_id, attention_mask=mask.to(device))
-            for row, i in enumerate(idx):
-                reply = []
-                for t in out[row, width:].tolist():
-                    if t in stop:
-                        break
-                    reply.append(t)
-                replies[i] = tokenizer.decode(reply)
+        replies = generate_tokens(model, prompts, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
+                                  max_new_tokens=max_new_tokens, batch_size=batch_size)
     finally:
         model.train(was_training)
-    return replies
+    return [tokenizer.decode(r) for r in replies]
 
 
 def evaluate_exact_match(model, tokenizer, records: list[dict], max_new_tokens: int = 32) -> float:
@@ -299,6 +214,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
 
     from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, fixed_batches, sft_rows
     from llmkit.progress import print_summary
+    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
 
@@ -309,9 +225,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     b, resumable = open_run(ctx, "sft", cfg, inputs)
     if b.up_to_date:
         return b
-    model, step_dir = load_transformer(base_step)
-    check_seq_len(cfg, model)
-    tokenizer = checkpoint_tokenizer(step_dir)
+    model, tokenizer = load_start(base_step, cfg)
     rows = read_rows(data_art, ())
     train_rows, heldout = split_rows(rows, read_rows(eval_art, ()) if eval_art else None,
                                      cfg.eval_fraction, cfg.seed)

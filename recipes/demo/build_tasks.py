@@ -1,9 +1,11 @@
 """Build the demo's verifiable post-training tasks in recipes/demo/data/tasks/.
 
-Two tasks a ~10M-parameter model can learn on a CPU in minutes, each with one exactly checkable answer:
-two-digit addition ("What is 23+45?" -> "68") and reversing a short made-up word ("Reverse: abc" -> "cba"),
-asked in English and in Chinese ("计算 23+45", "反转：abc"). Every record carries `answer`, `task` and
-`lang`, so a reward is exact match of the stripped response against `answer`.
+Two tasks a ~5M-parameter model can learn on a CPU in minutes, each with one exactly checkable answer:
+two-digit addition ("What is 23+45?" -> "68") and reversing a short made-up word spelled out letter by
+letter ("Reverse: a b c" -> "c b a"), asked in English and in Chinese ("计算 23+45", "反转：a b c").
+Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
+("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
+`answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
 
 Train and eval are disjoint problems, not only disjoint prompts: an addition is held out with its operands in
 either order, a word together with its reversal, so no eval answer was ever seen as a training response.
@@ -52,10 +54,14 @@ class Problem:
 
     @property
     def answer(self) -> str:
-        return str(self.a + self.b) if self.task == "addition" else self.word[::-1]
+        return str(self.a + self.b) if self.task == "addition" else spell(self.word[::-1])
 
     def prompt(self, template: str) -> str:
-        return template.format(a=self.a, b=self.b, word=self.word)
+        return template.format(a=self.a, b=self.b, word=spell(self.word))
+
+
+def spell(word: str) -> str:
+    return " ".join(word)
 
 
 def addition_split(rng: Random) -> tuple[list[Problem], list[Problem]]:
@@ -107,20 +113,21 @@ def sample_prompts(problems: dict[str, list[Problem]], n: int, rng: Random) -> l
 
 
 def near_miss(problem: Problem, rng: Random) -> str:
-    """A wrong answer one small slip away: off by one or ten, or two neighbouring letters swapped."""
+    """A wrong answer one small slip away: the last digit off by one or two, or two neighbouring
+    letters swapped."""
     if problem.task == "addition":
-        return str(problem.a + problem.b + rng.choice((-10, -1, 1, 10)))
-    answer = list(problem.answer)
-    while "".join(answer) == problem.answer:
-        i = rng.randrange(len(answer) - 1)
-        answer[i], answer[i + 1] = answer[i + 1], answer[i]
-    return "".join(answer)
+        return str(problem.a + problem.b + rng.choice((-2, -1, 1, 2)))
+    letters = list(problem.word[::-1])
+    while "".join(letters) == problem.word[::-1]:
+        i = rng.randrange(len(letters) - 1)
+        letters[i], letters[i + 1] = letters[i + 1], letters[i]
+    return spell("".join(letters))
 
 
 def far_miss(problem: Problem, rng: Random) -> str:
     """A wrong answer that ignores the question: a random sum, or the word not reversed."""
     if problem.task == "reversal":
-        return problem.word
+        return spell(problem.word)
     while True:
         guess = str(rng.randint(20, 198))
         if guess != problem.answer:

@@ -5,9 +5,9 @@ from rouge_score import rouge_scorer
 
 from llmkit.errors import UserError
 from llmkit.eval.generation import (ChineseTokenizer, GenerationConfig, bleu, evaluate_generation,
-                                    exact_match_rate, generate_replies, language_of, prompt_ids,
+                                    exact_match_rate, language_of, prompt_ids,
                                     references_of, rouge)
-from tests.train.posttrain_fixtures import tiny_model
+from tests.train.posttrain_fixtures import constant_model
 
 EN_HYP = "the cat sat on the mat today"
 EN_REF = "the cat sat on a mat today"
@@ -60,22 +60,6 @@ def test_references_language_and_exact_match():
         references_of({"prompt": "q"}, "row 7")
     assert language_of({}, ["疑是地上霜"]) == "zh" and language_of({"lang": "en"}, ["疑是"]) == "en"
     assert exact_match_rate([" 42 ", "41"], [["42"], ["40", "41"]]) == 1.0
-
-
-def constant_model(vocab_size: int):
-    """Greedy decoding always picks token 0: the final norm zeroes every hidden state."""
-    model = tiny_model(vocab_size, tie_embeddings=False).eval()
-    with torch.no_grad():
-        model.model.norm.weight.zero_()
-    return model
-
-
-def test_replies_stop_before_the_first_stop_token_and_fit_the_context():
-    model = constant_model(40)
-    prompts = [[5, 6, 7], [i % 40 for i in range(200)]]  # the second is cut from the left to fit
-    kw = dict(pad_id=3, max_new_tokens=4, batch_size=2, device=torch.device("cpu"))
-    assert generate_replies(model, prompts, stop_ids=[9], **kw) == [[0] * 4, [0] * 4]
-    assert generate_replies(model, prompts, stop_ids=[9, 0], **kw) == [[], []]
 
 
 def test_chat_and_plain_prompts(tok):

@@ -156,10 +156,10 @@ def solve(prompt: str) -> tuple[tuple, str]:
     if m := re.fullmatch(r"What is (\d\d)\+(\d\d)\?|(\d\d)\+(\d\d)=|计算 (\d\d)\+(\d\d)", prompt):
         a, b = (int(x) for x in m.groups() if x)
         return ("addition", min(a, b), max(a, b)), str(a + b)
-    m = re.fullmatch(r"(?:Reverse: |反转：)([a-z]{3,4})", prompt)
+    m = re.fullmatch(r"(?:Reverse: |反转：)([a-z](?: [a-z]){2,3})", prompt)  # letters spelled out
     assert m, f"unexpected prompt {prompt!r}"
-    word = m.group(1)
-    return ("reversal", *sorted((word, word[::-1]))), word[::-1]
+    word = m.group(1).replace(" ", "")
+    return ("reversal", *sorted((word, word[::-1]))), " ".join(word[::-1])
 
 
 def test_task_files_have_the_promised_sizes_and_forms(tasks):

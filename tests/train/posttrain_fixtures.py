@@ -45,6 +45,14 @@ def tiny_model(vocab_size: int, seed: int = 0, **overrides) -> Transformer:
     return model
 
 
+def constant_model(vocab_size: int):
+    """Greedy decoding always picks token 0: the final norm zeroes every hidden state."""
+    model = tiny_model(vocab_size, tie_embeddings=False).eval()
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    return model
+
+
 def addition_rows(n: int, seed: int = 0, start: int = 0) -> list[dict]:
     """SFT rows (prompt/response and messages alternately) with an `answer`."""
     rng = random.Random(seed)

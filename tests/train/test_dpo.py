@@ -9,7 +9,7 @@ from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import DpoConfig, completion_logps, run_dpo
 from llmkit.train.losses import sequence_logps
-from llmkit.train.sft import load_transformer
+from llmkit.api import load_model
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, separable_pairs,
                                             tiny_model, write_checkpoint_run, write_dataset)
@@ -57,7 +57,7 @@ def test_first_step_loss_is_ln2_and_margins_grow(make_ctx, ws, tok):
     assert {"rewards/chosen", "rewards/rejected", "logps/chosen"} <= set(records[0])
     assert 0.0 <= b.stats["base_accuracy"] <= 1.0 and "accuracy" in b.stats
     before = tiny_model(tok.vocab_size)
-    after, _ = load_transformer(ws / "dpo")
+    after, _ = load_model(ws / "dpo")
     assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
 
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import ModelConfig, Transformer, left_pad
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, PPOConfig, PPOTask, Prompt,
                               RunningMoments, Samples, clip_scores, clipped_policy_loss,
                               clipped_value_loss, entropy_from_logits, gae,
-                              group_relative_advantages, kl_estimate, left_pad, logprobs_of,
+                              group_relative_advantages, kl_estimate, logprobs_of,
                               masked_mean, response_mask_of, run_ppo, token_rewards, whiten)
 from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,
@@ -334,15 +334,15 @@ def run_stage(make_ctx, reward_model=None, **overrides):
 
 
 def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_ctx, stage_ws):
-    from llmkit.train.sft import load_transformer
+    from llmkit.api import load_model
 
-    before, _ = load_transformer(stage_ws / "sft")
+    before, _ = load_model(stage_ws / "sft")
     b = run_stage(make_ctx, reward_model="rm")
     stats = json.loads((stage_ws / "ppo" / "manifest.json").read_text())["stats"]
     assert stats["reward"] == "model" and stats["rollouts"] == 2 and stats["steps"] == 2
     assert stats["reward_start"] is not None and stats["reward_end"] is not None
     assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
-    after, step_dir = load_transformer(stage_ws / "ppo")  # a plain policy: no value head inside
+    after, step_dir = load_model(stage_ws / "ppo")  # a plain policy: no value head inside
     assert any(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
     records = [json.loads(line) for line in (stage_ws / "ppo" / "metrics.jsonl").open()]

@@ -3,11 +3,12 @@ import json
 import pytest
 import torch
 
+from llmkit.api import load_model
 from llmkit.data.chat import collate_sft, encode_conversation, packed_row
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.losses import sft_loss, token_logps
 from llmkit.train.sft import (SftConfig, evaluate_exact_match, generate_replies,
-                              labelled_token_logps, load_transformer, run_sft)
+                              labelled_token_logps, run_sft)
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,
                                             write_checkpoint_run, write_dataset)
@@ -59,7 +60,7 @@ def test_labelled_logps_equal_the_full_logits_formula(tok):
 
 def test_sft_run_lowers_the_loss_changes_weights_and_records_accuracy(make_ctx, setup):
     ws = setup
-    before, _ = load_transformer(ws / "pretrain")
+    before, _ = load_model(ws / "pretrain")
     b = run(make_ctx, ws)
     manifest = json.loads((ws / "sft" / "manifest.json").read_text())
     stats = manifest["stats"]
@@ -67,7 +68,7 @@ def test_sft_run_lowers_the_loss_changes_weights_and_records_accuracy(make_ctx, 
     assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
     losses = [json.loads(line)["loss"] for line in (ws / "sft" / "metrics.jsonl").open()]
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
-    after, step_dir = load_transformer(ws / "sft")
+    after, step_dir = load_model(ws / "sft")
     changed = [not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters())]
     assert all(changed)
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
@@ -112,7 +113,7 @@ def test_bad_settings_are_user_errors(make_ctx, setup, tok):
     rm_like = write_checkpoint_run(setup, "rm", tiny_model(tok.vocab_size), tok,
                                    config={"llmkit_head": "reward"})
     with pytest.raises(UserError, match="is a reward model, not a language model"):
-        load_transformer(rm_like)
+        load_model(rm_like)
 
 
 def test_make_fragment_runs_sft_on_its_inputs(tmp_path):
