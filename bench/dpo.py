@@ -49,7 +49,7 @@ def build_inputs(ws: Path, n_pairs: int, threads: int) -> Path:
     data = ws.parent / "pairs.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     llmkit(ws, "ingest", str(data), "--kind", "preference", "--out", "pairs", threads=threads)
-    llmkit(ws, "tokenizer", "--in", "pairs", "--set", "vocab_size=400", threads=threads)
+    llmkit(ws, "tokenizer", "--in", "pairs", "--set", "vocab_size=320", threads=threads)
     write_random_run(ws, "base")
     llmkit(ws, "export", "--from", "base", "--out", "hf", "--set", "probe=false", threads=threads)
     return ws / "hf"
