@@ -1,8 +1,10 @@
 """Build the demo's verifiable post-training tasks in recipes/demo/data/tasks/.
 
-Two tasks a ~5M-parameter model can learn on a CPU in minutes, each with one exactly checkable answer:
-two-digit addition ("What is 23+45?" -> "68") and reversing a short made-up word spelled out letter by
-letter ("Reverse: a b c" -> "c b a"), asked in English and in Chinese ("计算 23+45", "反转：a b c").
+Two tasks, each with one exactly checkable answer: reversing a short made-up word spelled out letter by
+letter ("Reverse: a b c" -> "c b a"), which the demo's ~5M-parameter model learns on a CPU in minutes, and
+two-digit addition ("What is 23+45?" -> "68"), which it does not learn in that budget (one prompt in five:
+the reward model and the evaluation still meet arithmetic). Both are asked in English and in Chinese
+("反转：a b c", "计算 23+45").
 Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
 ("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
 `answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
@@ -30,6 +32,9 @@ TEMPLATES = {
     ("reversal", "en"): ["Reverse: {word}"],
     ("reversal", "zh"): ["反转：{word}"],
 }
+# four reversals to one addition: a 5M-parameter model learns reversal within the demo's few
+# hundred steps, but not two-digit addition, and an even mix slows the reversal down as well
+TASK_CYCLE = ("reversal", "reversal", "addition", "reversal", "reversal")
 WORD_LENGTHS = (3, 4)  # short words keep answers to a few tokens
 EVAL_ADDITIONS = 100  # unordered operand pairs held out
 EVAL_WORDS = 100  # words held out (with their reversals)
@@ -99,10 +104,11 @@ def reversal_split(rng: Random, train_size: int) -> tuple[list[Problem], list[Pr
 
 
 def sample_prompts(problems: dict[str, list[Problem]], n: int, rng: Random) -> list[tuple[Problem, str, str]]:
-    """n distinct (problem, language, prompt) triples, half of each task, languages and templates mixed."""
+    """n distinct (problem, language, prompt) triples, tasks in TASK_CYCLE's proportions, languages and
+    templates mixed."""
     chosen, seen = [], set()
     while len(chosen) < n:
-        task = ("addition", "reversal")[len(chosen) % 2]
+        task = TASK_CYCLE[len(chosen) % len(TASK_CYCLE)]
         problem = rng.choice(problems[task])
         lang = rng.choice(("en", "zh"))
         prompt = problem.prompt(rng.choice(TEMPLATES[(task, lang)]))
