@@ -196,7 +196,8 @@ def training_run(b, resumable: bool):
 # DeepSpeed reads its states back with torch.load(weights_only=False), which would run any code
 # planted in a checkpoint folder. The engine swaps in `safe_torch_load`: torch's weights-only
 # unpickler, allowing just the DeepSpeed types that its states hold (found by
-# torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO 0-3 / fp32 / bf16 / fp16 saves).
+# torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO 0-3 fp32 and bf16 saves; fp16
+# saves add the dynamic loss scaler).
 DEEPSPEED_STATE_TYPES = (
     ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
     ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
@@ -218,11 +219,11 @@ def safe_torch_load(path, map_location=None):
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as refused:
         try:
             named = torch.serialization.get_unsafe_globals_in_checkpoint(path)  # reads, never runs
         except Exception:
-            raise  # not a readable checkpoint at all: damaged
+            raise refused from None  # not a readable checkpoint at all: damaged
         foreign = sorted(set(named) - {f"{module}.{name}" for module, name in DEEPSPEED_STATE_TYPES})
         if not foreign:
             raise
