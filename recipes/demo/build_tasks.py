@@ -1,10 +1,10 @@
 """Build the demo's verifiable post-training tasks in recipes/demo/data/tasks/.
 
 Two tasks, each with one exactly checkable answer: reversing a short made-up word spelled out letter by
-letter ("Reverse: a b c" -> "c b a"), which the demo's ~5M-parameter model learns on a CPU in minutes, and
-two-digit addition ("What is 23+45?" -> "68"), which it does not learn in that budget (one prompt in five:
-the reward model and the evaluation still meet arithmetic). Both are asked in English and in Chinese
-("反转：a b c", "计算 23+45").
+letter ("Reverse: a b c" -> "c b a"), which the demo's ~5M-parameter model starts to learn on a CPU in
+minutes, and two-digit addition ("What is 23+45?" -> "68"), which it does not learn in that budget (one
+prompt in five: the reward model and the evaluation still meet arithmetic). Both are asked in English and
+in Chinese ("反转：a b c", "计算 23+45").
 Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
 ("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
 `answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
