@@ -35,6 +35,7 @@ class DpoConfig(GenerativeConfig):
     beta: float = 0.1  # β: strength of the pull towards the reference
     label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust)
     precompute_ref: bool = True  # reference log-probs in one pass before training (frees it)
+    rpo_alpha: float = 0.0  # weight of the chosen reply's per-token NLL added to the loss (RPO, as TRL's rpo_alpha); 0 = none
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,6 +49,8 @@ class DpoConfig(GenerativeConfig):
         if self.loss_type == "cdpo" and self.label_smoothing == 0:
             raise ConfigError("loss_type=cdpo needs label_smoothing > 0 (e.g. 0.1); with 0 it is "
                               "plain sigmoid DPO")
+        if self.rpo_alpha < 0:
+            raise ConfigError(f"rpo_alpha must be >= 0, got {self.rpo_alpha}")
         if self.loss_type == "ipo" and self.label_smoothing:
             raise ConfigError("label_smoothing applies to sigmoid, cdpo and robust, not ipo")
 
@@ -60,14 +63,18 @@ class DpoConfig(GenerativeConfig):
         return self.loss_type == "ipo"
 
 
-def completion_logps(model, batch: dict, average: bool = False) -> torch.Tensor:
-    """Sum (or mean) of each row's reply-token log-probabilities: [2B] for a pair batch."""
+def completion_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's (sum of reply-token log-probabilities, number of reply tokens): [2B] each."""
     logps, rows, _ = labelled_token_logps(model, batch["input_ids"], batch["labels"])
     n_rows = batch["input_ids"].shape[0]
     total = torch.zeros(n_rows, dtype=logps.dtype, device=logps.device).index_add(0, rows, logps)
-    if average:
-        total = total / torch.bincount(rows, minlength=n_rows).clamp(min=1)
-    return total
+    return total, torch.bincount(rows, minlength=n_rows)
+
+
+def completion_logps(model, batch: dict, average: bool = False) -> torch.Tensor:
+    """Sum (or mean) of each row's reply-token log-probabilities: [2B] for a pair batch."""
+    total, count = completion_sums(model, batch)
+    return total / count.clamp(min=1) if average else total
 
 
 @torch.no_grad()
@@ -109,7 +116,8 @@ class DpoTask(Task):
 
     def loss(self, model, batch):
         cfg = self.cfg
-        policy = completion_logps(model, batch, cfg.average_logps)
+        total, count = completion_sums(model, batch)
+        policy = total / count.clamp(min=1) if cfg.average_logps else total
         half = len(policy) // 2
         ref = self.reference_logps(batch)
         losses, chosen_rewards, rejected_rewards = dpo_loss(
@@ -117,7 +125,12 @@ class DpoTask(Task):
             None if ref is None else ref[half:], beta=cfg.beta, loss_type=cfg.loss_type,
             label_smoothing=cfg.label_smoothing)
         margins = chosen_rewards - rejected_rewards
-        return losses.mean() + model.aux_loss, {
+        loss = losses.mean()
+        if cfg.rpo_alpha:
+            # DPO can lower the chosen reply's likelihood too while it widens the margin; the NLL of
+            # the chosen tokens (Pang et al. 2024, "RPO") holds it up
+            loss = loss + cfg.rpo_alpha * -(total[:half].sum() / count[:half].sum().clamp(min=1))
+        return loss + model.aux_loss, {
             "rewards/chosen": chosen_rewards.mean().item(),
             "rewards/rejected": rejected_rewards.mean().item(),
             "rewards/margins": margins.mean().item(),

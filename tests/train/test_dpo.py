@@ -7,8 +7,8 @@ import torch
 from llmkit.config import _Raw
 from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
-from llmkit.train.dpo import DpoConfig, completion_logps, run_dpo
-from llmkit.train.losses import sequence_logps
+from llmkit.train.dpo import DpoConfig, DpoTask, completion_logps, run_dpo
+from llmkit.train.losses import sequence_logps, token_logps
 from llmkit.api import load_model
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, separable_pairs,
@@ -46,6 +46,20 @@ def test_completion_logps_are_summed_reply_tokens(tok):
                                sequence_logps(logits, batch["labels"]))
     torch.testing.assert_close(completion_logps(model, batch, average=True),
                                sequence_logps(logits, batch["labels"], average=True))
+
+
+def test_rpo_adds_the_chosen_replies_nll_per_token(tok):
+    model = tiny_model(tok.vocab_size)
+    pairs = [encode_pair(tok, row, 64) for row in preference_rows(3)]
+    batch = {k: torch.from_numpy(v) for k, v in collate_pairs(pairs, tok.pad_id).items()}
+    plain, _ = DpoTask(model, None, None, DpoConfig(loss_type="reference_free")).loss(model, batch)
+    rpo, _ = DpoTask(model, None, None, DpoConfig(loss_type="reference_free", rpo_alpha=0.5)).loss(model, batch)
+    logps, mask = token_logps(model(batch["input_ids"]), batch["labels"])
+    chosen = mask[:3]
+    nll = -(logps[:3][chosen].sum() / chosen.sum())
+    torch.testing.assert_close(rpo, plain + 0.5 * nll)
+    with pytest.raises(ConfigError, match="rpo_alpha"):
+        DpoConfig(rpo_alpha=-1)
 
 
 def test_first_step_loss_is_ln2_and_margins_grow(make_ctx, ws, tok):
