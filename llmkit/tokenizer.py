@@ -34,6 +34,11 @@ from llmkit.errors import ConfigError, UserError
 MODEL_FILE = "tokenizer.model"
 CONFIG_FILE = "tokenizer_config.json"
 
+
+def same_tokenizer(dir_a, dir_b) -> bool:
+    """Whether two tokenizer folders hold the same sentencepiece model, i.e. the same ids."""
+    return (Path(dir_a) / MODEL_FILE).read_bytes() == (Path(dir_b) / MODEL_FILE).read_bytes()
+
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 END_OF_TURN = "<|end|>"

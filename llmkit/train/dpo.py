@@ -35,7 +35,7 @@ class DpoConfig(GenerativeConfig):
     beta: float = 0.1  # β: strength of the pull towards the reference
     label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust)
     precompute_ref: bool = True  # reference log-probs in one pass before training (frees it)
-    rpo_alpha: float = 0.0  # weight of the chosen reply's per-token NLL added to the loss (RPO, as TRL's rpo_alpha); 0 = none
+    rpo_alpha: float = 0.0  # weight of the chosen reply's per-token NLL in the loss (RPO; TRL's rpo_alpha)
 
     def __post_init__(self):
         super().__post_init__()
@@ -73,7 +73,10 @@ def completion_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 def completion_logps(model, batch: dict, average: bool = False) -> torch.Tensor:
     """Sum (or mean) of each row's reply-token log-probabilities: [2B] for a pair batch."""
-    total, count = completion_sums(model, batch)
+    return per_row(*completion_sums(model, batch), average)
+
+
+def per_row(total: torch.Tensor, count: torch.Tensor, average: bool) -> torch.Tensor:
     return total / count.clamp(min=1) if average else total
 
 
@@ -117,7 +120,7 @@ class DpoTask(Task):
     def loss(self, model, batch):
         cfg = self.cfg
         total, count = completion_sums(model, batch)
-        policy = total / count.clamp(min=1) if cfg.average_logps else total
+        policy = per_row(total, count, cfg.average_logps)
         half = len(policy) // 2
         ref = self.reference_logps(batch)
         losses, chosen_rewards, rejected_rewards = dpo_loss(
@@ -153,11 +156,11 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
 
     from llmkit.data.chat import (BatchStream, collate_pairs, encode_pairs, fixed_batches,
                                   one_per_prompt)
+    from llmkit.api import load_model
     from llmkit.progress import print_summary
+    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.api import load_model
-    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.sft import (default_device, exact_match_scorer, load_start, read_rows,
                                   split_rows)
 

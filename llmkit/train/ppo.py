@@ -694,12 +694,6 @@ def build_actor_critic(policy: Transformer, cfg: PPOConfig, reward_model=None) -
     return model
 
 
-def same_tokenizer(a, b) -> bool:
-    from llmkit.tokenizer import MODEL_FILE
-
-    return (a.path / MODEL_FILE).read_bytes() == (b.path / MODEL_FILE).read_bytes()
-
-
 def window_mean(values: list[float], first: bool) -> float | None:
     """Mean of the first (or last) tenth of `values`, at least one of them."""
     if not values:
@@ -721,12 +715,13 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     import copy
     import time
 
+    from llmkit.api import load_tokenizer
     from llmkit.progress import print_summary
+    from llmkit.tokenizer import same_tokenizer
+    from llmkit.train.checkpoint import open_run, start_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.rm import load_reward_model
-    from llmkit.api import load_tokenizer
-    from llmkit.train.checkpoint import open_run, start_run
     from llmkit.train.sft import (default_device, evaluate_exact_match, load_start, read_rows,
                                   split_rows)
 
@@ -744,7 +739,7 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     rm = None
     if rm_art is not None and (mode != "verify" or cfg.value_model == "separate"):
         rm = load_reward_model(rm_step)
-        if not same_tokenizer(tokenizer, load_tokenizer(rm_step)):
+        if not same_tokenizer(tokenizer.path, load_tokenizer(rm_step).path):
             raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
                             "the reward model from the same base as the policy")
     rows = read_rows(prompts_art, ())

@@ -135,14 +135,14 @@ def starting_weights(workspace, from_: str):
     return art, resolve_step_dir(art.path)
 
 
-def require_same_tokenizer(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
+def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
     """Continued pretraining must read tokens made by the tokenizer the weights were trained
     with: ids from another vocabulary would train silently on garbage."""
-    from llmkit.tokenizer import MODEL_FILE
+    from llmkit.tokenizer import MODEL_FILE, same_tokenizer
     from llmkit.train.checkpoint import TOKENIZER
 
-    ours = step_dir / TOKENIZER / MODEL_FILE
-    if ours.is_file() and ours.read_bytes() != (tokenizer_dir / MODEL_FILE).read_bytes():
+    ours = step_dir / TOKENIZER
+    if (ours / MODEL_FILE).is_file() and not same_tokenizer(ours, tokenizer_dir):
         raise ConfigError(f"{tokens_dir} was tokenized with {tokenizer_dir}, but {step_dir} was trained "
                           f"with another tokenizer ({ours}); tokenize the corpus with that tokenizer, "
                           "or train a new model without --from")
@@ -178,7 +178,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     else:
         model = Transformer(cfg.model.build(vocab_size))
     if from_step is not None:
-        require_same_tokenizer(from_step, tokenizer_art.path, tokens_art.path)
+        require_tokens_of_the_run(from_step, tokenizer_art.path, tokens_art.path)
     if model.config.vocab_size < vocab_size:
         raise ConfigError(f"the model's vocab_size ({model.config.vocab_size}) is smaller than the "
                           f"tokenizer's ({vocab_size}); drop model.vocab_size or raise it")

@@ -175,9 +175,9 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
 
     from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, fixed_batches
     from llmkit.progress import print_summary
+    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.sft import default_device, load_start, read_rows, split_rows
 
     base_art, base_step = starting_weights(ctx.workspace, base)
