@@ -6,16 +6,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_dry_run(ws: Path, stage: str, *variables: str, check: bool = True) -> subprocess.CompletedProcess:
-    """`make -n` for `<ws>/<stage>/manifest.json`; stdout holds the commands make would run.
+def make_env() -> dict:
+    """This process's environment without an outer make's variables (under `make test` they
+    would make an inner make print "Entering directory" lines into its output)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
 
-    The environment is scrubbed of the outer make's variables: under `make test` they would
-    otherwise make the inner make print "Entering directory" lines into stdout."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+def make_dry_run(ws: Path, stage: str, *variables: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`make -n` for `<ws>/<stage>/manifest.json`; stdout holds the commands make would run."""
     return subprocess.run(
         ["make", "-n", "--no-print-directory", "-f", str(REPO / "stages/common.mk"),
          "-f", str(REPO / f"stages/{stage}.mk"), f"WS={ws}", *variables, f"{ws}/{stage}/manifest.json"],
-        capture_output=True, text=True, check=check, env=env)
+        capture_output=True, text=True, check=check, env=make_env())
 
 
 def make_command(ws: Path, stage: str, *variables: str) -> str:

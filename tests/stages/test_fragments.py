@@ -1,11 +1,10 @@
 """A user's own Makefile that includes stages/*.mk: make orders the stages by their artifacts,
 and `make -j` runs stages that do not depend on each other at the same time."""
-import os
 import subprocess
 import sys
 import textwrap
 
-from tests.make_fragments import REPO
+from tests.make_fragments import REPO, make_env
 
 # stands in for llmkit: logs (stage, start, end), waits, then writes the artifact's manifest
 STUB = textwrap.dedent("""\
@@ -35,7 +34,7 @@ def test_a_users_makefile_runs_independent_stages_in_parallel(tmp_path):
         include {REPO}/stages/common.mk
         include {REPO}/stages/sft.mk {REPO}/stages/rm.mk {REPO}/stages/dpo.mk
         """))
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env = make_env()
     subprocess.run(["make", "-j2", "--no-print-directory", "-C", str(tmp_path)], check=True, env=env,
                    capture_output=True, text=True)
     runs = {stage: (float(a), float(b)) for stage, a, b in
