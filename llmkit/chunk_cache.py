@@ -15,6 +15,7 @@ This module imports numba (a third of a second): llmkit.tokenizer imports it on 
 
 from __future__ import annotations
 
+import copy
 import sys
 from contextlib import contextmanager
 from itertools import chain
@@ -31,6 +32,7 @@ _MIN_TABLE_BITS = 16     # slots of the chunk table at first (2 MB); it doubles 
 _MAX_TABLE_BITS = 21     # at most 64 MB, of which 3/8 are used before the cache starts over
 _KEPT_BYTES = 1 << 25    # bytes of long chunks kept before the cache starts over
 _SEPARATOR = "\uffff"    # joins the missed chunks for one sentencepiece call: never merged
+_SHARED_CHUNKS = 1 << 19  # chunks whose ids sibling encoders share before starting over
 
 # a slot: [first 8 bytes, next 8 bytes (or where a long chunk's bytes are kept), hash, info];
 # info: size (9 bits), number of ids (10 bits), then the ids (two of 22 bits inline, or where
@@ -342,6 +344,7 @@ class ChunkCacheEncoder:
         self._join_misses = sp.encode(_SEPARATOR + "a" + _SEPARATOR) == (
             self._separator_ids + sp.encode("a") + self._separator_ids)
         self._hash_mask = np.uint64(hash_mask)
+        self._shared: dict[str, list[int]] | None = None  # chunk -> ids, with siblings
         self._clear(_MIN_TABLE_BITS)
 
     def _clear(self, table_bits: int) -> None:
@@ -419,38 +422,62 @@ class ChunkCacheEncoder:
                          self._state, end_id)
 
     def _encode_misses(self, text: str, char_ends):
-        """(ids of the missed chunks concatenated, the end of each one's ids)."""
-        if not len(char_ends):
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        if self._join_misses and _SEPARATOR not in text and WS_MARK not in text:
-            joined = self._encode_separated(text, char_ends)
-            if joined is not None:
-                return joined
+        """(ids of the missed chunks concatenated, the end of each one's ids); `text`: the
+        chunks, the i-th ending at character char_ends[i]."""
         ends = char_ends.tolist()
         chunks = [text[a:b] for a, b in zip([0] + ends[:-1], ends)]
+        if self._shared is None:
+            return self._encode_chunks(chunks)
+        known = [self._shared.get(c) for c in chunks]
+        todo = [c for c, ids in zip(chunks, known) if ids is None]
+        if todo:
+            ids, id_ends = self._encode_chunks(todo)
+            ids, id_ends = ids.tolist(), id_ends.tolist()
+            fresh = iter(zip([0] + id_ends[:-1], id_ends))
+            if len(self._shared) > _SHARED_CHUNKS:
+                self._shared.clear()
+            for i, chunk_ids in enumerate(known):
+                if chunk_ids is None:
+                    a, b = next(fresh)
+                    known[i] = self._shared[chunks[i]] = ids[a:b]
+        id_ends = np.cumsum(np.fromiter(map(len, known), np.int64, len(known)))
+        total = int(id_ends[-1]) if len(id_ends) else 0
+        return np.fromiter(chain.from_iterable(known), np.int32, total), id_ends
+
+    def _encode_chunks(self, chunks: list[str]):
+        """(ids of `chunks` concatenated, the end of each one's ids): one sentencepiece call
+        on the chunks joined by a character no piece holds (no merge crosses it), else one
+        call on the list."""
+        if not chunks:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        if self._join_misses:
+            joined = _SEPARATOR.join(chunks)
+            if joined.count(_SEPARATOR) == len(chunks) - 1 and WS_MARK not in joined:
+                ids = np.array(self._sp.encode(joined + _SEPARATOR), np.int32)
+                s0, s1, s2 = self._separator_ids
+                at = np.flatnonzero((ids[:-2] == s0) & (ids[1:-1] == s1) & (ids[2:] == s2))
+                if len(at) == len(chunks):
+                    keep = np.ones(len(ids), bool)
+                    for k in range(3):
+                        keep[at + k] = False
+                    return ids[keep], at - 3 * np.arange(len(at))
         encoded = self._sp.encode(chunks, num_threads=1)
-        if WS_MARK in text:  # sentencepiece decodes "▁" as a space: keep its bytes instead
-            for i, chunk in enumerate(chunks):
-                if chunk == WS_MARK:
-                    encoded[i] = self._literal_mark
+        for i, chunk in enumerate(chunks):
+            if chunk == WS_MARK:  # sentencepiece decodes it as a space: keep its bytes instead
+                encoded[i] = self._literal_mark
         id_ends = np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)))
         return np.fromiter(chain.from_iterable(encoded), np.int32, int(id_ends[-1])), id_ends
 
-    def _encode_separated(self, text: str, char_ends):
-        """`_encode_misses` in one sentencepiece call on the chunks joined by a character no
-        piece holds (so no merge crosses it), or None if the ids do not split back into as
-        many chunks."""
-        ends = char_ends.tolist()
-        parts = [text[a:b] for a, b in zip([0] + ends[:-1], ends)]
-        ids = np.array(self._sp.encode(_SEPARATOR.join(parts) + _SEPARATOR), np.int32)
-        s0, s1, s2 = self._separator_ids
-        at = np.flatnonzero((ids[:-2] == s0) & (ids[1:-1] == s1) & (ids[2:] == s2))
-        if len(at) != len(parts):
-            return None
-        keep = np.ones(len(ids), bool)
-        for k in range(3):
-            keep[at + k] = False
-        return ids[keep], at - 3 * np.arange(len(at))
+    def sibling(self) -> "ChunkCacheEncoder":
+        """An encoder for another thread. It shares the pair table, jieba's cuts and the ids
+        of every chunk sentencepiece encodes for either from now on (so a chunk new to both
+        is encoded once), not the chunk table. Make siblings before the threads start."""
+
+        if self._shared is None:
+            self._shared = {}
+        twin = copy.copy(self)
+        twin._clear(_MIN_TABLE_BITS)
+        return twin
 
     def _make_room(self, batch_bytes: int) -> None:
         """Grow the cache as it fills, up to its bounds, then start over. (A full cache is

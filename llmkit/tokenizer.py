@@ -17,7 +17,9 @@ round trip stays exact.
 
 from __future__ import annotations
 
+import copy
 import heapq
+
 import json
 import logging
 import re
@@ -211,6 +213,13 @@ class Tokenizer:
     def encode_joined(self, joined: str, lengths):
         """`encode_flat` of the texts that make up `joined`, `lengths` characters each."""
         return self._encoder.encode_joined(joined, lengths)
+
+    def for_another_thread(self) -> "Tokenizer":
+        """This tokenizer for another thread: the same model, a chunk cache of its own that
+        shares with this one the ids sentencepiece gave to new chunks."""
+        twin = copy.copy(self)
+        twin._chunk_encoder = self._encoder.sibling()
+        return twin
 
     def encode_utf8(self, data, ends, end_id: int = -1):
         """`encode_flat` of the texts whose UTF-8 bytes make up `data` (a bytes-like object),

@@ -105,3 +105,18 @@ def test_jieba_mode_encodes_each_jieba_word_as_sentencepiece_does(tmp_path):
     ids, _ = ChunkCacheEncoder(tok.sp, jieba=True).encode_utf8(
         b"".join(data), np.cumsum([len(d) for d in data]))
     assert ids.tolist() == flat(want)
+
+
+def test_siblings_share_what_sentencepiece_encoded_not_their_tables(demo_tok, texts):
+    first = ChunkCacheEncoder(demo_tok.sp)
+    second = first.sibling()
+    want = first.encode(texts)[0].tolist()
+    assert second.cached_chunks == 0 and first.cached_chunks > 0
+
+    calls = []
+    encode = second._sp.encode
+    second._sp = type("Spy", (), {"encode": lambda self, *a, **k: calls.append(a) or
+                                  encode(*a, **k)})()
+    assert second.encode(texts)[0].tolist() == want
+    assert calls == []  # every new chunk's ids came from the first encoder
+    assert second.cached_chunks == first.cached_chunks

@@ -128,13 +128,11 @@ def val_mask(ids, fraction: float, seed: int):
 
 # -- one batch, in a worker thread ------------------------------------------------------------
 
-_local = threading.local()  # each thread's own tokenizer: the chunk cache is not shared
+_local = threading.local()  # each thread's own tokenizer: a chunk cache is not thread-safe
 
 
-def _load_tokenizer(path: str) -> None:
-    from llmkit.tokenizer import Tokenizer
-
-    _local.tokenizer = Tokenizer(path)
+def _take_tokenizer(tokenizers) -> None:
+    _local.tokenizer = tokenizers.get_nowait()
 
 
 def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
@@ -172,10 +170,15 @@ class _OrderedPool:
 
     def __enter__(self):
         if self.workers > 1:
+            import queue
             from multiprocessing.pool import ThreadPool
 
-            self.pool = ThreadPool(self.workers, _load_tokenizer, (str(self.tokenizer.path),))
+            tokenizers = queue.Queue()
+            for _ in range(self.workers):
+                tokenizers.put(self.tokenizer.for_another_thread())
+            self.pool = ThreadPool(self.workers, _take_tokenizer, (tokenizers,))
         else:
+
             _local.tokenizer = self.tokenizer
         return self
 
