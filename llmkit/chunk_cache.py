@@ -32,6 +32,7 @@ _MIN_TABLE_BITS = 16     # slots of the chunk table at first (2 MB); it doubles 
 _MAX_TABLE_BITS = 21     # at most 64 MB, of which 3/8 are used before the cache starts over
 _KEPT_BYTES = 1 << 25    # bytes of long chunks kept before the cache starts over
 _SEPARATOR = "\uffff"    # joins the missed chunks for one sentencepiece call: never merged
+_BLOCK = 1024            # chunks cut before they are looked up together
 _SHARED_CHUNKS = 1 << 19  # chunks whose ids sibling encoders share before starting over
 
 # a slot: [first 8 bytes, next 8 bytes (or where a long chunk's bytes are kept), hash, info];
@@ -69,9 +70,9 @@ def slot_shift_of(table):
 
 
 @njit(cache=True, nogil=True)
-def cut_and_look_up(data, doc_ends, cuts, joinable, char_info, table, kept, state, hash_mask,
-                    max_entries, stop_at, progress, chunk_ref, doc_chunk_ends, miss_bytes,
-                    miss_char_ends, miss_slot):
+def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kept, state,
+                    hash_mask, max_entries, stop_at, progress, chunk_ref, doc_chunk_ends,
+                    miss_bytes, miss_char_ends, miss_slot):
     """Cut each document of `data` (UTF-8) into chunks and look every chunk up, from document
     progress[0] on, until the table holds `stop_at` chunks (the counts go on in `progress`).
 
@@ -82,23 +83,30 @@ def cut_and_look_up(data, doc_ends, cuts, joinable, char_info, table, kept, stat
     listed in order: bytes in `miss_bytes`, character counts so far in `miss_char_ends`,
     the slot that keeps each one (-1: not kept, -2 - c: the one-character chunk c) in
     `miss_slot`. progress[1:5]: chunks, misses, miss bytes and miss characters so far.
+
+    `words[k]`: the 8 bytes of `data` from byte k on (zeros past its end). Chunks are cut
+    a block at a time, then looked up together: the lookups of a block do not wait on each
+    other, so the processor overlaps their trips to memory.
     """
-    n_entries, n_kept, n_single = state[_ENTRIES], state[_BYTES], state[_SINGLE]
-    slot_mask = len(table) - 1
-    slot_shift = slot_shift_of(table)
-    size_mask = np.uint64((1 << _SIZE_BITS) - 1)
-    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
-    payload_shift = np.uint64(_SIZE_BITS + _LEN_BITS)
     prime = np.uint64(0x100000001B3)
-    first_doc, n_chunks, n_misses = progress[0], progress[1], progress[2]
-    n_miss_bytes, n_miss_chars, next_cut = progress[3], progress[4], progress[5]
+    first_doc, next_cut = progress[0], progress[5]
+    block_start = np.empty(_BLOCK, np.int64)  # each chunk of the block: where it starts,
+    block_size = np.empty(_BLOCK, np.int64)   # its bytes,
+    block_chars = np.empty(_BLOCK, np.int64)  # its characters,
+    block_key = np.empty((_BLOCK, 3), np.uint64)  # its first 16 bytes and its hash (or,
+    n_block = 0                                   # for one character, its code point)
     pos = doc_ends[first_doc - 1] if first_doc > 0 else 0
     for d in range(first_doc, len(doc_ends)):
-        if n_entries >= stop_at:  # the caller grows the table, then calls again
-            break
+        if state[_ENTRIES] + n_block >= stop_at:
+            look_up_block(n_block, block_start, block_size, block_chars, block_key, data,
+                          char_info, table, kept, state, max_entries, progress, chunk_ref,
+                          miss_bytes, miss_char_ends, miss_slot)
+            n_block = 0
+            if state[_ENTRIES] >= stop_at:
+  # the caller grows the table, then calls again
+                break
         end = doc_ends[d]
         start, i = pos, pos
-        w0 = w1 = tail = np.uint64(0)
         chars = 0
         prev, prev_space = -1, False
         c, n, space = 0, 0, False
@@ -138,93 +146,130 @@ def cut_and_look_up(data, doc_ends, cuts, joinable, char_info, table, kept, stat
                             cut = True
             if cut:
                 size = i - start
-                usize = np.uint64(size)
-                h = np.uint64(0)
-                info = np.uint64(0)
-                found = False
-                slot = 0
-                long_chunk = size > 16
-                if chars == 1:  # most of Chinese: a direct table by code point
-                    info = char_info[prev]
-                    found = info != 0
-                elif size <= _CACHED_BYTES:
-                    h = (w0 * np.uint64(0x9E3779B97F4A7C15)) ^ (
-                        w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ (tail + usize)
-                    h = ((h ^ (h >> np.uint64(29))) * np.uint64(0x165667B19E3779F9)) & hash_mask
-                    slot = np.int64(h >> slot_shift)
-                    while table[slot, _INFO] != 0:
-                        info = table[slot, _INFO]
-                        if (table[slot, _HASH] == h and (info & size_mask) == usize
-                                and table[slot, _W0] == w0):
-                            if long_chunk:
-                                a = np.int64(table[slot, _W1])
-                                found = True
-                                for k in range(size):
-                                    if kept[a + k] != data[start + k]:
-                                        found = False
-                                        break
-                            else:
-                                found = table[slot, _W1] == w1
-                            if found:
-                                break
-                        slot = (slot + 1) & slot_mask
-                if found:
-                    if (info >> len_shift) & len_mask == len_mask:  # new in this batch
-                        ref = -1 - np.int64(info >> payload_shift)
-                    else:
-                        ref = np.int64(info)
+                # the chunk's first 16 bytes, zeros past its end: two unaligned 8-byte loads
+                w0 = words[start]
+                if size < 8:
+                    w0 &= (np.uint64(1) << np.uint64(8 * size)) - np.uint64(1)
+                w1 = np.uint64(0)
+                if size > 8:
+                    w1 = words[start + 8]
+                    if size < 16:
+                        w1 &= (np.uint64(1) << np.uint64(8 * (size - 8))) - np.uint64(1)
+                tail = np.uint64(0)
+                for k in range(start + 16, i):
+                    tail = (tail ^ np.uint64(data[k])) * prime
+                block_start[n_block], block_size[n_block] = start, size
+                block_chars[n_block] = chars
+                block_key[n_block, 0], block_key[n_block, 1] = w0, w1
+                if chars == 1:
+                    block_key[n_block, 2] = np.uint64(prev)
                 else:
-                    pending = usize | (len_mask << len_shift) | (np.uint64(n_misses) << payload_shift)
-                    if chars == 1:
-                        char_info[prev] = pending
-                        n_single += 1
-                        miss_slot[n_misses] = -2 - prev
-                    elif (size <= _CACHED_BYTES and n_entries < max_entries
-                            and (not long_chunk or n_kept + size <= len(kept))):
-                        table[slot, _W0], table[slot, _HASH] = w0, h
-                        if long_chunk:
-                            table[slot, _W1] = np.uint64(n_kept)
-                            for k in range(size):
-                                kept[n_kept + k] = data[start + k]
-                            n_kept += size
-                        else:
-                            table[slot, _W1] = w1
-                        table[slot, _INFO] = pending
-                        n_entries += 1
-                        miss_slot[n_misses] = slot
-                    else:
-                        miss_slot[n_misses] = -1
-                    for k in range(size):
-                        miss_bytes[n_miss_bytes + k] = data[start + k]
-                    n_miss_bytes += size
-                    n_miss_chars += chars
-                    miss_char_ends[n_misses] = n_miss_chars
-                    ref = -1 - n_misses
-                    n_misses += 1
-                chunk_ref[n_chunks] = ref
-                n_chunks += 1
+                    h = (w0 * np.uint64(0x9E3779B97F4A7C15)) ^ (
+                        w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ (tail + np.uint64(size))
+                    block_key[n_block, 2] = ((h ^ (h >> np.uint64(29)))
+                                             * np.uint64(0x165667B19E3779F9)) & hash_mask
+                n_block += 1
+                if n_block == _BLOCK:
+                    look_up_block(n_block, block_start, block_size, block_chars, block_key,
+                                  data, char_info, table, kept, state, max_entries, progress,
+                                  chunk_ref, miss_bytes, miss_char_ends, miss_slot)
+                    n_block = 0
                 start, chars = i, 0
-                w0 = w1 = tail = np.uint64(0)
             if i == end:
                 break
-            for k in range(n):
-                at = i + k - start
-                byte = np.uint64(data[i + k])
-                if at < 8:
-                    w0 |= byte << np.uint64(8 * at)
-                elif at < 16:
-                    w1 |= byte << np.uint64(8 * (at - 8))
-                else:
-                    tail = (tail ^ byte) * prime
             chars += 1
             prev, prev_space = c, space
             i += n
-        doc_chunk_ends[d] = n_chunks
+        doc_chunk_ends[d] = progress[1] + n_block  # the chunks before and in the block
         pos = end
         first_doc = d + 1
+    look_up_block(n_block, block_start, block_size, block_chars, block_key, data, char_info,
+                  table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
+                  miss_char_ends, miss_slot)
+    progress[0], progress[5] = first_doc, next_cut
+
+
+@njit(cache=True, nogil=True)
+def look_up_block(n_block, block_start, block_size, block_chars, block_key, data, char_info,
+                  table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
+                  miss_char_ends, miss_slot):
+    """Look up the chunks of a block (see cut_and_look_up); a chunk not found is a miss, and
+    is kept (pending its ids) while there is room."""
+    n_entries, n_kept, n_single = state[_ENTRIES], state[_BYTES], state[_SINGLE]
+    n_chunks, n_misses = progress[1], progress[2]
+    n_miss_bytes, n_miss_chars = progress[3], progress[4]
+    slot_mask = len(table) - 1
+    slot_shift = slot_shift_of(table)
+    size_mask = np.uint64((1 << _SIZE_BITS) - 1)
+    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
+    payload_shift = np.uint64(_SIZE_BITS + _LEN_BITS)
+    for j in range(n_block):
+        start, size, chars = block_start[j], block_size[j], block_chars[j]
+        w0, w1, h = block_key[j, 0], block_key[j, 1], block_key[j, 2]
+        usize = np.uint64(size)
+        info = np.uint64(0)
+        found = False
+        slot = 0
+        long_chunk = size > 16
+        if chars == 1:  # most of Chinese: a direct table by code point
+            info = char_info[np.int64(h)]
+            found = info != 0
+        elif size <= _CACHED_BYTES:
+            slot = np.int64(h >> slot_shift)
+            while table[slot, _INFO] != 0:
+                info = table[slot, _INFO]
+                if (table[slot, _HASH] == h and (info & size_mask) == usize
+                        and table[slot, _W0] == w0):
+                    if long_chunk:
+                        a = np.int64(table[slot, _W1])
+                        found = True
+                        for k in range(size):
+                            if kept[a + k] != data[start + k]:
+                                found = False
+                                break
+                    else:
+                        found = table[slot, _W1] == w1
+                    if found:
+                        break
+                slot = (slot + 1) & slot_mask
+        if found:
+            if (info >> len_shift) & len_mask == len_mask:  # new in this batch
+                ref = -1 - np.int64(info >> payload_shift)
+            else:
+                ref = np.int64(info)
+        else:
+            pending = usize | (len_mask << len_shift) | (np.uint64(n_misses) << payload_shift)
+            if chars == 1:
+                char_info[np.int64(h)] = pending
+                n_single += 1
+                miss_slot[n_misses] = -2 - np.int64(h)
+            elif (size <= _CACHED_BYTES and n_entries < max_entries
+                    and (not long_chunk or n_kept + size <= len(kept))):
+                table[slot, _W0], table[slot, _HASH] = w0, h
+                if long_chunk:
+                    table[slot, _W1] = np.uint64(n_kept)
+                    for k in range(size):
+                        kept[n_kept + k] = data[start + k]
+                    n_kept += size
+                else:
+                    table[slot, _W1] = w1
+                table[slot, _INFO] = pending
+                n_entries += 1
+                miss_slot[n_misses] = slot
+            else:
+                miss_slot[n_misses] = -1
+            for k in range(size):
+                miss_bytes[n_miss_bytes + k] = data[start + k]
+            n_miss_bytes += size
+            n_miss_chars += chars
+            miss_char_ends[n_misses] = n_miss_chars
+            ref = -1 - n_misses
+            n_misses += 1
+        chunk_ref[n_chunks] = ref
+        n_chunks += 1
     state[_ENTRIES], state[_BYTES], state[_SINGLE] = n_entries, n_kept, n_single
-    progress[0], progress[1], progress[2] = first_doc, n_chunks, n_misses
-    progress[3], progress[4], progress[5] = n_miss_bytes, n_miss_chars, next_cut
+    progress[1], progress[2] = n_chunks, n_misses
+    progress[3], progress[4] = n_miss_bytes, n_miss_chars
 
 
 @njit(cache=True, nogil=True)
@@ -396,7 +441,11 @@ class ChunkCacheEncoder:
         self._make_room(len(buf))
         cuts = self._jieba_byte_cuts(buf, ends, joined) if self._jieba else np.zeros(0, np.int64)
         size = len(buf)
+        padded = np.zeros(size + 16, np.uint8)
+        padded[:size] = buf
+        words = np.ndarray((size + 9,), np.uint64, buffer=padded, strides=(1,))
         chunk_ref = np.empty(size, np.int64)
+
         doc_chunk_ends = np.empty(len(ends), np.int64)
         miss_bytes = np.empty(size, np.uint8)
         miss_char_ends = np.empty(size, np.int64)
@@ -404,7 +453,7 @@ class ChunkCacheEncoder:
         progress = np.zeros(6, np.int64)
         while True:
             growing = len(self._table) < 1 << _MAX_TABLE_BITS
-            cut_and_look_up(buf, ends, cuts, self._joinable, self._char_info, self._table,
+            cut_and_look_up(buf, words, ends, cuts, self._joinable, self._char_info, self._table,
                             self._kept, self._state, self._hash_mask, len(self._table) // 2,
                             len(self._table) * 3 // 8 if growing else len(self._table),
                             progress, chunk_ref, doc_chunk_ends, miss_bytes, miss_char_ends,
