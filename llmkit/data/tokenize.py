@@ -18,7 +18,11 @@ falls below `val_fraction`. So the output is the same for any --workers and any
 world_size-th) into the workspace's scratch folder; `llmkit tokenize` without --rank then
 adds whatever is missing and assembles the artifact.
 
-The hot loop builds arrow arrays from numpy buffers rather than through pyarrow's compute
+With --workers N, this thread reads and writes while N - 1 threads encode (the chunk-cache
+encoder's compiled passes release the GIL); N = 1 does everything in this thread.
+
+The hot loop builds arrow arrays
+ from numpy buffers rather than through pyarrow's compute
 functions, which import pandas (half a second per process).
 """
 
@@ -160,9 +164,12 @@ def _encode_task(args):
 
 
 class _OrderedPool:
-    """Runs tasks in this thread, or in `workers` threads that each load the tokenizer once
-    (the encoder's compiled passes release the GIL); results come back in submission order
-    with a few tasks in flight per worker."""
+    """Runs tasks in this thread (workers=1), or keeps this thread for reading and writing
+    and encodes in workers - 1 threads (the encoder's compiled passes release the GIL);
+    results come back in submission order with a few tasks in flight per thread.
+
+    One encoder thread keeps the tokenizer's one chunk cache: two caches would each meet
+    every distinct chunk once, so a second encoder thread pays only on a large corpus."""
 
     def __init__(self, workers: int, tokenizer):
         self.workers, self.tokenizer = workers, tokenizer
@@ -173,12 +180,13 @@ class _OrderedPool:
             import queue
             from multiprocessing.pool import ThreadPool
 
+            encoders = self.workers - 1
             tokenizers = queue.Queue()
-            for _ in range(self.workers):
-                tokenizers.put(self.tokenizer.for_another_thread())
-            self.pool = ThreadPool(self.workers, _take_tokenizer, (tokenizers,))
+            for _ in range(encoders):
+                tokenizers.put(self.tokenizer if encoders == 1 else
+                               self.tokenizer.for_another_thread())
+            self.pool = ThreadPool(encoders, _take_tokenizer, (tokenizers,))
         else:
-
             _local.tokenizer = self.tokenizer
         return self
 
