@@ -89,8 +89,10 @@ def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kep
     other, so the processor overlaps their trips to memory.
     """
     prime = np.uint64(0x100000001B3)
-    first_doc, next_cut = progress[0], progress[5]
-    block_start = np.empty(_BLOCK, np.int64)  # each chunk of the block: where it starts,
+    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
+    first_doc, n_cut, next_cut = progress[0], progress[1], progress[5]
+    block_chunk = np.empty(_BLOCK, np.int64)  # each chunk of the block: its number,
+    block_start = np.empty(_BLOCK, np.int64)  # where it starts,
     block_size = np.empty(_BLOCK, np.int64)   # its bytes,
     block_chars = np.empty(_BLOCK, np.int64)  # its characters,
     block_key = np.empty((_BLOCK, 3), np.uint64)  # its first 16 bytes and its hash (or,
@@ -98,9 +100,9 @@ def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kep
     pos = doc_ends[first_doc - 1] if first_doc > 0 else 0
     for d in range(first_doc, len(doc_ends)):
         if state[_ENTRIES] + n_block >= stop_at:
-            look_up_block(n_block, block_start, block_size, block_chars, block_key, data,
-                          char_info, table, kept, state, max_entries, progress, chunk_ref,
-                          miss_bytes, miss_char_ends, miss_slot)
+            look_up_block(n_block, block_chunk, block_start, block_size, block_chars,
+                          block_key, data, char_info, table, kept, state, max_entries,
+                          progress, chunk_ref, miss_bytes, miss_char_ends, miss_slot)
             n_block = 0
             if state[_ENTRIES] >= stop_at:
   # the caller grows the table, then calls again
@@ -146,57 +148,67 @@ def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kep
                             cut = True
             if cut:
                 size = i - start
-                # the chunk's first 16 bytes, zeros past its end: two unaligned 8-byte loads
-                w0 = words[start]
-                if size < 8:
-                    w0 &= (np.uint64(1) << np.uint64(8 * size)) - np.uint64(1)
-                w1 = np.uint64(0)
-                if size > 8:
-                    w1 = words[start + 8]
-                    if size < 16:
-                        w1 &= (np.uint64(1) << np.uint64(8 * (size - 8))) - np.uint64(1)
-                tail = np.uint64(0)
-                for k in range(start + 16, i):
-                    tail = (tail ^ np.uint64(data[k])) * prime
-                block_start[n_block], block_size[n_block] = start, size
-                block_chars[n_block] = chars
-                block_key[n_block, 0], block_key[n_block, 1] = w0, w1
-                if chars == 1:
-                    block_key[n_block, 2] = np.uint64(prev)
-                else:
-                    h = (w0 * np.uint64(0x9E3779B97F4A7C15)) ^ (
-                        w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ (tail + np.uint64(size))
-                    block_key[n_block, 2] = ((h ^ (h >> np.uint64(29)))
-                                             * np.uint64(0x165667B19E3779F9)) & hash_mask
-                n_block += 1
-                if n_block == _BLOCK:
-                    look_up_block(n_block, block_start, block_size, block_chars, block_key,
-                                  data, char_info, table, kept, state, max_entries, progress,
-                                  chunk_ref, miss_bytes, miss_char_ends, miss_slot)
-                    n_block = 0
+                known = False
+                if chars == 1:  # a character seen before (most of Chinese): its ids now
+                    info = char_info[prev]
+                    known = info != 0 and (info >> len_shift) & len_mask != len_mask
+                    if known:
+                        chunk_ref[n_cut] = np.int64(info)
+                if not known:
+                    # the first 16 bytes, zeros past the end: two unaligned 8-byte loads
+                    w0 = words[start]
+                    if size < 8:
+                        w0 &= (np.uint64(1) << np.uint64(8 * size)) - np.uint64(1)
+                    w1 = np.uint64(0)
+                    if size > 8:
+                        w1 = words[start + 8]
+                        if size < 16:
+                            w1 &= (np.uint64(1) << np.uint64(8 * (size - 8))) - np.uint64(1)
+                    tail = np.uint64(0)
+                    for k in range(start + 16, i):
+                        tail = (tail ^ np.uint64(data[k])) * prime
+                    block_chunk[n_block] = n_cut
+                    block_start[n_block], block_size[n_block] = start, size
+                    block_chars[n_block] = chars
+                    block_key[n_block, 0], block_key[n_block, 1] = w0, w1
+                    if chars == 1:
+                        block_key[n_block, 2] = np.uint64(prev)
+                    else:
+                        h = (w0 * np.uint64(0x9E3779B97F4A7C15)) ^ (
+                            w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ (tail + np.uint64(size))
+                        block_key[n_block, 2] = ((h ^ (h >> np.uint64(29)))
+                                                 * np.uint64(0x165667B19E3779F9)) & hash_mask
+                    n_block += 1
+                    if n_block == _BLOCK:
+                        look_up_block(n_block, block_chunk, block_start, block_size,
+                                      block_chars, block_key, data, char_info, table, kept,
+                                      state, max_entries, progress, chunk_ref, miss_bytes,
+                                      miss_char_ends, miss_slot)
+                        n_block = 0
+                n_cut += 1
                 start, chars = i, 0
             if i == end:
                 break
             chars += 1
             prev, prev_space = c, space
             i += n
-        doc_chunk_ends[d] = progress[1] + n_block  # the chunks before and in the block
+        doc_chunk_ends[d] = n_cut
         pos = end
         first_doc = d + 1
-    look_up_block(n_block, block_start, block_size, block_chars, block_key, data, char_info,
-                  table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
+    look_up_block(n_block, block_chunk, block_start, block_size, block_chars, block_key, data,
+                  char_info, table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
                   miss_char_ends, miss_slot)
-    progress[0], progress[5] = first_doc, next_cut
+    progress[0], progress[1], progress[5] = first_doc, n_cut, next_cut
 
 
 @njit(cache=True, nogil=True)
-def look_up_block(n_block, block_start, block_size, block_chars, block_key, data, char_info,
-                  table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
+def look_up_block(n_block, block_chunk, block_start, block_size, block_chars, block_key, data,
+                  char_info, table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
                   miss_char_ends, miss_slot):
     """Look up the chunks of a block (see cut_and_look_up); a chunk not found is a miss, and
     is kept (pending its ids) while there is room."""
     n_entries, n_kept, n_single = state[_ENTRIES], state[_BYTES], state[_SINGLE]
-    n_chunks, n_misses = progress[1], progress[2]
+    n_misses = progress[2]
     n_miss_bytes, n_miss_chars = progress[3], progress[4]
     slot_mask = len(table) - 1
     slot_shift = slot_shift_of(table)
@@ -265,10 +277,10 @@ def look_up_block(n_block, block_start, block_size, block_chars, block_key, data
             miss_char_ends[n_misses] = n_miss_chars
             ref = -1 - n_misses
             n_misses += 1
-        chunk_ref[n_chunks] = ref
-        n_chunks += 1
+        chunk_ref[block_chunk[j]] = ref
     state[_ENTRIES], state[_BYTES], state[_SINGLE] = n_entries, n_kept, n_single
-    progress[1], progress[2] = n_chunks, n_misses
+    progress[2] = n_misses
+
     progress[3], progress[4] = n_miss_bytes, n_miss_chars
 
 
