@@ -10,19 +10,27 @@ the bytes are the same, so ids never depend on the hash.
 The table is built for the memory hierarchy: a slot holds a short chunk's bytes, its hash
 and its ids (one or two inline), so most chunks cost one cache line.
 
-This module imports numba (a third of a second): llmkit.tokenizer imports it on first use.
+The passes (llmkit._chunk_kernels) are numba functions. Importing numba and loading them from
+its cache costs a process over half a second — a fifth of a 24 MB `llmkit tokenize` — so the
+first use compiles them ahead of time (numba.pycc) into an extension module next to numba's
+cache, which later processes import without numba. Where that cannot be built (no C
+compiler), they run through numba's JIT.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
 import sys
+import tempfile
 from contextlib import contextmanager
 from itertools import chain
-
+from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 WS_MARK = "\u2581"       # sentencepiece's whitespace symbol "▁"
 _MARK, _SPACE = 0x2581, 0x20
@@ -45,338 +53,6 @@ _INLINE_BITS = 22        # ids below 2**22 fit two to a slot
 # state[] slots shared by the passes: chunks in the table, long-chunk bytes kept, ids kept,
 # one-character chunks kept
 _ENTRIES, _BYTES, _IDS, _SINGLE = 0, 1, 2, 3
-
-
-@njit(cache=True, nogil=True)
-def pair_slot(left, right):
-    """Slot of the pair of code points (left, right) in the pair table."""
-    return (((left * 0x9E3779B1) ^ (right * 0x85EBCA77)) & 0xFFFFFFFF) >> (32 - _PAIR_BITS)
-
-
-@njit(cache=True, nogil=True)
-def mark_pairs(joinable, left, right):
-    for k in range(len(left)):
-        at = pair_slot(left[k], right[k])
-        joinable[at >> 6] |= np.uint64(1) << np.uint64(at & 63)
-
-
-@njit(cache=True, nogil=True)
-def slot_shift_of(table):
-    """How far a hash shifts right to give a slot of `table` (a power of two long)."""
-    bits = 0
-    while (1 << bits) < len(table):
-        bits += 1
-    return np.uint64(64 - bits)
-
-
-@njit(cache=True, nogil=True)
-def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kept, state,
-                    hash_mask, max_entries, stop_at, progress, chunk_ref, doc_chunk_ends,
-                    miss_bytes, miss_char_ends, miss_slot):
-    """Cut each document of `data` (UTF-8) into chunks and look every chunk up, from document
-    progress[0] on, until the table holds `stop_at` chunks (the counts go on in `progress`).
-
-    A chunk ends before a run of spaces, where no piece joins two neighbours of which one
-    is not ASCII, around a literal "▁", at a document's end and at each of `cuts` (sorted
-    byte offsets). Writes each chunk's `chunk_ref` (the info word of its slot, or -1 - m
-    for the m-th miss of the batch) and the chunk count after each document. Misses are
-    listed in order: bytes in `miss_bytes`, character counts so far in `miss_char_ends`,
-    the slot that keeps each one (-1: not kept, -2 - c: the one-character chunk c) in
-    `miss_slot`. progress[1:5]: chunks, misses, miss bytes and miss characters so far.
-
-    `words[k]`: the 8 bytes of `data` from byte k on (zeros past its end). Chunks are cut
-    a block at a time, then looked up together: the lookups of a block do not wait on each
-    other, so the processor overlaps their trips to memory.
-    """
-    prime = np.uint64(0x100000001B3)
-    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
-    first_doc, n_cut, next_cut = progress[0], progress[1], progress[5]
-    block_chunk = np.empty(_BLOCK, np.int64)  # each chunk of the block: its number,
-    block_start = np.empty(_BLOCK, np.int64)  # where it starts,
-    block_size = np.empty(_BLOCK, np.int64)   # its bytes,
-    block_chars = np.empty(_BLOCK, np.int64)  # its characters,
-    block_key = np.empty((_BLOCK, 3), np.uint64)  # its first 16 bytes and its hash (or,
-    n_block = 0                                   # for one character, its code point)
-    pos = doc_ends[first_doc - 1] if first_doc > 0 else 0
-    for d in range(first_doc, len(doc_ends)):
-        if state[_ENTRIES] + n_block >= stop_at:
-            look_up_block(n_block, block_chunk, block_start, block_size, block_chars,
-                          block_key, data, char_info, table, kept, state, max_entries,
-                          progress, chunk_ref, miss_bytes, miss_char_ends, miss_slot)
-            n_block = 0
-            if state[_ENTRIES] >= stop_at:
-  # the caller grows the table, then calls again
-                break
-        end = doc_ends[d]
-        start, i = pos, pos
-        chars = 0
-        prev, prev_space = -1, False
-        c, n, space = 0, 0, False
-        while True:
-            if i == end:
-                cut = i > start
-            else:
-                b = data[i]
-                if b < 0x80:
-                    c, n = np.int64(b), 1
-                elif b < 0xE0:
-                    c, n = np.int64(b & 0x1F), 2
-                elif b < 0xF0:
-                    c, n = np.int64(b & 0x0F), 3
-                else:
-                    c, n = np.int64(b & 0x07), 4
-                n = min(n, end - i)
-                for k in range(1, n):
-                    c = (c << 6) | (data[i + k] & 0x3F)
-                space = c == _SPACE or c == _MARK
-                cut = False
-                if prev >= 0:
-                    if space and not prev_space:
-                        cut = True
-                    elif c >= 0x80 or prev >= 0x80:
-                        if c == _MARK or prev == _MARK:
-                            cut = True
-                        else:
-                            left = _MARK if prev_space else prev
-                            right = _MARK if space else c
-                            at = pair_slot(left, right)
-                            cut = (joinable[at >> 6] >> np.uint64(at & 63)) & np.uint64(1) == 0
-                    if len(cuts):
-                        while next_cut < len(cuts) and cuts[next_cut] < i:
-                            next_cut += 1
-                        if next_cut < len(cuts) and cuts[next_cut] == i:
-                            cut = True
-            if cut:
-                size = i - start
-                known = False
-                if chars == 1:  # a character seen before (most of Chinese): its ids now
-                    info = char_info[prev]
-                    known = info != 0 and (info >> len_shift) & len_mask != len_mask
-                    if known:
-                        chunk_ref[n_cut] = np.int64(info)
-                if not known:
-                    # the first 16 bytes, zeros past the end: two unaligned 8-byte loads
-                    w0 = words[start]
-                    if size < 8:
-                        w0 &= (np.uint64(1) << np.uint64(8 * size)) - np.uint64(1)
-                    w1 = np.uint64(0)
-                    if size > 8:
-                        w1 = words[start + 8]
-                        if size < 16:
-                            w1 &= (np.uint64(1) << np.uint64(8 * (size - 8))) - np.uint64(1)
-                    tail = np.uint64(0)
-                    for k in range(start + 16, i):
-                        tail = (tail ^ np.uint64(data[k])) * prime
-                    block_chunk[n_block] = n_cut
-                    block_start[n_block], block_size[n_block] = start, size
-                    block_chars[n_block] = chars
-                    block_key[n_block, 0], block_key[n_block, 1] = w0, w1
-                    if chars == 1:
-                        block_key[n_block, 2] = np.uint64(prev)
-                    else:
-                        h = (w0 * np.uint64(0x9E3779B97F4A7C15)) ^ (
-                            w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ (tail + np.uint64(size))
-                        block_key[n_block, 2] = ((h ^ (h >> np.uint64(29)))
-                                                 * np.uint64(0x165667B19E3779F9)) & hash_mask
-                    n_block += 1
-                    if n_block == _BLOCK:
-                        look_up_block(n_block, block_chunk, block_start, block_size,
-                                      block_chars, block_key, data, char_info, table, kept,
-                                      state, max_entries, progress, chunk_ref, miss_bytes,
-                                      miss_char_ends, miss_slot)
-                        n_block = 0
-                n_cut += 1
-                start, chars = i, 0
-            if i == end:
-                break
-            chars += 1
-            prev, prev_space = c, space
-            i += n
-        doc_chunk_ends[d] = n_cut
-        pos = end
-        first_doc = d + 1
-    look_up_block(n_block, block_chunk, block_start, block_size, block_chars, block_key, data,
-                  char_info, table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
-                  miss_char_ends, miss_slot)
-    progress[0], progress[1], progress[5] = first_doc, n_cut, next_cut
-
-
-@njit(cache=True, nogil=True)
-def look_up_block(n_block, block_chunk, block_start, block_size, block_chars, block_key, data,
-                  char_info, table, kept, state, max_entries, progress, chunk_ref, miss_bytes,
-                  miss_char_ends, miss_slot):
-    """Look up the chunks of a block (see cut_and_look_up); a chunk not found is a miss, and
-    is kept (pending its ids) while there is room."""
-    n_entries, n_kept, n_single = state[_ENTRIES], state[_BYTES], state[_SINGLE]
-    n_misses = progress[2]
-    n_miss_bytes, n_miss_chars = progress[3], progress[4]
-    slot_mask = len(table) - 1
-    slot_shift = slot_shift_of(table)
-    size_mask = np.uint64((1 << _SIZE_BITS) - 1)
-    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
-    payload_shift = np.uint64(_SIZE_BITS + _LEN_BITS)
-    for j in range(n_block):
-        start, size, chars = block_start[j], block_size[j], block_chars[j]
-        w0, w1, h = block_key[j, 0], block_key[j, 1], block_key[j, 2]
-        usize = np.uint64(size)
-        info = np.uint64(0)
-        found = False
-        slot = 0
-        long_chunk = size > 16
-        if chars == 1:  # most of Chinese: a direct table by code point
-            info = char_info[np.int64(h)]
-            found = info != 0
-        elif size <= _CACHED_BYTES:
-            slot = np.int64(h >> slot_shift)
-            while table[slot, _INFO] != 0:
-                info = table[slot, _INFO]
-                if (table[slot, _HASH] == h and (info & size_mask) == usize
-                        and table[slot, _W0] == w0):
-                    if long_chunk:
-                        a = np.int64(table[slot, _W1])
-                        found = True
-                        for k in range(size):
-                            if kept[a + k] != data[start + k]:
-                                found = False
-                                break
-                    else:
-                        found = table[slot, _W1] == w1
-                    if found:
-                        break
-                slot = (slot + 1) & slot_mask
-        if found:
-            if (info >> len_shift) & len_mask == len_mask:  # new in this batch
-                ref = -1 - np.int64(info >> payload_shift)
-            else:
-                ref = np.int64(info)
-        else:
-            pending = usize | (len_mask << len_shift) | (np.uint64(n_misses) << payload_shift)
-            if chars == 1:
-                char_info[np.int64(h)] = pending
-                n_single += 1
-                miss_slot[n_misses] = -2 - np.int64(h)
-            elif (size <= _CACHED_BYTES and n_entries < max_entries
-                    and (not long_chunk or n_kept + size <= len(kept))):
-                table[slot, _W0], table[slot, _HASH] = w0, h
-                if long_chunk:
-                    table[slot, _W1] = np.uint64(n_kept)
-                    for k in range(size):
-                        kept[n_kept + k] = data[start + k]
-                    n_kept += size
-                else:
-                    table[slot, _W1] = w1
-                table[slot, _INFO] = pending
-                n_entries += 1
-                miss_slot[n_misses] = slot
-            else:
-                miss_slot[n_misses] = -1
-            for k in range(size):
-                miss_bytes[n_miss_bytes + k] = data[start + k]
-            n_miss_bytes += size
-            n_miss_chars += chars
-            miss_char_ends[n_misses] = n_miss_chars
-            ref = -1 - n_misses
-            n_misses += 1
-        chunk_ref[block_chunk[j]] = ref
-    state[_ENTRIES], state[_BYTES], state[_SINGLE] = n_entries, n_kept, n_single
-    progress[2] = n_misses
-
-    progress[3], progress[4] = n_miss_bytes, n_miss_chars
-
-
-@njit(cache=True, nogil=True)
-def write_ids(chunk_ref, doc_chunk_ends, miss_slot, miss_id_ends, miss_ids, char_info, table,
-              ids_store, state, end_id):
-    """Keep the ids of the new chunks in their slots, then write every document's ids (and
-    `end_id` after each one, unless it is negative). Returns (ids, ids per document)."""
-    size_mask = np.uint64((1 << _SIZE_BITS) - 1)
-    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
-    payload_shift = np.uint64(_SIZE_BITS + _LEN_BITS)
-    inline_mask = np.int64((1 << _INLINE_BITS) - 1)
-    n_ids = state[_IDS]
-    for m in range(len(miss_slot)):
-        slot = miss_slot[m]
-        if slot == -1:
-            continue
-        a = miss_id_ends[m - 1] if m > 0 else 0
-        count = miss_id_ends[m] - a
-        if count == 1:
-            payload = np.int64(miss_ids[a])
-        elif count == 2:
-            payload = np.int64(miss_ids[a]) | (np.int64(miss_ids[a + 1]) << _INLINE_BITS)
-        else:
-            payload = n_ids
-            for k in range(count):
-                ids_store[n_ids + k] = miss_ids[a + k]
-            n_ids += count
-        info = np.uint64(count) << len_shift | np.uint64(payload) << payload_shift
-        if slot >= 0:
-            table[slot, _INFO] = (table[slot, _INFO] & size_mask) | info
-        else:
-            char_info[-2 - slot] = info | np.uint64(1)  # (any size: never 0)
-    state[_IDS] = n_ids
-    extra = 1 if end_id >= 0 else 0
-    counts = np.empty(len(doc_chunk_ends), np.int64)
-    first, total = 0, 0
-    for d in range(len(doc_chunk_ends)):
-        n = extra
-        for k in range(first, doc_chunk_ends[d]):
-            ref = chunk_ref[k]
-            if ref >= 0:
-                n += np.int64((np.uint64(ref) >> len_shift) & len_mask)
-            else:
-                m = -1 - ref
-                n += miss_id_ends[m] - (miss_id_ends[m - 1] if m > 0 else 0)
-        counts[d] = n
-        total += n
-        first = doc_chunk_ends[d]
-    out = np.empty(total, np.int32)
-    first, o = 0, 0
-    for d in range(len(doc_chunk_ends)):
-        for k in range(first, doc_chunk_ends[d]):
-            ref = chunk_ref[k]
-            if ref >= 0:
-                count = np.int64((np.uint64(ref) >> len_shift) & len_mask)
-                payload = np.int64(np.uint64(ref) >> payload_shift)
-                if count == 1:
-                    out[o] = payload
-                elif count == 2:
-                    out[o] = payload & inline_mask
-                    out[o + 1] = payload >> _INLINE_BITS
-                else:
-                    for j in range(count):
-                        out[o + j] = ids_store[payload + j]
-            else:
-                m = -1 - ref
-                a = miss_id_ends[m - 1] if m > 0 else 0
-                count = miss_id_ends[m] - a
-                for j in range(count):
-                    out[o + j] = miss_ids[a + j]
-            o += count
-        if extra:
-            out[o] = end_id
-            o += 1
-        first = doc_chunk_ends[d]
-    return out, counts
-
-
-@njit(cache=True, nogil=True)
-def rehash(old, table, miss_slot):
-    """Put the used slots of `old` into the (empty) `table`, by their hashes; chunks new in
-    this batch move in `miss_slot` too."""
-    slot_mask = len(table) - 1
-    slot_shift = slot_shift_of(table)
-    len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
-    payload_shift = np.uint64(_SIZE_BITS + _LEN_BITS)
-    for s in range(len(old)):
-        info = old[s, _INFO]
-        if info != 0:
-            slot = np.int64(old[s, _HASH] >> slot_shift)
-            while table[slot, _INFO] != 0:
-                slot = (slot + 1) & slot_mask
-            table[slot] = old[s]
-            if (info >> len_shift) & len_mask == len_mask:
-                miss_slot[np.int64(info >> payload_shift)] = slot
 
 
 class ChunkCacheEncoder:
@@ -419,8 +95,8 @@ class ChunkCacheEncoder:
         left = np.array(list(map(ord, chain.from_iterable(p[:-1] for p in pieces))), np.int64)
         right = np.array(list(map(ord, chain.from_iterable(p[1:] for p in pieces))), np.int64)
         table = np.zeros(1 << (_PAIR_BITS - 6), np.uint64)  # a bitset: it stays in cache
-        with _numba_without_scipy():  # the first compiled call of the process
-            mark_pairs(table, left, right)
+        kernels().mark_pairs(table, left, right)
+
         return table
 
     @property
@@ -447,17 +123,16 @@ class ChunkCacheEncoder:
         return self._encode(data, np.asarray(ends, np.int64), end_id, None)
 
     def _encode(self, data, ends, end_id: int, joined: str | None):
+        K = kernels()
         buf = np.frombuffer(data, np.uint8)
         if len(ends) and ends[-1] != len(buf):
             raise ValueError(f"the texts end at byte {ends[-1]}, the data at {len(buf)}")
         self._make_room(len(buf))
         cuts = self._jieba_byte_cuts(buf, ends, joined) if self._jieba else np.zeros(0, np.int64)
         size = len(buf)
-        padded = np.zeros(size + 16, np.uint8)
-        padded[:size] = buf
-        words = np.ndarray((size + 9,), np.uint64, buffer=padded, strides=(1,))
+        words = np.zeros(size // 8 + 3, np.uint64)  # the bytes as aligned words, zeros after
+        words.view(np.uint8)[:size] = buf
         chunk_ref = np.empty(size, np.int64)
-
         doc_chunk_ends = np.empty(len(ends), np.int64)
         miss_bytes = np.empty(size, np.uint8)
         miss_char_ends = np.empty(size, np.int64)
@@ -465,11 +140,12 @@ class ChunkCacheEncoder:
         progress = np.zeros(6, np.int64)
         while True:
             growing = len(self._table) < 1 << _MAX_TABLE_BITS
-            cut_and_look_up(buf, words, ends, cuts, self._joinable, self._char_info, self._table,
-                            self._kept, self._state, self._hash_mask, len(self._table) // 2,
-                            len(self._table) * 3 // 8 if growing else len(self._table),
-                            progress, chunk_ref, doc_chunk_ends, miss_bytes, miss_char_ends,
-                            miss_slot)
+            K.cut_and_look_up(buf, words, ends, cuts, self._joinable, self._char_info,
+                              self._table, self._kept, self._state, self._hash_mask,
+                              len(self._table) // 2,
+                              len(self._table) * 3 // 8 if growing else len(self._table),
+                              progress, chunk_ref, doc_chunk_ends, miss_bytes, miss_char_ends,
+                              miss_slot)
             if progress[0] == len(ends):
                 break
             self._grow_table(miss_slot)
@@ -478,9 +154,14 @@ class ChunkCacheEncoder:
             miss_bytes[:n_miss_bytes].tobytes().decode("utf-8"), miss_char_ends[:n_misses])
         if len(self._ids) < self._state[_IDS] + len(miss_ids):
             self._ids = _grown(self._ids, int(self._state[_IDS]) + len(miss_ids))
-        return write_ids(chunk_ref[:n_chunks], doc_chunk_ends, miss_slot[:n_misses],
-                         miss_id_ends, miss_ids, self._char_info, self._table, self._ids,
-                         self._state, end_id)
+        K.keep_ids(miss_slot[:n_misses], miss_id_ends, miss_ids, self._char_info, self._table,
+                   self._ids, self._state)
+        chunk_ref = chunk_ref[:n_chunks]
+        counts = np.empty(len(ends), np.int64)
+        out = np.empty(K.count_ids(chunk_ref, doc_chunk_ends, miss_id_ends, end_id, counts),
+                       np.int32)
+        K.write_ids(chunk_ref, doc_chunk_ends, miss_id_ends, miss_ids, self._ids, end_id, out)
+        return out, counts
 
     def _encode_misses(self, text: str, char_ends):
         """(ids of the missed chunks concatenated, the end of each one's ids); `text`: the
@@ -555,7 +236,7 @@ class ChunkCacheEncoder:
 
     def _grow_table(self, miss_slot) -> None:
         table = np.zeros((2 * len(self._table), 4), np.uint64)
-        rehash(self._table, table, miss_slot)
+        kernels().rehash(self._table, table, miss_slot)
         self._table = table
 
     def _jieba_byte_cuts(self
@@ -580,8 +261,113 @@ class ChunkCacheEncoder:
         return lead[np.array(out, np.int64)] if out else np.zeros(0, np.int64)
 
 
+# -- the compiled passes --------------------------------------------------------------------
+
+_KERNELS = None
+_SIGNATURES = {  # of the passes compiled ahead of time: the arrays the encoder hands them
+    "mark_pairs": "void(u8[::1], i8[::1], i8[::1])",
+    "cut_and_look_up": "void(u1[::1], u8[::1], i8[::1], i8[::1], u8[::1], u8[::1], u8[:, ::1], "
+                       "u1[::1], i8[::1], u8, i8, i8, i8[::1], i8[::1], i8[::1], u1[::1], "
+                       "i8[::1], i8[::1])",
+    "keep_ids": "void(i8[::1], i8[::1], i4[::1], u8[::1], u8[:, ::1], i4[::1], i8[::1])",
+    "count_ids": "i8(i8[::1], i8[::1], i8[::1], i8, i8[::1])",
+    "write_ids": "void(i8[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8, i4[::1])",
+    "rehash": "void(u8[:, ::1], u8[:, ::1], i8[::1])",
+}
+
+
+def kernels():
+    """The passes of llmkit._chunk_kernels: compiled ahead of time where that can be had,
+    else through numba's JIT."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _ahead_of_time() or _just_in_time()
+    return _KERNELS
+
+
+def _just_in_time():
+    with _numba_without_scipy():
+        from llmkit import _chunk_kernels
+
+        _chunk_kernels.mark_pairs(np.zeros(1, np.uint64), np.zeros(0, np.int64),
+                                  np.zeros(0, np.int64))  # numba's first call: see below
+    return _chunk_kernels
+
+
+def _ahead_of_time():
+    """The extension module of the passes, built on first use; None where it cannot be."""
+    path = _compiled_path()
+    if path is None:
+        return None
+    if not path.exists():
+        try:
+            _compile(path)
+        except Exception:  # no C compiler, or a numba without pycc: the JIT does the same
+            return None
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compiled_path() -> Path | None:
+    """Where the extension module of these passes lives: named by a hash of their source and
+    constants, so an edit builds a new one. None where the folder is not writable."""
+    import re
+
+    here = Path(__file__).resolve().parent
+    source = (here / "_chunk_kernels.py").read_text(encoding="utf-8")
+    constants = sorted((name, globals()[name]) for name in set(
+        re.findall(r"\b_[A-Z][A-Z0-9_]*\b", source)) if name in globals())
+    key = hashlib.sha256(repr((source, constants, np.__version__)).encode())
+
+    folder = here / "__pycache__"
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    if not os.access(folder, os.W_OK):
+        return None
+    name = f"_chunk_kernels_{key.hexdigest()[:16]}"
+    return folder / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
+
+
+def _compile(path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numba.pycc is pending deprecation
+        import numba.pycc.compiler
+        from numba.pycc import CC
+
+        from llmkit import _chunk_kernels
+
+    class ReleasingGil(numba.pycc.compiler.Flags):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.release_gil = True  # as nogil=True: worker threads encode in parallel
+
+    name = path.name.split(".")[0]
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        cc = CC(name)
+        cc.output_dir = tmp
+        for function, signature in _SIGNATURES.items():
+            cc.export(function, signature)(getattr(_chunk_kernels, function).py_func)
+        flags = numba.pycc.compiler.Flags
+        numba.pycc.compiler.Flags = ReleasingGil
+        try:
+            cc.compile()
+        finally:
+            numba.pycc.compiler.Flags = flags
+        os.replace(next(Path(tmp).glob(name + ".*")), path)
+    for stale in path.parent.glob("_chunk_kernels_*"):
+        if stale != path:
+            stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def _numba_without_scipy():
+
     """numba's first compiled call in a process imports scipy.linalg (a quarter to half a
     second) only to learn whether np.dot-like functions may call BLAS; without it they use
     a plain loop. These passes call no BLAS: hide scipy.linalg during that call."""

@@ -120,3 +120,11 @@ def test_siblings_share_what_sentencepiece_encoded_not_their_tables(demo_tok, te
     assert second.encode(texts)[0].tolist() == want
     assert calls == []  # every new chunk's ids came from the first encoder
     assert second.cached_chunks == first.cached_chunks
+
+
+def test_the_jit_fallback_gives_the_same_ids(demo_tok, texts, monkeypatch):
+    ahead_of_time = C.kernels()
+    want = ChunkCacheEncoder(demo_tok.sp).encode(texts)[0].tolist()
+    monkeypatch.setattr(C, "_KERNELS", C._just_in_time())  # as where no C compiler is found
+    assert C.kernels() is not ahead_of_time
+    assert ChunkCacheEncoder(demo_tok.sp).encode(texts)[0].tolist() == want
