@@ -11,8 +11,13 @@ Timed on the same texts:
   with the texts already in memory and nothing written (so its figures flatter it);
 * a plain per-document loop `[sp.encode(t) for t in texts]`;
 * llmkit's chunk-cache encoder alone, in this process.
-Each is reported by wall clock and by CPU time (the command's and its workers'); on a busy
-machine only the CPU-time ratios mean something.
+Each is reported by wall clock and by CPU time (the command's and its threads'); on a busy
+machine only the CPU-time ratios mean something. `--workers N` keeps one thread for reading
+and writing and encodes in N - 1 (N = 1: one thread does all).
+
+The first run on a machine compiles the chunk-cache encoder's passes (llmkit.chunk_cache, about
+20 s, once); each figure is the faster of two runs, so that compilation is left out.
+
 
 The chunk cache's gain grows with the corpus: a chunk seen before is a table lookup. The
 remixed demo text repeats its words as any large corpus does, but holds fewer distinct words

@@ -66,6 +66,8 @@ class ChunkCacheEncoder:
     def __init__(self, sp, *, jieba: bool = False, hash_mask: int = (1 << 64) - 1):
         if sp.get_piece_size() > 1 << _INLINE_BITS:
             raise ValueError(f"the chunk cache holds ids below {1 << _INLINE_BITS}")
+        if sys.byteorder != "little":  # keys are bytes read as little-endian words
+            raise NotImplementedError("the chunk-cache encoder needs a little-endian machine")
         self._sp = sp
         self._jieba = jieba
         self._jieba_cache: dict[str, list[int]] = {}
@@ -96,7 +98,6 @@ class ChunkCacheEncoder:
         right = np.array(list(map(ord, chain.from_iterable(p[1:] for p in pieces))), np.int64)
         table = np.zeros(1 << (_PAIR_BITS - 6), np.uint64)  # a bitset: it stays in cache
         kernels().mark_pairs(table, left, right)
-
         return table
 
     @property
@@ -300,8 +301,10 @@ def _ahead_of_time():
     if path is None:
         return None
     if not path.exists():
+        print("llmkit: compiling the chunk-cache encoder, once (about 20 s)", file=sys.stderr)
         try:
             _compile(path)
+
         except Exception:  # no C compiler, or a numba without pycc: the JIT does the same
             return None
     spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)

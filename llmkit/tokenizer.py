@@ -1,4 +1,4 @@
-"""Sentencepiece BPE tokenizer: training, exact encode/decode, a chunk-cache batch encoder, chat.
+"""Sentencepiece BPE tokenizer: training, exact encode/decode (batches: llmkit.chunk_cache), chat.
 
 `decode(encode(x)) == x` for every string: normalisation is the identity, whitespace is kept
 as is, and every character outside the vocabulary falls back to its UTF-8 bytes. The one
@@ -8,7 +8,8 @@ it decodes as a space — is encoded here as its three bytes instead.
 BPE pieces never span two places where no piece of the vocabulary joins the two characters
 (a space after a non-space is one such place, by training with split_by_whitespace). Text
 cut at those places encodes, chunk by chunk, to exactly sentencepiece's ids; the chunk-cache
-encoder uses that to encode each distinct chunk once.
+encoder (llmkit.chunk_cache) uses that to encode each distinct chunk once.
+
 
 With `jieba=true` Chinese runs are first segmented into words by jieba, and pieces never
 cross a word boundary (training marks the boundaries, encoding encodes word by word), so the
@@ -135,12 +136,13 @@ def mark_jieba_boundaries(text: str) -> str:
     return TAB.join(text[a:b] for a, b in zip(bounds, bounds[1:]))
 
 
+# -- the tokenizer --------------------------------------------------------------------------
+
 _SMALL_BATCH_CHARS = 4096  # smaller batches go to sentencepiece directly
 
 
-# -- the tokenizer --------------------------------------------------------------------------
-
 class Tokenizer:
+
     """A trained tokenizer artifact (`tokenizer.model` + `tokenizer_config.json`)."""
 
     def __init__(self, directory: str | Path):
@@ -164,7 +166,7 @@ class Tokenizer:
     @property
     def _encoder(self):
         """The chunk-cache encoder (llmkit.chunk_cache), built on first use: its tables take
-        a moment and it imports numba."""
+        a moment (and the first use on a machine compiles its passes)."""
         if self._chunk_encoder is None:
             from llmkit.chunk_cache import ChunkCacheEncoder
 
