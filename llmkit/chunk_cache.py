@@ -298,15 +298,17 @@ def _just_in_time():
 def _ahead_of_time():
     """The extension module of the passes, built on first use; None where it cannot be."""
     path = _compiled_path()
-    if path is None:
+    failed = path.with_name(path.name.split(".")[0] + ".failed") if path else None
+    if path is None or failed.exists():  # (a failed build is not tried again)
         return None
     if not path.exists():
         print("llmkit: compiling the chunk-cache encoder, once (about 20 s)", file=sys.stderr)
         try:
             _compile(path)
-
-        except Exception:  # no C compiler, or a numba without pycc: the JIT does the same
+        except Exception as e:  # no C compiler, or a numba without pycc: the JIT does the same
+            failed.write_text(f"{type(e).__name__}: {e}\n")
             return None
+
     spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -128,3 +128,17 @@ def test_the_jit_fallback_gives_the_same_ids(demo_tok, texts, monkeypatch):
     monkeypatch.setattr(C, "_KERNELS", C._just_in_time())  # as where no C compiler is found
     assert C.kernels() is not ahead_of_time
     assert ChunkCacheEncoder(demo_tok.sp).encode(texts)[0].tolist() == want
+
+
+def test_a_failed_ahead_of_time_build_falls_back_and_is_not_retried(tmp_path, monkeypatch):
+    tries = []
+
+    def no_compiler(path):
+        tries.append(path)
+        raise OSError("no C compiler")
+
+    monkeypatch.setattr(C, "_compiled_path", lambda: tmp_path / "_chunk_kernels_x.so")
+    monkeypatch.setattr(C, "_compile", no_compiler)
+    assert C._ahead_of_time() is None and C._ahead_of_time() is None
+    assert len(tries) == 1
+    assert "no C compiler" in (tmp_path / "_chunk_kernels_x.failed").read_text()
