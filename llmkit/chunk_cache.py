@@ -80,6 +80,7 @@ class ChunkCacheEncoder:
             self._separator_ids + sp.encode("a") + self._separator_ids)
         self._hash_mask = np.uint64(hash_mask)
         self._shared: dict[str, list[int]] | None = None  # chunk -> ids, with siblings
+        self._work = None  # see _work_arrays
         self._clear(_MIN_TABLE_BITS)
 
     def _clear(self, table_bits: int) -> None:
@@ -131,13 +132,11 @@ class ChunkCacheEncoder:
         self._make_room(len(buf))
         cuts = self._jieba_byte_cuts(buf, ends, joined) if self._jieba else np.zeros(0, np.int64)
         size = len(buf)
-        words = np.zeros(size // 8 + 3, np.uint64)  # the bytes as aligned words, zeros after
-        words.view(np.uint8)[:size] = buf
-        chunk_ref = np.empty(size, np.int64)
+        words, chunk_ref, miss_bytes, miss_char_ends, miss_slot = self._work_arrays(size)
+        as_bytes = words.view(np.uint8)  # the bytes as aligned words, zeros after
+        as_bytes[:size] = buf
+        as_bytes[size:size + 24] = 0
         doc_chunk_ends = np.empty(len(ends), np.int64)
-        miss_bytes = np.empty(size, np.uint8)
-        miss_char_ends = np.empty(size, np.int64)
-        miss_slot = np.empty(size, np.int64)
         progress = np.zeros(6, np.int64)
         while True:
             growing = len(self._table) < 1 << _MAX_TABLE_BITS
@@ -163,6 +162,15 @@ class ChunkCacheEncoder:
                        np.int32)
         K.write_ids(chunk_ref, doc_chunk_ends, miss_id_ends, miss_ids, self._ids, end_id, out)
         return out, counts
+
+    def _work_arrays(self, size: int):
+        """The per-batch arrays for a batch of `size` bytes: kept from batch to batch, as
+        fresh ones would cost page faults every batch."""
+        if self._work is None or len(self._work[1]) < size:
+            n = max(size, 2 * len(self._work[1]) if self._work else 0)
+            self._work = (np.zeros(n // 8 + 4, np.uint64), np.empty(n, np.int64),
+                          np.empty(n, np.uint8), np.empty(n, np.int64), np.empty(n, np.int64))
+        return self._work
 
     def _encode_misses(self, text: str, char_ends):
         """(ids of the missed chunks concatenated, the end of each one's ids); `text`: the
@@ -219,7 +227,9 @@ class ChunkCacheEncoder:
         if self._shared is None:
             self._shared = {}
         twin = copy.copy(self)
+        twin._work = None
         twin._clear(_MIN_TABLE_BITS)
+
         return twin
 
     def _make_room(self, batch_bytes: int) -> None:
