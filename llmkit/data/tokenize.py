@@ -130,7 +130,7 @@ def val_mask(ids, fraction: float, seed: int):
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < fraction
 
 
-# -- one batch, in a worker thread ------------------------------------------------------------
+# -- one batch, in an encoder thread --------------------------------------------------------
 
 _local = threading.local()  # each thread's own tokenizer: a chunk cache is not thread-safe
 
