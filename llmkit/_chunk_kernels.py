@@ -46,8 +46,8 @@ def slot_shift_of(table):
 
 
 @njit(cache=True, nogil=True)
-def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kept, state,
-                    hash_mask, max_entries, stop_at, progress, chunk_ref, doc_chunk_ends,
+def cut_and_look_up(data, words, doc_ends, cuts, joinable, sides, char_info, table, kept,
+                    state, hash_mask, max_entries, stop_at, progress, chunk_ref, doc_chunk_ends,
                     miss_bytes, miss_char_ends, miss_slot):
     """Cut each document of `data` (UTF-8) into chunks and look every chunk up, from document
     progress[0] on, until the table holds `stop_at` chunks (the counts go on in `progress`).
@@ -60,9 +60,11 @@ def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kep
     the slot that keeps each one (-1: not kept, -2 - c: the one-character chunk c) in
     `miss_slot`. progress[1:5]: chunks, misses, miss bytes and miss characters so far.
 
-    `words`: `data` as aligned 8-byte words, zeros past its end. Chunks are cut
-    a block at a time, then looked up together: the lookups of a block do not wait on each
-    other, so the processor overlaps their trips to memory.
+    `words`: `data` as aligned 8-byte words, zeros past its end. `joinable`: the bitset of
+    character pairs inside pieces; `sides[c]`: 1 if c is inside a piece with a character
+    after it, 2 if with one before it (most Chinese characters are neither: no bitset
+    lookup). Chunks are cut a block at a time, then looked up together: the lookups of a
+    block do not wait on each other, so the processor overlaps their trips to memory.
     """
     prime = np.uint64(0x100000001B3)
     len_shift, len_mask = np.uint64(_SIZE_BITS), np.uint64(_PENDING)
@@ -115,8 +117,11 @@ def cut_and_look_up(data, words, doc_ends, cuts, joinable, char_info, table, kep
                         else:
                             left = _MARK if prev_space else prev
                             right = _MARK if space else c
-                            at = pair_slot(left, right)
-                            cut = (joinable[at >> 6] >> np.uint64(at & 63)) & np.uint64(1) == 0
+                            cut = (sides[left] & 1) == 0 or (sides[right] & 2) == 0
+                            if not cut:  # both could be inside a piece: is the pair?
+                                at = pair_slot(left, right)
+                                cut = ((joinable[at >> 6] >> np.uint64(at & 63))
+                                       & np.uint64(1)) == 0
                     if len(cuts):
                         while next_cut < len(cuts) and cuts[next_cut] < i:
                             next_cut += 1

@@ -71,7 +71,7 @@ class ChunkCacheEncoder:
         self._sp = sp
         self._jieba = jieba
         self._jieba_cache: dict[str, list[int]] = {}
-        self._joinable = self._pair_table()
+        self._joinable, self._sides = self._pair_table()
         self._literal_mark = [sp.piece_to_id(f"<0x{b:02X}>") for b in WS_MARK.encode("utf-8")]
         self._separator_ids = [sp.piece_to_id(f"<0x{b:02X}>")
                                for b in _SEPARATOR.encode("utf-8")]
@@ -92,14 +92,17 @@ class ChunkCacheEncoder:
 
     def _pair_table(self):
         """Hashed set of character pairs that occur inside some piece (collisions only cut
-        less)."""
+        less), and which side of such a pair each character is ever on."""
         sp = self._sp
         pieces = [p for p in sp.id_to_piece(list(range(sp.get_piece_size()))) if len(p) > 1]
         left = np.array(list(map(ord, chain.from_iterable(p[:-1] for p in pieces))), np.int64)
         right = np.array(list(map(ord, chain.from_iterable(p[1:] for p in pieces))), np.int64)
         table = np.zeros(1 << (_PAIR_BITS - 6), np.uint64)  # a bitset: it stays in cache
         kernels().mark_pairs(table, left, right)
-        return table
+        sides = np.zeros(0x110000, np.uint8)  # see cut_and_look_up
+        sides[left] |= 1
+        sides[right] |= 2
+        return table, sides
 
     @property
     def cached_chunks(self) -> int:
@@ -140,9 +143,9 @@ class ChunkCacheEncoder:
         progress = np.zeros(6, np.int64)
         while True:
             growing = len(self._table) < 1 << _MAX_TABLE_BITS
-            K.cut_and_look_up(buf, words, ends, cuts, self._joinable, self._char_info,
-                              self._table, self._kept, self._state, self._hash_mask,
-                              len(self._table) // 2,
+            K.cut_and_look_up(buf, words, ends, cuts, self._joinable, self._sides,
+                              self._char_info, self._table, self._kept, self._state,
+                              self._hash_mask, len(self._table) // 2,
                               len(self._table) * 3 // 8 if growing else len(self._table),
                               progress, chunk_ref, doc_chunk_ends, miss_bytes, miss_char_ends,
                               miss_slot)
@@ -277,9 +280,10 @@ class ChunkCacheEncoder:
 _KERNELS = None
 _SIGNATURES = {  # of the passes compiled ahead of time: the arrays the encoder hands them
     "mark_pairs": "void(u8[::1], i8[::1], i8[::1])",
-    "cut_and_look_up": "void(u1[::1], u8[::1], i8[::1], i8[::1], u8[::1], u8[::1], u8[:, ::1], "
-                       "u1[::1], i8[::1], u8, i8, i8, i8[::1], i8[::1], i8[::1], u1[::1], "
-                       "i8[::1], i8[::1])",
+    "cut_and_look_up": "void(u1[::1], u8[::1], i8[::1], i8[::1], u8[::1], u1[::1], u8[::1], "
+                       "u8[:, ::1], u1[::1], i8[::1], u8, i8, i8, i8[::1], i8[::1], i8[::1], "
+                       "u1[::1], i8[::1], i8[::1])",
+
     "keep_ids": "void(i8[::1], i8[::1], i4[::1], u8[::1], u8[:, ::1], i4[::1], i8[::1])",
     "count_ids": "i8(i8[::1], i8[::1], i8[::1], i8, i8[::1])",
     "write_ids": "void(i8[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8, i4[::1])",
