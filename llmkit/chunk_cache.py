@@ -226,14 +226,13 @@ class ChunkCacheEncoder:
         """An encoder for another thread. It shares the pair table, jieba's cuts and the ids
         of every chunk sentencepiece encodes for either from now on (so a chunk new to both
         is encoded once), not the chunk table. Make siblings before the threads start."""
-
         if self._shared is None:
             self._shared = {}
         twin = copy.copy(self)
         twin._work = None
         twin._clear(_MIN_TABLE_BITS)
-
         return twin
+
 
     def _make_room(self, batch_bytes: int) -> None:
         """Grow the cache as it fills, up to its bounds, then start over. (A full cache is
