@@ -14,6 +14,8 @@ $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# the chunk-cache encoder compiles once (~20 s): here, not in the first stage that encodes
+	$(BIN)/python -c "import llmkit.chunk_cache as c; c.kernels()"
 	touch $@
 
 demo: setup
