@@ -12,25 +12,21 @@ and its ids (one or two inline), so most chunks cost one cache line.
 
 The passes (llmkit._chunk_kernels) are numba functions. Importing numba and loading them from
 its cache costs a process over half a second — a fifth of a 24 MB `llmkit tokenize` — so the
-first use compiles them ahead of time (numba.pycc) into an extension module next to numba's
-cache, which later processes import without numba. Where that cannot be built (no C
-compiler), they run through numba's JIT.
+first use compiles them ahead of time (llmkit.aot) into an extension module, which later
+processes import without numba. Where that cannot be built (no C compiler), they run through
+numba's JIT.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import importlib.machinery
-import importlib.util
-import os
 import sys
-import tempfile
-from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
+
+from llmkit import aot
 
 WS_MARK = "\u2581"       # sentencepiece's whitespace symbol "▁"
 _MARK, _SPACE = 0x2581, 0x20
@@ -300,104 +296,23 @@ def kernels():
 
 
 def _just_in_time():
-    with _numba_without_scipy():
-        from llmkit import _chunk_kernels
+    def first_call(module):
+        module.mark_pairs(np.zeros(1, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
-        _chunk_kernels.mark_pairs(np.zeros(1, np.uint64), np.zeros(0, np.int64),
-                                  np.zeros(0, np.int64))  # numba's first call: see below
-    return _chunk_kernels
+    return aot.just_in_time("llmkit._chunk_kernels", first_call)
 
 
 def _ahead_of_time():
     """The extension module of the passes, built on first use; None where it cannot be."""
-    path = _compiled_path()
-    failed = path.with_name(path.name.split(".")[0] + ".failed") if path else None
-    if path is None or failed.exists():  # (a failed build is not tried again)
-        return None
-    if not path.exists():
-        print("llmkit: compiling the chunk-cache encoder, once (about 20 s)", file=sys.stderr)
-        try:
-            _compile(path)
-        except Exception as e:  # no C compiler, or a numba without pycc: the JIT does the same
-            failed.write_text(f"{type(e).__name__}: {e}\n")
-            return None
-
-    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return aot.ahead_of_time(_compiled_path(), _compile, "the chunk-cache encoder")
 
 
 def _compiled_path() -> Path | None:
-    """Where the extension module of these passes lives: named by a hash of their source and
-    constants, so an edit builds a new one. None where the folder is not writable."""
-    import re
-
-    here = Path(__file__).resolve().parent
-    source = (here / "_chunk_kernels.py").read_text(encoding="utf-8")
-    constants = sorted((name, globals()[name]) for name in set(
-        re.findall(r"\b_[A-Z][A-Z0-9_]*\b", source)) if name in globals())
-    key = hashlib.sha256(repr((source, constants, np.__version__)).encode())
-
-    folder = here / "__pycache__"
-    try:
-        folder.mkdir(exist_ok=True)
-    except OSError:
-        return None
-    if not os.access(folder, os.W_OK):
-        return None
-    name = f"_chunk_kernels_{key.hexdigest()[:16]}"
-    return folder / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
+    return aot.compiled_path("llmkit._chunk_kernels")
 
 
 def _compile(path: Path) -> None:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numba.pycc is pending deprecation
-        import numba.pycc.compiler
-        from numba.pycc import CC
-
-        from llmkit import _chunk_kernels
-
-    class ReleasingGil(numba.pycc.compiler.Flags):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.release_gil = True  # as nogil=True: worker threads encode in parallel
-
-    name = path.name.split(".")[0]
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        cc = CC(name)
-        cc.output_dir = tmp
-        for function, signature in _SIGNATURES.items():
-            cc.export(function, signature)(getattr(_chunk_kernels, function).py_func)
-        flags = numba.pycc.compiler.Flags
-        numba.pycc.compiler.Flags = ReleasingGil
-        try:
-            cc.compile()
-        finally:
-            numba.pycc.compiler.Flags = flags
-        os.replace(next(Path(tmp).glob(name + ".*")), path)
-    for stale in path.parent.glob("_chunk_kernels_*"):
-        if stale != path:
-            stale.unlink(missing_ok=True)
-
-
-@contextmanager
-def _numba_without_scipy():
-
-    """numba's first compiled call in a process imports scipy.linalg (a quarter to half a
-    second) only to learn whether np.dot-like functions may call BLAS; without it they use
-    a plain loop. These passes call no BLAS: hide scipy.linalg during that call."""
-    if "scipy.linalg" in sys.modules:
-        yield
-        return
-    sys.modules["scipy.linalg"] = None  # makes `import scipy.linalg` raise ImportError
-    try:
-        yield
-    finally:
-        if sys.modules.get("scipy.linalg", 0) is None:
-            del sys.modules["scipy.linalg"]
+    aot.compile_kernels("llmkit._chunk_kernels", _SIGNATURES, path)
 
 
 def _grown(array, size: int):

@@ -363,10 +363,11 @@ def response_hidden(trunk: Transformer, input_ids, attention_mask, prompt_len: i
     return trunk.hidden_states(input_ids, attention_mask=attention_mask)[:, prompt_len - 1:-1]
 
 
-def response_logprobs(model: Transformer, input_ids, attention_mask, prompt_len: int):
-    """log π(response token) under `model` for every response column: [N, R]."""
+def response_logprobs(model: Transformer, input_ids, attention_mask, prompt_len: int,
+                      temperature: float = 1.0):
+    """log π(response token) under `model` at `temperature` for every response column: [N, R]."""
     hidden = response_hidden(model, input_ids, attention_mask, prompt_len)
-    return logprobs_of(model.lm_head(hidden), input_ids[:, prompt_len:])
+    return logprobs_of(model.lm_head(hidden) / temperature, input_ids[:, prompt_len:])
 
 
 # ---- rollouts ------------------------------------------------------------------------------------
@@ -511,8 +512,10 @@ class PPOTask(Task):
         ids, attn, P, mask = (samples.input_ids, samples.attention_mask, samples.prompt_len,
                               samples.response_mask)
         logits, values = module(ids, attn, P)
-        logprobs = logprobs_of(logits, samples.responses)
-        ref_logprobs = response_logprobs(self.reference, ids, attn, P)
+        # log-probs of the distribution the responses were sampled from (logits / temperature,
+        # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
+        logprobs = logprobs_of(logits / cfg.temperature, samples.responses)
+        ref_logprobs = response_logprobs(self.reference, ids, attn, P, cfg.temperature)
         raw_scores = self.scorer(samples).to(logprobs.device, torch.float32)
         scores = clip_scores(raw_scores, cfg.reward_clip)
         if cfg.normalize_reward:
@@ -553,6 +556,7 @@ class PPOTask(Task):
         cfg = self.cfg
         mask = batch["response_mask"]
         logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+        logits = logits / cfg.temperature  # the sampling distribution, as in make_rollout
         logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
         policy_loss, clipfrac = clipped_policy_loss(logprobs, batch["logprobs"],
                                                     batch["advantages"], mask, cfg.clip_range)

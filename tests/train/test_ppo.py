@@ -245,6 +245,20 @@ def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     assert ("value_loss" in first) == (algo == "ppo")
 
 
+def test_rollout_logprobs_are_those_of_the_sampling_temperature():
+    # responses sampled at temperature T: the ratio and the KL must use log softmax(logits / T)
+    task, cfg = tiny_setup("ppo", temperature=0.5)
+    rollout = task.make_rollout(task.model)
+    ids, attn, P = rollout["input_ids"], rollout["attention_mask"], rollout["prompt_len"]
+    with torch.no_grad():
+        logits = task.model.policy(ids, attention_mask=attn)[:, P - 1:-1].float()
+    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+    mask = rollout["response_mask"].bool()
+    assert torch.allclose(rollout["logprobs"][mask], expected[mask], atol=1e-5)
+    # the reference is the starting policy: at the same temperature it gives the same log-probs
+    assert torch.allclose(rollout["ref_logprobs"][mask], expected[mask], atol=1e-5)
+
+
 def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():
     task, _ = tiny_setup()  # 20 prompts, 16 per rollout
     first, second = task._next_prompts(), task._next_prompts()
