@@ -16,12 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 
-from llmkit.data.dedup.shingles import ShingleConfig, fmix64
+from llmkit.data.dedup.compiled import kernels
+from llmkit.data.dedup.shingles import ShingleConfig
 from llmkit.errors import ConfigError
-
-_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @dataclass
@@ -65,13 +63,13 @@ class MinHashConfig:
 def minhash_signatures(batch, num_perm: int, seed: int = 1) -> np.ndarray:
     """(n, num_perm) uint64 signatures of a ShingleBatch; a document without shingles gets
     all-ones slots (so empty documents match each other and nothing else)."""
-    salt = fmix64(np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64))
-    return _signatures_kernel(batch.hashes, batch.offsets, num_perm, salt)
+    salt = kernels().fmix64(np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64))
+    return kernels().minhash_signatures(batch.hashes, batch.offsets, num_perm, salt)
 
 
 def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(bands, n) uint64: one hash per band of `rows` consecutive signature slots."""
-    return _band_kernel(signatures, bands, rows)
+    return kernels().band_keys(np.ascontiguousarray(signatures, np.uint64), bands, rows)
 
 
 def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
@@ -104,45 +102,3 @@ def lsh_params(threshold: float, num_perm: int, false_positive_weight: float = 0
 def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     """Chance that two documents of this Jaccard similarity share at least one band."""
     return 1.0 - (1.0 - similarity ** rows) ** bands
-
-
-@njit(cache=True)
-def _signatures_kernel(hashes, offsets, num_perm, salt):
-    n = len(offsets) - 1
-    k = np.uint64(num_perm)
-    signatures = np.empty((n, num_perm), np.uint64)
-    filled = np.empty(num_perm, np.bool_)
-    for d in range(n):
-        row = signatures[d]
-        row[:] = _MAX
-        filled[:] = False
-        for j in range(offsets[d], offsets[d + 1]):
-            x = fmix64(hashes[j] ^ salt)
-            slot = ((x >> np.uint64(32)) * k) >> np.uint64(32)
-            row[slot] = min(row[slot], x)
-            filled[slot] = True
-        if offsets[d + 1] == offsets[d]:
-            continue
-        for i in range(num_perm):
-            attempt = np.uint64(0)
-            while not filled[i]:
-                attempt += np.uint64(1)
-                h = fmix64((np.uint64(i) << np.uint64(32)) ^ attempt ^ salt)
-                source = ((h >> np.uint64(32)) * k) >> np.uint64(32)
-                if filled[source]:
-                    row[i] = row[source]
-                    break
-    return signatures
-
-
-@njit(cache=True)
-def _band_kernel(signatures, bands, rows):
-    n = signatures.shape[0]
-    keys = np.empty((bands, n), np.uint64)
-    for d in range(n):
-        for band in range(bands):
-            h = np.uint64(band + 1)
-            for k in range(band * rows, (band + 1) * rows):
-                h = fmix64(h ^ signatures[d, k])
-            keys[band, d] = h
-    return keys

@@ -18,8 +18,8 @@ from itertools import combinations
 from math import comb
 
 import numpy as np
-from numba import njit
 
+from llmkit.data.dedup.compiled import kernels
 from llmkit.data.dedup.shingles import ShingleConfig
 from llmkit.errors import ConfigError
 
@@ -51,7 +51,7 @@ class SimHashConfig:
 
 def simhash_fingerprints(batch) -> np.ndarray:
     """(n,) uint64 fingerprints of a ShingleBatch (0 for a document without shingles)."""
-    return _fingerprint_kernel(batch.hashes, batch.offsets)
+    return kernels().simhash_fingerprints(batch.hashes, batch.offsets)
 
 
 def block_masks(hamming_k: int, blocks: int) -> np.ndarray:
@@ -70,25 +70,3 @@ def table_keys(fingerprints: np.ndarray, masks: np.ndarray) -> np.ndarray:
 
 def hamming(a: int, b: int) -> int:
     return int(a ^ b).bit_count()
-
-
-@njit(cache=True)
-def _fingerprint_kernel(hashes, offsets):
-    n = len(offsets) - 1
-    out = np.zeros(n, np.uint64)
-    votes = np.empty(64, np.int64)
-    for d in range(n):
-        votes[:] = 0
-        distinct = np.sort(hashes[offsets[d]:offsets[d + 1]])
-        for j in range(len(distinct)):
-            h = distinct[j]
-            if j > 0 and h == distinct[j - 1]:
-                continue
-            for bit in range(64):
-                votes[bit] += np.int64((h >> np.uint64(bit)) & np.uint64(1)) * 2 - 1
-        fp = np.uint64(0)
-        for bit in range(64):
-            if votes[bit] > 0:
-                fp |= np.uint64(1) << np.uint64(bit)
-        out[d] = fp
-    return out
