@@ -1,16 +1,18 @@
-"""Build the demo's verifiable post-training tasks in recipes/demo/data/tasks/.
+"""Build the demo's verifiable post-training task in recipes/demo/data/tasks/.
 
-Two tasks, each with one exactly checkable answer: reversing a short made-up word spelled out letter by
-letter ("Reverse: a b c" -> "c b a"), which the demo's ~5M-parameter model starts to learn on a CPU in
-minutes, and two-digit addition ("What is 23+45?" -> "68"), which it does not learn in that budget (one
-prompt in five: the reward model and the evaluation still meet arithmetic). Both are asked in English and
-in Chinese ("反转：a b c", "计算 23+45").
+The task: reverse a short made-up word spelled out letter by letter ("Reverse: a b c" -> "c b a"),
+asked in English and in Chinese ("反转：a b c"). It has one exactly checkable answer, and the demo's
+~5M-parameter model learns it on a CPU in minutes given enough distinct words (with 4,000 it
+memorises them instead: held-out exact match stayed under 0.1).
 Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
 ("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
 `answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
+Two-digit addition was the second task until it proved unlearnable at this scale (exact match 0.01
+after SFT): its wrong sums differ from the right ones by 1 or 2, so it only capped the reward model's
+accuracy and diluted the reversal.
 
-Train and eval are disjoint problems, not only disjoint prompts: an addition is held out with its operands in
-either order, a word together with its reversal, so no eval answer was ever seen as a training response.
+Train and eval are disjoint problems, not only disjoint prompts: a word is held out together with its
+reversal, so no eval answer was ever seen as a training response.
 
     python recipes/demo/build_tasks.py            # rewrites recipes/demo/data/tasks/*.jsonl
 """
@@ -26,22 +28,14 @@ from random import Random
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "tasks"
 DEFAULT_SEED = 20240229
-TEMPLATES = {
-    ("addition", "en"): ["What is {a}+{b}?", "{a}+{b}="],
-    ("addition", "zh"): ["计算 {a}+{b}"],
-    ("reversal", "en"): ["Reverse: {word}"],
-    ("reversal", "zh"): ["反转：{word}"],
-}
-# four reversals to one addition: a 5M-parameter model learns reversal within the demo's few
-# hundred steps, but not two-digit addition, and an even mix slows the reversal down as well
-TASK_CYCLE = ("reversal", "reversal", "addition", "reversal", "reversal")
+TEMPLATES = {"en": "Reverse: {word}", "zh": "反转：{word}"}
 WORD_LENGTHS = (3, 4)  # short words keep answers to a few tokens
-EVAL_ADDITIONS = 100  # unordered operand pairs held out
+TRAIN_WORDS = 30000  # distinct training words, so that the model learns to reverse, not to recall
 EVAL_WORDS = 100  # words held out (with their reversals)
 SIZES = {  # file -> rows
-    "sft_train": 4000,
+    "sft_train": 20000,
     "sft_eval": 200,
-    "pref_train": 2000,
+    "pref_train": 8000,
     "pref_eval": 200,
     "prompts_train": 1000,
     "prompts_eval": 200,
@@ -52,31 +46,19 @@ RANKED_FRACTION = 0.05  # of pref_train, written as a ranked `responses` list in
 
 @dataclass(frozen=True)
 class Problem:
-    task: str  # "addition" or "reversal"
-    a: int = 0
-    b: int = 0
-    word: str = ""
+    word: str
+    task = "reversal"
 
     @property
     def answer(self) -> str:
-        return str(self.a + self.b) if self.task == "addition" else spell(self.word[::-1])
+        return spell(self.word[::-1])
 
-    def prompt(self, template: str) -> str:
-        return template.format(a=self.a, b=self.b, word=spell(self.word))
+    def prompt(self, lang: str) -> str:
+        return TEMPLATES[lang].format(word=spell(self.word))
 
 
 def spell(word: str) -> str:
     return " ".join(word)
-
-
-def addition_split(rng: Random) -> tuple[list[Problem], list[Problem]]:
-    pairs = [(a, b) for a in range(10, 100) for b in range(a, 100)]
-    held = set(rng.sample(pairs, EVAL_ADDITIONS))
-    train, evaluation = [], []
-    for a in range(10, 100):
-        for b in range(10, 100):
-            (evaluation if (min(a, b), max(a, b)) in held else train).append(Problem("addition", a, b))
-    return train, evaluation
 
 
 def random_word(rng: Random) -> str:
@@ -87,6 +69,7 @@ def random_word(rng: Random) -> str:
 
 
 def reversal_split(rng: Random, train_size: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) words; no eval word or its reversal is among the training words."""
     held: list[str] = []
     while len(held) < EVAL_WORDS:
         word = random_word(rng)
@@ -100,18 +83,15 @@ def reversal_split(rng: Random, train_size: int) -> tuple[list[Problem], list[Pr
         if word not in blocked and word not in seen:
             seen.add(word)
             train.append(word)
-    return [Problem("reversal", word=w) for w in train], [Problem("reversal", word=w) for w in held]
+    return [Problem(w) for w in train], [Problem(w) for w in held]
 
 
-def sample_prompts(problems: dict[str, list[Problem]], n: int, rng: Random) -> list[tuple[Problem, str, str]]:
-    """n distinct (problem, language, prompt) triples, tasks in TASK_CYCLE's proportions, languages and
-    templates mixed."""
+def sample_prompts(problems: list[Problem], n: int, rng: Random) -> list[tuple[Problem, str, str]]:
+    """n distinct (problem, language, prompt) triples, the two languages mixed."""
     chosen, seen = [], set()
     while len(chosen) < n:
-        task = TASK_CYCLE[len(chosen) % len(TASK_CYCLE)]
-        problem = rng.choice(problems[task])
-        lang = rng.choice(("en", "zh"))
-        prompt = problem.prompt(rng.choice(TEMPLATES[(task, lang)]))
+        problem, lang = rng.choice(problems), rng.choice(("en", "zh"))
+        prompt = problem.prompt(lang)
         if prompt not in seen:
             seen.add(prompt)
             chosen.append((problem, lang, prompt))
@@ -119,10 +99,7 @@ def sample_prompts(problems: dict[str, list[Problem]], n: int, rng: Random) -> l
 
 
 def near_miss(problem: Problem, rng: Random) -> str:
-    """A wrong answer one small slip away: the last digit off by one or two, or two neighbouring
-    letters swapped."""
-    if problem.task == "addition":
-        return str(problem.a + problem.b + rng.choice((-2, -1, 1, 2)))
+    """A wrong answer one slip away: two neighbouring letters swapped."""
     letters = list(problem.word[::-1])
     while "".join(letters) == problem.word[::-1]:
         i = rng.randrange(len(letters) - 1)
@@ -130,18 +107,13 @@ def near_miss(problem: Problem, rng: Random) -> str:
     return spell("".join(letters))
 
 
-def far_miss(problem: Problem, rng: Random) -> str:
-    """A wrong answer that ignores the question: a random sum, or the word not reversed."""
-    if problem.task == "reversal":
-        return spell(problem.word)
-    while True:
-        guess = str(rng.randint(20, 198))
-        if guess != problem.answer:
-            return guess
+def far_miss(problem: Problem) -> str:
+    """A wrong answer that ignores the question: the word not reversed."""
+    return spell(problem.word)
 
 
 def wrong_answer(problem: Problem, rng: Random) -> str:
-    return near_miss(problem, rng) if rng.random() < 0.6 else far_miss(problem, rng)
+    return near_miss(problem, rng) if rng.random() < 0.6 else far_miss(problem)
 
 
 def labels(problem: Problem, lang: str) -> dict:
@@ -163,7 +135,7 @@ def preference_records(items, rng: Random, ranked_fraction: float) -> list[dict]
     records = []
     for problem, lang, prompt in items:
         if rng.random() < ranked_fraction:
-            ranked = [problem.answer, near_miss(problem, rng), far_miss(problem, rng)]
+            ranked = [problem.answer, near_miss(problem, rng), far_miss(problem)]
             if len(set(ranked)) == 3:
                 records.append({"prompt": prompt, "responses": ranked, **labels(problem, lang)})
                 continue
@@ -178,10 +150,7 @@ def prompt_records(items) -> list[dict]:
 
 def build(seed: int) -> dict[str, list[dict]]:
     rng = Random(seed)
-    add_train, add_eval = addition_split(rng)
-    rev_train, rev_eval = reversal_split(rng, train_size=len(add_train))
-    train = {"addition": add_train, "reversal": rev_train}
-    evaluation = {"addition": add_eval, "reversal": rev_eval}
+    train, evaluation = reversal_split(rng, TRAIN_WORDS)
 
     def items(name: str):
         return sample_prompts(evaluation if name.endswith("_eval") else train, SIZES[name], rng)

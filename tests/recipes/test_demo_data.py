@@ -152,18 +152,15 @@ def prompt_and_response(record: dict) -> tuple[str, str | None]:
 
 
 def solve(prompt: str) -> tuple[tuple, str]:
-    """The problem a prompt asks (operands in either order, a word with its reversal) and its answer."""
-    if m := re.fullmatch(r"What is (\d\d)\+(\d\d)\?|(\d\d)\+(\d\d)=|计算 (\d\d)\+(\d\d)", prompt):
-        a, b = (int(x) for x in m.groups() if x)
-        return ("addition", min(a, b), max(a, b)), str(a + b)
+    """The problem a prompt asks (a word together with its reversal) and its answer."""
     m = re.fullmatch(r"(?:Reverse: |反转：)([a-z](?: [a-z]){2,3})", prompt)  # letters spelled out
     assert m, f"unexpected prompt {prompt!r}"
     word = m.group(1).replace(" ", "")
-    return ("reversal", *sorted((word, word[::-1]))), " ".join(word[::-1])
+    return tuple(sorted((word, word[::-1]))), " ".join(word[::-1])
 
 
 def test_task_files_have_the_promised_sizes_and_forms(tasks):
-    assert len(tasks["sft_train"]) >= 2000 and len(tasks["pref_train"]) >= 1500
+    assert len(tasks["sft_train"]) >= 10000 and len(tasks["pref_train"]) >= 4000
     assert len(tasks["prompts_train"]) >= 800
     assert all(150 <= len(tasks[n]) <= 300 for n in ("sft_eval", "pref_eval", "prompts_eval"))
     sft_forms = {("messages" in r, "prompt" in r and "response" in r) for r in tasks["sft_train"]}
@@ -200,10 +197,15 @@ def test_train_and_eval_problems_are_disjoint(tasks):
     assert train and evaluation and not train & evaluation
 
 
-def test_both_tasks_and_both_languages_appear_in_every_file(tasks):
+def test_both_languages_appear_in_every_file(tasks):
     for records in tasks.values():
-        assert {(r["task"], r["lang"]) for r in records} == {
-            ("addition", "en"), ("addition", "zh"), ("reversal", "en"), ("reversal", "zh")}
+        assert {(r["task"], r["lang"]) for r in records} == {("reversal", "en"), ("reversal", "zh")}
+
+
+def test_training_words_are_many_and_distinct(tasks):
+    # with a few thousand words the demo model memorises them instead of learning to reverse
+    words = {solve(prompt_and_response(r)[0])[0] for r in tasks["sft_train"]}
+    assert len(words) >= 10000
 
 
 def test_build_tasks_reproduces_the_committed_files(tmp_path, monkeypatch):
