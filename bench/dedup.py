@@ -14,7 +14,8 @@ users ordinarily call them:
 Peers shingle in Python (lower-cased word 3-grams), as their users do. Printed: docs/s, MB/s,
 peak RSS, pair precision/recall against the planted truth, and the speed ratios.
 
-    python bench/dedup.py [--docs 50000] [--datasketch-docs 5000]
+    python bench/dedup.py [--docs 50000] [--datasketch-docs 5000] [--llmkit-only]
+                          [--methods minhash]
 """
 
 from __future__ import annotations
@@ -234,7 +235,12 @@ def main() -> None:
     ap.add_argument("--datasketch-docs", type=int, default=5_000,
                     help="datasketch runs on this many documents; its rate is per document")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", default="exact,simhash,minhash",
+                    help="llmkit methods to run, comma-separated")
+    ap.add_argument("--llmkit-only", action="store_true",
+                    help="skip datasketch and rensa (quick checks of llmkit's side)")
     args = ap.parse_args()
+    methods = args.methods.split(",")
 
     t = time.perf_counter()
     corpus = build_corpus(args.docs, args.seed)
@@ -246,7 +252,12 @@ def main() -> None:
         mb = text_bytes / 1e6
         print(f"corpus text: {mb:.1f} MB ({text_bytes / len(corpus):.0f} bytes/doc); "
               f"one worker per tool\n")
-        results = [run_llmkit(ws, m, corpus) for m in ("exact", "simhash", "minhash")]
+        results = [run_llmkit(ws, m, corpus) for m in methods]
+    if args.llmkit_only:
+        print_results(results, text_bytes, len(corpus))
+        if "minhash" in methods:
+            print_peak(results[methods.index("minhash")], mb)
+        return
     mh = MinHashConfig()
     subset = min(args.datasketch_docs, len(corpus))
     sub_corpus = build_corpus(subset, args.seed) if subset < len(corpus) else corpus
@@ -257,13 +268,8 @@ def main() -> None:
     results.append(ds)
     results.append(run_rensa(corpus.texts, corpus.truth, bands, rows))
 
-    print(f"{'tool':<16} {'docs/s':>8} {'MB/s':>6} {'docs/cpu-s':>10} {'peak RSS':>9} "
-          f"{'precision':>9} {'recall':>7}  note")
-    for r in results:
-        rss = f"{r.peak_rss_mb:.0f} MB" if r.peak_rss_mb else "-"
-        print(f"{r.name:<16} {r.rate:>8,.0f} {r.rate * text_bytes / len(corpus) / 1e6:>6.1f} "
-              f"{r.cpu_rate:>10,.0f} {rss:>9} {r.precision:>9.4f} {r.recall:>7.4f}  {r.note}")
-    minhash = results[2]
+    print_results(results, text_bytes, len(corpus))
+    minhash = results[methods.index("minhash")]
     print(f"\nLSH: {bands} bands × {rows} rows (threshold {mh.threshold}, weights "
           f"{mh.false_positive_weight}/{mh.false_negative_weight}) for llmkit, datasketch, rensa")
     rensa = results[-1]
@@ -274,18 +280,38 @@ def main() -> None:
     precision, recall = fineweb_recall(corpus)
     print(f"FineWeb's settings (word 5-grams, 14×8, no verification) on this corpus: "
           f"precision {precision:.4f}, recall {recall:.4f}")
+    print_peak(minhash, mb)
+
+
+def print_results(results: list[Result], text_bytes: int, n_docs: int) -> None:
+    print(f"{'tool':<16} {'docs/s':>8} {'MB/s':>6} {'docs/cpu-s':>10} {'peak RSS':>9} "
+          f"{'precision':>9} {'recall':>7}  note")
+    for r in results:
+        rss = f"{r.peak_rss_mb:.0f} MB" if r.peak_rss_mb else "-"
+        print(f"{r.name:<16} {r.rate:>8,.0f} {r.rate * text_bytes / n_docs / 1e6:>6.1f} "
+              f"{r.cpu_rate:>10,.0f} {rss:>9} {r.precision:>9.4f} {r.recall:>7.4f}  {r.note}")
+
+
+def print_peak(minhash: Result, mb: float) -> None:
     print(f"peak RSS of llmkit minhash: {minhash.peak_rss_mb:.0f} MB for a corpus of "
-          f"{mb:.0f} MB of text ({minhash.peak_rss_mb / mb:.2f}x; the interpreter with "
-          f"numpy, pyarrow and numba loaded is ~{baseline_rss_mb():.0f} MB of it)")
+          f"{mb:.0f} MB of text ({minhash.peak_rss_mb / mb:.2f}x; a process that has only "
+          f"loaded the CLI, pyarrow and the stage's kernels is ~{baseline_rss_mb():.0f} MB "
+          "of it)")
 
 
 def baseline_rss_mb() -> float:
-    """Peak RSS of a process that has loaded the stage's kernels and done nothing else."""
-    code = ("import pyarrow as pa\n"
+    """Peak RSS of a process that has loaded the CLI, pyarrow and the stage's kernels, and
+    done nothing else."""
+    code = ("import pyarrow as pa, pyarrow.parquet\n"
+            "from llmkit.cli.app import build_app\n"
+            "build_app()\n"
             "from llmkit.data.dedup.sketch import Sketcher, cluster_in_memory\n"
             "from llmkit.data.dedup.stage import DedupConfig\n"
             "s = Sketcher(DedupConfig())\n"
-            "cluster_in_memory(s(pa.array(['a b c', 'a b c'])), s)\n" + CHILD.split("t0 =")[0]
+            # a string array from buffers: converting Python objects would import pandas
+            "texts = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer("
+            "bytes([0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0])), pa.py_buffer(b'ab')])\n"
+            "cluster_in_memory(s(texts), s)\n" + CHILD.split("t0 =")[0]
             + "print(peak_rss_mb())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT)

@@ -3,8 +3,9 @@
 Importing numba and loading kernels from its cache costs a process over half a second and
 well over 100 MB of memory (LLVM, the compiled code, numba's type system). A kernel module —
 a plain module of `@njit` functions — is instead compiled on first use with numba.pycc into
-an extension module in its package's `__pycache__/`, named by a hash of the kernel source
-and of the constants it imports from other llmkit modules, so an edit builds a new one; every
+an extension module in its package's `__pycache__/`, named by a hash of the kernel source,
+the signatures and the constants it imports from other llmkit modules, so an edit builds a
+new one; every
 later process imports that small module and nothing of numba. Where it cannot be built (no C
 compiler, a numba without pycc, a read-only package folder) the kernels run through numba's
 JIT with its cache, and a failed build is remembered so that not every process retries it.
@@ -34,7 +35,7 @@ def load(kernels: str, signatures: dict[str, str], *, what: str, warm_up=None):
     (name -> numba signature, e.g. "i8(u1[::1], i8)") compiled ahead of time where that can
     be had, else the module itself (numba's JIT). `what` names them in the one-time notice;
     see `just_in_time` for `warm_up`."""
-    path = compiled_path(kernels)
+    path = compiled_path(kernels, signatures)
     return (ahead_of_time(path, lambda p: compile_kernels(kernels, signatures, p), what)
             or just_in_time(kernels, warm_up))
 
@@ -71,14 +72,16 @@ def ahead_of_time(path: Path | None, compile, what: str) -> ModuleType | None:
     return module
 
 
-def compiled_path(kernels: str) -> Path | None:
-    """Where the extension module of `kernels` lives: named by a hash of its source and the
-    constants it imports. None where the folder is not writable."""
+def compiled_path(kernels: str, signatures: dict[str, str]) -> Path | None:
+    """Where the extension module of `kernels` compiled for `signatures` lives: named by a
+    hash of both, of the kernel source and of the constants it imports. None where the folder
+    is not writable."""
     import numpy as np
 
     source_file = Path(importlib.util.find_spec(kernels).origin)
     source = source_file.read_text(encoding="utf-8")
     key = hashlib.sha256(source.encode())
+    key.update(repr(sorted(signatures.items())).encode())
     key.update(np.__version__.encode())
     for name, value in _imported_constants(source):
         key.update(name.encode())

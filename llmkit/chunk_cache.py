@@ -308,7 +308,7 @@ def _ahead_of_time():
 
 
 def _compiled_path() -> Path | None:
-    return aot.compiled_path("llmkit._chunk_kernels")
+    return aot.compiled_path("llmkit._chunk_kernels", _SIGNATURES)
 
 
 def _compile(path: Path) -> None:

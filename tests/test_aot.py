@@ -66,18 +66,19 @@ def test_compiled_kernels_give_the_jit_results_in_a_process_without_numba(kernel
     assert not (kernel_module.parent / "__pycache__" / compiled.__file__.split("/")[-1]).exists()
 
 
-def test_the_module_name_follows_the_source_and_the_constants_it_imports(kernel_module,
+def test_the_module_name_follows_the_source_signatures_and_imported_constants(kernel_module,
                                                                         monkeypatch):
     from llmkit.data.dedup import shingles
 
-    first = aot.compiled_path("tinypkg.kernels")
-    assert aot.compiled_path("tinypkg.kernels") == first
+    first = aot.compiled_path("tinypkg.kernels", SIGNATURES)
+    assert aot.compiled_path("tinypkg.kernels", SIGNATURES) == first
     assert first.parent == kernel_module.parent / "__pycache__"
     monkeypatch.setattr(shingles, "WORDS", shingles.WORDS + 7)
-    assert aot.compiled_path("tinypkg.kernels") != first
+    assert aot.compiled_path("tinypkg.kernels", SIGNATURES) != first
     monkeypatch.undo()
+    assert aot.compiled_path("tinypkg.kernels", {**SIGNATURES, "step": "u8(u8)"}) != first
     kernel_module.write_text(KERNELS + "\n# a comment\n")
-    assert aot.compiled_path("tinypkg.kernels") != first
+    assert aot.compiled_path("tinypkg.kernels", SIGNATURES) != first
 
 
 def test_a_failed_build_falls_back_to_the_jit_and_is_not_retried(kernel_module, monkeypatch):
@@ -99,7 +100,7 @@ def test_a_failed_build_falls_back_to_the_jit_and_is_not_retried(kernel_module, 
 def test_a_kernel_module_may_import_only_constants_from_llmkit(kernel_module):
     kernel_module.write_text(KERNELS.replace("import WORDS", "import shingle_hashes"))
     with pytest.raises(TypeError, match="only constants"):
-        aot.compiled_path("tinypkg.kernels")
+        aot.compiled_path("tinypkg.kernels", SIGNATURES)
 
 
 def _root():

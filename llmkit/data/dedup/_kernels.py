@@ -403,8 +403,8 @@ def cluster(parent, members, bucket_offsets, verify, values, value_offsets, para
     verified = accepted = 0
     reps = np.empty(max(1, len(members)), np.int64)
     longest = 1
-    for d in range(len(value_offsets) - 1):
-        longest = max(longest, value_offsets[d + 1] - value_offsets[d])
+    for m in members:
+        longest = max(longest, value_offsets[m + 1] - value_offsets[m])
     keys = np.empty(8 * longest, np.uint64)
     seen = np.empty(8 * longest, np.uint8)
     for g in range(len(bucket_offsets) - 1):
@@ -447,4 +447,4 @@ def roots(parent):
 
 # one compiled function per payload type (ahead of time, a name has one signature)
 cluster_u32 = cluster_u64 = cluster
-gather_u32 = gather_u64 = gather
+gather_u8 = gather_u32 = gather_u64 = gather

@@ -17,6 +17,7 @@ SIGNATURES = {  # of the kernels compiled ahead of time: the arrays the dedup mo
     "fmix64": "u8(u8)",
     "cluster_u32": "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8, u4[::1], i8[::1], f8)",
     "cluster_u64": "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8, u8[::1], i8[::1], f8)",
+    "gather_u8": "u1[::1](u1[::1], i8[::1], i8[::1])",
     "gather_u32": "u4[::1](u4[::1], i8[::1], i8[::1])",
     "gather_u64": "u8[::1](u8[::1], i8[::1], i8[::1])",
     "roots": "i8[::1](i8[::1])",

@@ -4,7 +4,8 @@ Each phase is a folder in the artifact's work area (`Builder.work_dir`, kept acr
 runs) and is made of tasks; a task writes its files under a temporary name, renames them,
 then writes its `.done` marker, so a rerun skips exactly the finished tasks.
 
-    signatures/part-00003/  keys.npy (n_keys × rows), values.bin + lengths.npy (payload)
+    signatures/part-00003/  keys.bin: per batch (blocks.npy: its rows) n_keys × rows keys;
+                            values.bin + lengths.npy: verification payload
     buckets/key-007.npz     documents sharing a value of key row 7 (members, offsets)
     clusters/part-00003.parquet  (row, duplicate_of) of the rows to remove; stats.json
     filter/part-00003/      kept/ and removed/ parquet parts of input shard 3
@@ -15,9 +16,11 @@ Tasks: one per input shard (parquet part file) for signatures and filter, one pe
 index plus its row in the shard (shards in file order), which is also "input order": each
 cluster keeps its smallest index.
 
-Memory: signatures and filter hold one batch of text at a time; a bucket task holds one key
-per document (8 bytes × documents, sorted); clusters holds a few int64 per document plus the
-verification payload of the documents that share a bucket. No phase holds the corpus text.
+Memory: signatures and filter hold one batch of text at a time and stream what they make to
+disk; a bucket task holds one key per document (8 bytes × documents, sorted); clusters holds
+a few int64 per document and copies the payload of the documents that share a bucket into
+one file, which it maps and reads a few MB at a time. No phase holds the corpus text, its
+signatures or its payload.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.data.dedup import unionfind
+from llmkit.data.dedup.shingles import text_buffers
 from llmkit.data.dedup.sketch import Sketcher
 from llmkit.data.io import PART, DatasetWriter, dataset_files
 from llmkit.errors import UserError
@@ -95,6 +99,7 @@ class DedupPlan:
         (self.work / phase).mkdir(parents=True, exist_ok=True)
         started = time.time()
         info = getattr(self, f"_{phase}")(task)
+        _release_freed_memory()
         info["seconds"] = round(time.time() - started, 3)
         self._complete(phase, task, info)
 
@@ -107,22 +112,20 @@ class DedupPlan:
         n_rows = pf.metadata.num_rows
         final = self.work / "signatures" / f"part-{shard:05d}"
         tmp = _fresh(_temporary(final))
-        keys = np.lib.format.open_memmap(tmp / "keys.npy", mode="w+", dtype=np.uint64,
-                                         shape=(self.sketcher.n_keys, n_rows))
         lengths = np.zeros(n_rows, np.int64)
+        blocks = []
         pos = 0
-        with open(tmp / "values.bin", "wb") as values:
+        with open(tmp / "keys.bin", "wb") as keys, open(tmp / "values.bin", "wb") as values:
             for batch in pf.iter_batches(batch_size=self.cfg.batch_rows, columns=["text"],
                                          use_threads=False):
                 sketch = self.sketcher(batch.column(0))
-                keys[:, pos:pos + batch.num_rows] = sketch.keys
+                keys.write(np.ascontiguousarray(sketch.keys, np.uint64))
+                values.write(np.ascontiguousarray(sketch.values, self.sketcher.values_dtype))
                 lengths[pos:pos + batch.num_rows] = sketch.lengths
-                values.write(sketch.values.astype(self.sketcher.values_dtype,
-                                                  copy=False).tobytes())
+                blocks.append(batch.num_rows)
                 pos += batch.num_rows
-        keys.flush()
-        del keys
         np.save(tmp / "lengths.npy", lengths)
+        np.save(tmp / "blocks.npy", np.array(blocks, np.int64))
         _replace_dir(tmp, final)
         return {"rows": n_rows}
 
@@ -132,10 +135,18 @@ class DedupPlan:
 
     # -- phase 2: buckets (one task per key row) -----------------------------------------
     def _buckets(self, key: int) -> dict:
-        rows = [np.load(self.work / "signatures" / f"part-{s:05d}" / "keys.npy",
-                        mmap_mode="r")[key] for s in range(len(self.shards))]
-        column = np.concatenate(rows) if rows else np.zeros(0, np.uint64)
+        column = np.empty(int(self.shard_rows().sum()), np.uint64)
+        pos = 0
+        for s in range(len(self.shards)):
+            folder = self.work / "signatures" / f"part-{s:05d}"
+            with open(folder / "keys.bin", "rb", buffering=0) as keys:
+                start = 0  # of the batch's block of keys: n_keys rows of `rows` keys
+                for rows in np.load(folder / "blocks.npy").tolist():
+                    _read_into(keys, 8 * (start + key * rows), column[pos:pos + rows])
+                    start += self.sketcher.n_keys * rows
+                    pos += rows
         members, offsets = unionfind.bucket_groups(column)
+        del column
         final = self.work / "buckets" / f"key-{key:03d}.npz"
         tmp = _temporary(final)
         tmp = tmp.with_name(tmp.name + ".npz")  # np.savez would add it anyway
@@ -155,14 +166,22 @@ class DedupPlan:
         candidate = np.zeros(n, bool)
         for members, _ in self._bucket_groups():
             candidate[members] = True
-        values, value_offsets = self._candidate_payload(candidate, rows)
+        payload = self.work / "clusters" / f"payload.bin.tmp-{os.getpid()}"
+        value_offsets = self._write_candidate_payload(candidate, rows, payload)
+        del candidate
         parent = unionfind.new_parents(n)
         verified = accepted = 0
-        for members, offsets in self._bucket_groups():
-            v, a = unionfind.cluster_buckets(parent, members, offsets, self.sketcher.verify,
-                                             values, value_offsets, self.sketcher.param)
-            verified, accepted = verified + v, accepted + a
-        del values, value_offsets, candidate
+        with _MappedPayload(payload, self.sketcher.values_dtype) as values:
+            for members, offsets in self._bucket_groups():
+                for first, last in _bucket_chunks(offsets, _MEMBERS_AT_ONCE):
+                    lo, hi = offsets[first], offsets[last]
+                    v, a = unionfind.cluster_buckets(
+                        parent, members[lo:hi], offsets[first:last + 1] - lo,
+                        self.sketcher.verify, values.array, value_offsets, self.sketcher.param)
+                    verified, accepted = verified + v, accepted + a
+                    values.release()
+        payload.unlink()
+        del value_offsets
         root = unionfind.roots(parent)
         del parent
         self._write_removals(root, rows)
@@ -171,27 +190,33 @@ class DedupPlan:
         write_atomic(self.work / "clusters" / "stats.json", json.dumps(stats))
         return stats
 
-    def _candidate_payload(self, candidate: np.ndarray, rows: np.ndarray):
-        """Verification payload of candidate documents only (others get an empty slice)."""
+    def _write_candidate_payload(self, candidate: np.ndarray, rows: np.ndarray,
+                                 path: Path) -> np.ndarray:
+        """Write the verification payload of candidate documents only to `path`, a block of
+        documents at a time; returns every document's offsets into it (others get an empty
+        slice)."""
+        dtype = np.dtype(self.sketcher.values_dtype)
         lengths = np.zeros(len(candidate), np.int64)
-        parts = []
         base = 0
-        for s, n_rows in enumerate(rows):
-            folder = self.work / "signatures" / f"part-{s:05d}"
-            local = np.load(folder / "lengths.npy")
-            wanted = candidate[base:base + n_rows]
-            if wanted.any():
-                dtype = self.sketcher.values_dtype
-                stored = np.memmap(folder / "values.bin", dtype=dtype, mode="r") \
-                    if local.sum() else np.zeros(0, dtype)
-                starts = np.r_[0, np.cumsum(local)[:-1]][wanted]
-                parts.append(unionfind.gather_ragged(stored, starts, local[wanted]))
-                del stored
-                lengths[base:base + n_rows][wanted] = local[wanted]
-            base += n_rows
-        values = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts \
-            else np.zeros(0, self.sketcher.values_dtype)
-        return values, np.r_[0, np.cumsum(lengths)].astype(np.int64)
+        with open(path, "wb") as out:
+            for s, n_rows in enumerate(rows.tolist()):
+                folder = self.work / "signatures" / f"part-{s:05d}"
+                local = np.load(folder / "lengths.npy")
+                ends = np.cumsum(local)
+                starts = ends - local
+                with open(folder / "values.bin", "rb", buffering=0) as stored:
+                    for lo in range(0, n_rows, _DOCS_AT_ONCE):
+                        hi = min(lo + _DOCS_AT_ONCE, n_rows)
+                        wanted = lo + np.flatnonzero(candidate[base + lo:base + hi])
+                        if not len(wanted) or not local[wanted].any():
+                            continue
+                        block = np.empty(ends[hi - 1] - starts[lo], dtype)
+                        _read_into(stored, starts[lo] * dtype.itemsize, block)
+                        _write_in_small_pieces(out, unionfind.gather_ragged(
+                            block, starts[wanted] - starts[lo], local[wanted]))
+                        lengths[base + wanted] = local[wanted]
+                base += n_rows
+        return np.r_[0, np.cumsum(lengths)].astype(np.int64)
 
     def _write_removals(self, root: np.ndarray, rows: np.ndarray) -> None:
         """clusters/part-S.parquet: (row, duplicate_of) for every removed row of shard S,
@@ -207,12 +232,11 @@ class DedupPlan:
         for s in range(len(rows)):
             local = needed[(needed >= bases[s]) & (needed < bases[s + 1])] - bases[s]
             if len(local):
-                ids.append(_id_column(self.shards[s]).cast(pa.string()).take(
-                    _int64_array(local)))
-        ids = pa.chunked_array(ids, pa.string())
+                ids.append(_ids_of_rows(self.shards[s], local, self.cfg.batch_rows))
+        ids = pa.concat_arrays(ids) if ids else pa.nulls(0, pa.string())
         for s in range(len(rows)):
             lo, hi = np.searchsorted(removed, [bases[s], bases[s + 1]])
-            kept_ids = ids.take(_int64_array(np.searchsorted(needed, kept_of_removed[lo:hi])))
+            kept_ids = _take_strings(ids, np.searchsorted(needed, kept_of_removed[lo:hi]))
             table = pa.Table.from_arrays([_int64_array(removed[lo:hi] - bases[s]), kept_ids],
                                          names=["row", "duplicate_of"])
             final = self.work / "clusters" / f"part-{s:05d}.parquet"
@@ -238,8 +262,8 @@ class DedupPlan:
             lo, hi = np.searchsorted(removed_rows, [pos, pos + batch.num_rows])
             drop = np.zeros(batch.num_rows, bool)
             drop[removed_rows[lo:hi] - pos] = True
-            kept_w.write(table.filter(_bool_array(~drop)))
-            gone = table.filter(_bool_array(drop))
+            kept_w.write(_rows_where(table, ~drop))
+            gone = _rows_where(table, drop)
             gone = _set_column(gone, "reason", _repeated_string(self.reason, gone.num_rows))
             removed_w.write(_set_column(gone, "duplicate_of", duplicate_of.slice(lo, hi - lo)))
             pos += batch.num_rows
@@ -307,6 +331,88 @@ def cluster_stats(root: np.ndarray) -> dict:
             "documents_in_clusters": int(sizes.sum()), "cluster_sizes": bins}
 
 
+def _release_freed_memory() -> None:
+    """Give back to the system what the allocators keep of the memory a task freed (Arrow's
+    pool and, on glibc, the C heap), so the next phase starts from the same size."""
+    import ctypes
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+_MEMBERS_AT_ONCE = 128  # bucket members verified between two releases of the payload's
+#                         pages (each maps about 64 KB of it: a few MB in all)
+_DOCS_AT_ONCE = 4096    # documents whose payload is read at once to pick the candidates'
+
+
+class _MappedPayload:
+    """The candidates' payload file as an array, memory-mapped: verification reads it in
+    random order, and `release()` drops the pages read so far from this process (they stay in
+    the page cache), so the process never holds more than a chunk's worth of it."""
+
+    def __init__(self, path: Path, dtype):
+        self.path, self.dtype = path, np.dtype(dtype)
+
+    def __enter__(self):
+        import mmap
+
+        self._file = open(self.path, "rb")
+        if os.fstat(self._file.fileno()).st_size == 0:  # mmap cannot map an empty file
+            self._map, self.array = None, np.zeros(0, self.dtype)
+        else:
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self.array = np.frombuffer(self._map, self.dtype)
+            self._map.madvise(mmap.MADV_RANDOM)  # no read-ahead into large folios
+        return self
+
+    def release(self) -> None:
+        import mmap
+
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def __exit__(self, *exc):
+        self.array = None  # the map cannot close while an array views it
+        if self._map is not None:
+            self._map.close()
+        self._file.close()
+
+
+def _write_in_small_pieces(f, values: np.ndarray) -> None:
+    """Write an array as 64 KB writes: the page cache then holds the file in folios of at
+    most 64 KB, and a page fault of its memory map maps one of those, not a large folio of
+    a megabyte or more that one large write would have made (Linux ≥ 6.x, ext4/xfs)."""
+    data = memoryview(values).cast("B")
+    for at in range(0, len(data), 1 << 16):
+        f.write(data[at:at + (1 << 16)])
+
+
+def _bucket_chunks(offsets: np.ndarray, members: int):
+    """(first, last) bucket ranges of about `members` members each; a bucket is never split."""
+    if len(offsets) < 2:
+        return
+    firsts = np.unique(np.searchsorted(offsets, np.arange(0, offsets[-1], members),
+                                       side="right") - 1)
+    yield from zip(firsts.tolist(), np.r_[firsts[1:], len(offsets) - 1].tolist())
+
+
+def _read_into(f, offset: int, out: np.ndarray) -> None:
+    """Fill `out` with the file's bytes from `offset` on."""
+    view = memoryview(out).cast("B")
+    f.seek(offset)
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise UserError(f"{f.name} ends early: the dedup work area is damaged; delete "
+                            f"{Path(f.name).parents[2]} and rerun")
+        done += got
+
+
 def _open_parquet(path: Path):
     import pyarrow.parquet as pq
 
@@ -315,12 +421,54 @@ def _open_parquet(path: Path):
     return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
 
 
-def _id_column(path: Path):
+def _ids_of_rows(path: Path, rows: np.ndarray, batch_rows: int):
+    """The ids (as strings) of the given rows (ascending) of a shard, read a batch at a time."""
+    import pyarrow as pa
+
     pf = _open_parquet(path)
     if "id" not in pf.schema_arrow.names:
         raise UserError(f"{path} has no 'id' column; dedup needs it to name the kept "
                         "document in duplicate_of")
-    return pf.read(columns=["id"]).column("id").combine_chunks()
+    id_type = pf.schema_arrow.field("id").type
+    if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+        raise UserError(f"{path}: column 'id' is {id_type}, not string; dedup datasets are "
+                        "made by `llmkit ingest`/`clean`, which write string ids")
+    ids = []
+    pos = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=["id"], use_threads=False):
+        lo, hi = np.searchsorted(rows, [pos, pos + batch.num_rows])
+        if hi > lo:
+            ids.append(_take_strings(batch.column(0), rows[lo:hi] - pos))
+        pos += batch.num_rows
+    return pa.concat_arrays(ids) if ids else pa.nulls(0, pa.string())
+
+
+# Rows picked without pyarrow.compute: loading Arrow's compute kernels adds ~8 MB to the
+# process, and this stage needs them for nothing else.
+def _take_strings(array, indices: np.ndarray):
+    """array[indices] of a string array (nulls read as empty strings), as one string array."""
+    import pyarrow as pa
+
+    data, offsets = text_buffers(array)
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    chars = unionfind.gather_ragged(data, starts, lengths)
+    ends = np.r_[0, np.cumsum(lengths)]
+    kind = pa.string() if ends[-1] < 2 ** 31 else pa.large_string()
+    ends = ends.astype(np.int32 if kind == pa.string() else np.int64)
+    return pa.Array.from_buffers(kind, len(indices), [None, pa.py_buffer(ends),
+                                                      pa.py_buffer(chars)])
+
+
+def _rows_where(table, mask: np.ndarray):
+    """The rows of `table` where `mask` is set, as one table of single-chunk columns."""
+    import pyarrow as pa
+
+    edges = np.flatnonzero(np.diff(np.r_[0, mask.view(np.int8), 0]))
+    runs = [table.slice(a, b - a) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
+    if len(runs) == 1 and runs[0].num_rows == table.num_rows:
+        return table
+    return pa.concat_tables(runs).combine_chunks() if runs else table.slice(0, 0)
 
 
 # Arrays built from buffers: pyarrow imports pandas (~0.5 s) the first time it converts
@@ -337,13 +485,6 @@ def _int64_numpy(column) -> np.ndarray:
     if len(array) == 0:
         return np.zeros(0, np.int64)
     return np.frombuffer(array.buffers()[1], np.int64)[array.offset:array.offset + len(array)]
-
-
-def _bool_array(mask: np.ndarray):
-    import pyarrow as pa
-
-    bits = np.packbits(mask, bitorder="little")
-    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(bits)])
 
 
 def _repeated_string(value: str, n: int):

@@ -19,6 +19,8 @@ is committed.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,7 +38,7 @@ class DedupConfig:
     exact: ExactConfig = field(default_factory=ExactConfig)        # method=exact
     simhash: SimHashConfig = field(default_factory=SimHashConfig)  # method=simhash
     minhash: MinHashConfig = field(default_factory=MinHashConfig)  # method=minhash
-    batch_rows: int = 2048  # documents per batch (memory ∝ batch_rows × document size)
+    batch_rows: int = 512   # documents per batch (memory ∝ batch_rows × document size)
 
     def __post_init__(self):
         if self.batch_rows < 1:
@@ -45,6 +47,7 @@ class DedupConfig:
 
 def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     """Run (or resume) the dedup stage; returns the Builder, or None for a partial run."""
+    _arrow_allocator_that_returns_memory()
     if phase is not None and phase not in PHASES:
         raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
     if ctx.rank is not None and phase is None:
@@ -76,6 +79,16 @@ def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     return b
 
 
+def _arrow_allocator_that_returns_memory() -> None:
+    """Every phase streams a batch at a time, but Arrow's default allocator (mimalloc) keeps
+    what the parquet reader and writer free: the process grew by 40 MB more over a phase (on
+    a 100 MB corpus, peak memory 1.4× the text instead of 1.2×). The system allocator gives it
+    back. Arrow reads the choice once, when it loads, so this only acts where pyarrow is not
+    imported yet (the `llmkit dedup` process, and the worker processes it starts)."""
+    if "pyarrow" not in sys.modules:
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
 def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], workers: int) -> None:
     """Tasks of one phase, here or on `workers` processes (clusters is one task)."""
     from llmkit.progress import Progress
@@ -87,7 +100,6 @@ def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], workers: int) -> No
                 bar.advance(1)
             return
         import multiprocessing as mp
-        import sys
         from concurrent.futures import ProcessPoolExecutor
 
         # forking after torch has started its thread pools can deadlock

@@ -41,7 +41,8 @@ def cluster_buckets(parent: np.ndarray, members: np.ndarray, bucket_offsets: np.
 def gather_ragged(stored: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """stored[starts[i]:starts[i]+lengths[i]] for every i, concatenated (stored may be a
     memory-mapped file: only the slices asked for are read)."""
-    gather = kernels().gather_u32 if stored.dtype == np.uint32 else kernels().gather_u64
+    gather = {np.uint8: kernels().gather_u8, np.uint32: kernels().gather_u32,
+              np.uint64: kernels().gather_u64}[stored.dtype.type]
     return gather(stored, _int64(starts), _int64(lengths))
 
 
