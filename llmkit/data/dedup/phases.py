@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -334,14 +335,15 @@ def cluster_stats(root: np.ndarray) -> dict:
 def _release_freed_memory() -> None:
     """Give back to the system what the allocators keep of the memory a task freed (Arrow's
     pool and, on glibc, the C heap), so the next phase starts from the same size."""
-    import ctypes
-
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
-    libc = ctypes.CDLL(None)
-    if hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "malloc_trim"):  # glibc, not musl
+            libc.malloc_trim(0)
 
 
 _MEMBERS_AT_ONCE = 128  # bucket members verified between two releases of the payload's
