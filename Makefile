@@ -14,8 +14,9 @@ $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
-	# the chunk-cache encoder compiles once (~20 s): here, not in the first stage that encodes
-	$(BIN)/python -c "import llmkit.chunk_cache as c; c.kernels()"
+	# the compiled kernels (chunk-cache encoder, dedup) build once (~1 min): here, not in the
+	# first stage that uses them
+	$(BIN)/python -c "import llmkit.chunk_cache as c, llmkit.data.dedup.compiled as d; c.kernels(); d.kernels()"
 	touch $@
 
 demo: setup
