@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import sys
 from itertools import chain
-from pathlib import Path
 
 import numpy as np
 
@@ -273,6 +272,7 @@ class ChunkCacheEncoder:
 # -- the compiled passes --------------------------------------------------------------------
 
 _KERNELS = None
+KERNEL_MODULE = "llmkit._chunk_kernels"
 _SIGNATURES = {  # of the passes compiled ahead of time: the arrays the encoder hands them
     "mark_pairs": "void(u8[::1], i8[::1], i8[::1])",
     "cut_and_look_up": "void(u1[::1], u8[::1], i8[::1], i8[::1], u8[::1], u1[::1], u8[::1], "
@@ -288,31 +288,16 @@ _SIGNATURES = {  # of the passes compiled ahead of time: the arrays the encoder 
 
 def kernels():
     """The passes of llmkit._chunk_kernels: compiled ahead of time where that can be had,
-    else through numba's JIT."""
+    else through numba's JIT (see llmkit.aot)."""
     global _KERNELS
     if _KERNELS is None:
-        _KERNELS = _ahead_of_time() or _just_in_time()
+        _KERNELS = aot.load(KERNEL_MODULE, _SIGNATURES, what="the chunk-cache encoder",
+                            warm_up=_first_call)
     return _KERNELS
 
 
-def _just_in_time():
-    def first_call(module):
-        module.mark_pairs(np.zeros(1, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-
-    return aot.just_in_time("llmkit._chunk_kernels", first_call)
-
-
-def _ahead_of_time():
-    """The extension module of the passes, built on first use; None where it cannot be."""
-    return aot.ahead_of_time(_compiled_path(), _compile, "the chunk-cache encoder")
-
-
-def _compiled_path() -> Path | None:
-    return aot.compiled_path("llmkit._chunk_kernels", _SIGNATURES)
-
-
-def _compile(path: Path) -> None:
-    aot.compile_kernels("llmkit._chunk_kernels", _SIGNATURES, path)
+def _first_call(module) -> None:
+    module.mark_pairs(np.zeros(1, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _grown(array, size: int):

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import llmkit.chunk_cache as C
+from llmkit import aot
 from llmkit.chunk_cache import ChunkCacheEncoder
 from llmkit.tokenizer import jieba_boundaries
 from tests.test_tokenizer import EDGE_CASES, build_tokenizer, demo_texts, small_corpus
@@ -125,20 +126,6 @@ def test_siblings_share_what_sentencepiece_encoded_not_their_tables(demo_tok, te
 def test_the_jit_fallback_gives_the_same_ids(demo_tok, texts, monkeypatch):
     ahead_of_time = C.kernels()
     want = ChunkCacheEncoder(demo_tok.sp).encode(texts)[0].tolist()
-    monkeypatch.setattr(C, "_KERNELS", C._just_in_time())  # as where no C compiler is found
+    monkeypatch.setattr(C, "_KERNELS", aot.just_in_time(C.KERNEL_MODULE, C._first_call))  # no C compiler
     assert C.kernels() is not ahead_of_time
     assert ChunkCacheEncoder(demo_tok.sp).encode(texts)[0].tolist() == want
-
-
-def test_a_failed_ahead_of_time_build_falls_back_and_is_not_retried(tmp_path, monkeypatch):
-    tries = []
-
-    def no_compiler(path):
-        tries.append(path)
-        raise OSError("no C compiler")
-
-    monkeypatch.setattr(C, "_compiled_path", lambda: tmp_path / "_chunk_kernels_x.so")
-    monkeypatch.setattr(C, "_compile", no_compiler)
-    assert C._ahead_of_time() is None and C._ahead_of_time() is None
-    assert len(tries) == 1
-    assert "no C compiler" in (tmp_path / "_chunk_kernels_x.failed").read_text()
