@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +31,11 @@ class ReportConfig:
 
 
 def read_metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        raise UserError(f"{run} has no metrics.jsonl; is it a checkpoint run?")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            raise UserError(f"{path}:{n} is not JSON") from None
-    return rows
+    from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
+
+    if not (run / METRICS_FILE).is_file():
+        raise UserError(f"{run} has no {METRICS_FILE}; is it a checkpoint run?")
+    return read_run_metrics(run)
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -147,10 +147,21 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl ([] before its first step); a line that is not JSON
+    is a UserError naming it."""
+    from llmkit.errors import UserError
+
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                raise UserError(f"{path}:{n} is not JSON") from None
+    return rows
 
 
 def _step_of(line: str) -> int | None:

@@ -1,5 +1,6 @@
 import itertools
 
+import pytest
 import torch
 
 from llmkit.train import metrics
@@ -23,3 +24,12 @@ def test_cpu_peak_is_one_threads_matmul_rate_times_the_threads_in_use(monkeypatc
         torch.set_num_threads(before)
     assert set(threads_seen) == {1}
     assert peak == 2 * (2 * 64**3 / 0.5)
+
+
+def test_read_metrics_names_the_line_that_is_not_json(tmp_path):
+    from llmkit.errors import UserError
+
+    assert metrics.read_metrics(tmp_path) == []  # a run before its first step
+    (tmp_path / metrics.METRICS_FILE).write_text('{"step": 1, "loss": 2.0}\n\n{"step": 2,\n')
+    with pytest.raises(UserError, match=r"metrics.jsonl:3 is not JSON"):
+        metrics.read_metrics(tmp_path)
