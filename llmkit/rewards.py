@@ -4,6 +4,11 @@ The demo tasks (two-digit addition, string reversal) have one right answer, so a
 right when it equals the answer up to whitespace: leading/trailing space is dropped and every
 inner run of whitespace counts as one space (a model that writes "4 2" for "4  2" is right; one
 that writes "42" for "4 2" is not, since inside a reversed string the space is content).
+
+Partial credit (`partial=True`) scores a wrong response by its similarity to the answer,
+1 − edit distance / length of the longer: a reversal wrong in one letter of six earns 0.83, an
+empty reply 0, the answer itself 1. RL then learns from near misses too, where exact match
+would give a group of wrong samples nothing to tell apart.
 """
 
 from __future__ import annotations
@@ -21,8 +26,32 @@ def exact_match(response: str, answer: str) -> bool:
     return normalize_answer(response) == normalize_answer(answer)
 
 
-def verify_rewards(responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-    """1.0 for each response that matches its answer exactly (see `exact_match`), else 0.0."""
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest single-character insertions, deletions and
+    substitutions that turn a into b."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def answer_similarity(response: str, answer: str) -> float:
+    """1 − edit distance / length of the longer, on the normalised forms: 1.0 exactly when
+    `exact_match` holds, 0.0 when nothing lines up."""
+    r, a = normalize_answer(response), normalize_answer(answer)
+    longer = max(len(r), len(a))
+    return 1.0 - edit_distance(r, a) / longer if longer else 1.0
+
+
+def verify_rewards(responses: Sequence[str], answers: Sequence[str],
+                   partial: bool = False) -> list[float]:
+    """For each response: 1.0 if it matches its answer (see `exact_match`), else 0.0, or with
+    `partial` its `answer_similarity`."""
     if len(responses) != len(answers):
         raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
+    if partial:
+        return [answer_similarity(r, a) for r, a in zip(responses, answers)]
     return [float(exact_match(r, a)) for r, a in zip(responses, answers)]

@@ -234,7 +234,8 @@ class PPOConfig(GenerativeConfig):
 
     algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
-    verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × exact match (0 or 1)
+    verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × verifiable reward
+    partial_credit: bool = False  # verifiable reward of a wrong response: its similarity to the answer (1 − edit distance / length), not 0
     prompts_per_rollout: int = 16  # prompts sampled per rollout batch
     group_size: int = 4  # grpo: responses sampled per prompt (ppo samples one)
     ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of micro_batch_size
@@ -406,13 +407,17 @@ def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tens
     return (stops_before == 0).long()
 
 
-def verify_scorer(samples: Samples) -> torch.Tensor:
-    """1 for a response that equals its prompt's answer (up to whitespace), else 0."""
+def verify_scorer(partial: bool = False) -> Scorer:
+    """1 for a response that equals its prompt's answer (up to whitespace), else 0 — or, with
+    partial credit, its similarity to the answer (`llmkit.rewards.answer_similarity`)."""
     from llmkit.rewards import verify_rewards
 
-    if any(a is None for a in samples.answers):
-        raise ValueError("the verifiable reward needs an answer for every prompt")
-    return torch.tensor(verify_rewards(samples.texts, samples.answers))
+    def score(samples: Samples) -> torch.Tensor:
+        if any(a is None for a in samples.answers):
+            raise ValueError("the verifiable reward needs an answer for every prompt")
+        return torch.tensor(verify_rewards(samples.texts, samples.answers, partial))
+
+    return score
 
 
 class PPOTask(Task):
@@ -637,12 +642,12 @@ def reward_model_scorer(reward_model) -> Scorer:
     return score
 
 
-def mixed_scorer(reward_model, verify_weight: float) -> Scorer:
-    """Reward-model score plus verify_weight for a response that matches its answer."""
-    by_model = reward_model_scorer(reward_model)
+def mixed_scorer(reward_model, verify_weight: float, partial: bool = False) -> Scorer:
+    """Reward-model score plus verify_weight × the verifiable reward."""
+    by_model, by_answer = reward_model_scorer(reward_model), verify_scorer(partial)
 
     def score(samples: Samples) -> torch.Tensor:
-        return by_model(samples) + verify_weight * verify_scorer(samples).to(samples.input_ids.device)
+        return by_model(samples) + verify_weight * by_answer(samples).to(samples.input_ids.device)
 
     return score
 
@@ -713,7 +718,8 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     prompts_train), rewarded by a reward model and/or exact match against each prompt's answer.
 
     Held-out prompts (--eval, else a stable share of --in) are answered greedily before and
-    after training: `stats.base_accuracy` and `stats.accuracy`. `stats.reward_start` /
+    after training: exact match in `stats.base_accuracy` and `stats.accuracy`, the mean
+    similarity to the answer in `stats.base_similarity` and `stats.similarity`. `stats.reward_start` /
     `reward_end` are the mean training reward of the first and last tenth of the rollouts.
     """
     import copy
@@ -726,7 +732,7 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.rm import load_reward_model
-    from llmkit.train.sft import (default_device, evaluate_exact_match, load_start, read_rows,
+    from llmkit.train.sft import (default_device, evaluate_answers, load_start, read_rows,
                                   split_rows)
 
     policy_art, policy_step = starting_weights(ctx.workspace, policy)
@@ -754,31 +760,36 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     if not prompts:
         raise UserError(f"{prompts_art.path}: no prompt leaves room for a reply within seq_len="
                         f"{cfg.seq_len} and max_new_tokens={cfg.max_new_tokens}")
-    scorer = {"model": lambda: reward_model_scorer(rm), "verify": lambda: verify_scorer,
-              "mix": lambda: mixed_scorer(rm, cfg.verify_weight)}[mode]()
+    scorer = {"model": lambda: reward_model_scorer(rm),
+              "verify": lambda: verify_scorer(cfg.partial_credit),
+              "mix": lambda: mixed_scorer(rm, cfg.verify_weight, cfg.partial_credit)}[mode]()
     scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
 
     with b:
         start_run(b, resumable)
         device = default_device()
-        base_accuracy = evaluate_exact_match(model.to(device), tokenizer, scored, cfg.max_new_tokens)
+        before = evaluate_answers(model.to(device), tokenizer, scored, cfg.max_new_tokens)
         reference = copy.deepcopy(model)
         task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
                        stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode)
         result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
                         model_config=model.config).fit()
-        accuracy = evaluate_exact_match(model, tokenizer, scored, cfg.max_new_tokens)
+        after = evaluate_answers(model, tokenizer, scored, cfg.max_new_tokens)
         b.stats.update(
             reward=mode, algo=cfg.algo, train_prompts=len(prompts), dropped_too_long=dropped,
             heldout_rows=len(heldout), eval_records=len(scored), steps=result.step,
             rollouts=task.rollouts_done, tokens_seen=result.tokens_seen,
             reward_start=window_mean(task.reward_history, first=True),
             reward_end=window_mean(task.reward_history, first=False),
-            kl=result.metrics.get("kl"), base_accuracy=base_accuracy, accuracy=accuracy)
+            kl=result.metrics.get("kl"), base_accuracy=before["exact_match"],
+            accuracy=after["exact_match"], base_similarity=before["similarity"],
+            similarity=after["similarity"])
     print_summary(f"{b.name} done", [
         ("steps", result.step), ("rollouts", task.rollouts_done),
         ("reward", f"{b.stats['reward_start']:.3f} -> {b.stats['reward_end']:.3f} ({mode})"),
-        ("held-out exact match", f"{base_accuracy:.3f} -> {accuracy:.3f} ({len(scored)} rows)"),
+        ("held-out exact match", f"{before['exact_match']:.3f} -> {after['exact_match']:.3f} "
+                                 f"({len(scored)} rows)"),
+        ("held-out similarity", f"{before['similarity']:.3f} -> {after['similarity']:.3f}"),
         ("seconds", round(time.time() - b.started, 1))])
     return b

@@ -176,14 +176,24 @@ def evaluate_exact_match(model, tokenizer, records: list[dict], max_new_tokens: 
     before the last assistant turn, or its `prompt`; the answer is its `answer`, else its
     reference reply. Comparison is `llmkit.rewards.exact_match` (whitespace-insensitive).
     """
+    return evaluate_answers(model, tokenizer, records, max_new_tokens)["exact_match"]
+
+
+def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int = 32) -> dict:
+    """`exact_match` (see `evaluate_exact_match`) and `similarity`, the mean
+    `llmkit.rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
+    credit, which also moves when a reply gets closer without becoming right."""
     from llmkit.data.chat import prompt_messages, reference_answer
-    from llmkit.rewards import exact_match
+    from llmkit.rewards import verify_rewards
 
     if not records:
-        return float("nan")
+        return {"exact_match": float("nan"), "similarity": float("nan")}
     replies = generate_replies(model, tokenizer, [prompt_messages(r) for r in records],
                                max_new_tokens)
-    return sum(exact_match(rep, reference_answer(r)) for rep, r in zip(replies, records)) / len(records)
+    answers = [reference_answer(r) for r in records]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"exact_match": mean(verify_rewards(replies, answers)),
+            "similarity": mean(verify_rewards(replies, answers, partial=True))}
 
 
 # -- the trainer ---------------------------------------------------------------------------

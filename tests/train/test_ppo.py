@@ -12,7 +12,8 @@ from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, PPOConfig, PPOT
                               RunningMoments, Samples, clip_scores, clipped_policy_loss,
                               clipped_value_loss, entropy_from_logits, gae,
                               group_relative_advantages, kl_estimate, logprobs_of,
-                              masked_mean, response_mask_of, run_ppo, token_rewards, whiten)
+                              masked_mean, response_mask_of, run_ppo, token_rewards, verify_scorer,
+                              whiten)
 from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,
                                             write_checkpoint_run, write_dataset)
@@ -368,6 +369,20 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
     b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2)
     assert b.stats["reward"] == "verify" and b.stats["algo"] == "grpo"
     assert b.stats["reward_start"] == 0.0  # an untrained model does not add up
+
+
+def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, stage_ws):
+    b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, partial_credit=True)
+    for when in ("base_", ""):
+        # a right reply scores 1 both ways, a wrong one at least 0 in similarity
+        assert 0.0 <= b.stats[f"{when}accuracy"] <= b.stats[f"{when}similarity"] <= 1.0
+
+
+def test_verify_scorer_gives_partial_credit_when_asked():
+    samples = Samples(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), 1,
+                      torch.ones(2, 2, dtype=torch.long), ["c b x", "c b a"], ["c b a", "c b a"])
+    assert verify_scorer()(samples).tolist() == [0.0, 1.0]
+    assert verify_scorer(partial=True)(samples).tolist() == pytest.approx([0.8, 1.0])
 
 
 def test_stage_rejects_a_model_reward_without_a_reward_model(make_ctx, stage_ws):
