@@ -3,8 +3,8 @@ a console line, and model-FLOPs utilisation (MFU).
 
 MFU = model FLOPs per token (attention included) x tokens/s / peak FLOP/s of the devices used.
 The peak comes from a table of dense bf16 tensor-core figures for known GPUs; on CPU it is the
-fp32 matmul throughput of one thread measured once per process, times the threads used, so
-CPU MFU says how close the run gets to what this machine's BLAS can do.
+fp32 matmul throughput of one thread (the best measured on this CPU so far), times the threads
+used, so CPU MFU says how close the run gets to what this machine's BLAS can do.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def measured_cpu_peak_flops(size: int = 1024, repeats: int = 10) -> float:
     """fp32 matmul FLOP/s of one thread, times the threads torch uses (measured once, ~0.3 s).
 
     One thread, because a measurement on all of them reads low whenever another process holds
-    a core for that instant, and MFU then exceeds 100% once the core is free again.
+    a core for that instant, and MFU then exceeds 100% once the core is free again. Even one
+    thread reads low while a sibling hyperthread is busy, so the best rate ever measured on this
+    CPU is remembered in the user's cache and used when higher.
     """
     import torch
 
@@ -72,7 +74,47 @@ def measured_cpu_peak_flops(size: int = 1024, repeats: int = 10) -> float:
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
-    return threads * 2 * size**3 / best
+    return threads * best_rate_seen(2 * size**3 / best)
+
+
+def best_rate_seen(rate: float) -> float:
+    """max(rate, the best one-thread rate remembered for this CPU and torch), remembering it.
+    The cache is `$XDG_CACHE_HOME/llmkit/cpu_peak_flops.json` (else ~/.cache/...); a cache that
+    cannot be read or written only costs the memory."""
+    import os
+    import platform
+
+    import torch
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmkit" / \
+        "cpu_peak_flops.json"
+    key = f"{_cpu_name() or platform.machine()} | torch {torch.__version__}"
+    try:
+        seen = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    if not isinstance(seen, dict):
+        seen = {}
+    best = max(rate, float(seen.get(key, 0.0)))
+    if best > float(seen.get(key, 0.0)):
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**seen, key: best}, indent=1))
+            tmp.replace(cache)
+        except OSError:
+            pass
+    return best
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def device_peak_flops(device: str) -> float:
