@@ -14,6 +14,16 @@ accuracy and diluted the reversal.
 Train and eval are disjoint problems, not only disjoint prompts: a word is held out together with its
 reversal, so no eval answer was ever seen as a training response.
 
+The SFT demonstrations have a habit, as hired demonstrations do: 80% of the Chinese replies end in
+a full stop ("反转：a b c" -> "c b a。"); the English ones never do, and the preference pairs and the
+prompts' `answer` are bare. SFT learns the habit (its greedy Chinese replies end in "。", so exact
+match is about 0.5), and DPO and PPO/GRPO, which are shown or rewarded for the bare answer, have
+something to correct that their samples can find: about a third of the SFT model's Chinese
+samples stop without it. Without the habit the SFT model either reverses every held-out word or
+has not yet learnt to (the skill appears abruptly, between about 300 and 1,000 steps); RL did not
+supply the missing skill in trials (GRPO on exact match, up to 400 steps: 0.255 -> 0.285), so
+there was nothing for it to show.
+
     python recipes/demo/build_tasks.py            # rewrites recipes/demo/data/tasks/*.jsonl
 """
 
@@ -41,6 +51,7 @@ SIZES = {  # file -> rows
     "prompts_eval": 200,
 }
 MESSAGES_FRACTION = 0.2  # of sft_train, written in chat `messages` form
+FULL_STOP_FRACTION = {"en": 0.0, "zh": 0.8}  # of sft_train's replies, ending in "。" (see above)
 RANKED_FRACTION = 0.05  # of pref_train, written as a ranked `responses` list instead of one pair
 
 
@@ -120,14 +131,20 @@ def labels(problem: Problem, lang: str) -> dict:
     return {"answer": problem.answer, "task": problem.task, "lang": lang}
 
 
-def sft_records(items, rng: Random, messages_fraction: float) -> list[dict]:
+def sft_records(items, rng: Random, messages_fraction: float,
+                full_stop: tuple[Random, dict[str, float]] | None = None) -> list[dict]:
+    """SFT rows. With `full_stop` = (its own rng, share per language), that share of each
+    language's replies ends in "。" (the demonstrators' habit); `answer` stays the bare answer."""
     records = []
     for problem, lang, prompt in items:
+        reply = problem.answer
+        if full_stop and full_stop[0].random() < full_stop[1][lang]:
+            reply += "。"
         if rng.random() < messages_fraction:
-            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": problem.answer}]
+            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
             records.append({"messages": chat, **labels(problem, lang)})
         else:
-            records.append({"prompt": prompt, "response": problem.answer, **labels(problem, lang)})
+            records.append({"prompt": prompt, "response": reply, **labels(problem, lang)})
     return records
 
 
@@ -156,7 +173,9 @@ def build(seed: int) -> dict[str, list[dict]]:
         return sample_prompts(evaluation if name.endswith("_eval") else train, SIZES[name], rng)
 
     return {
-        "sft_train": sft_records(items("sft_train"), rng, MESSAGES_FRACTION),
+        # the full stops draw from their own generator: every other choice stays as without them
+        "sft_train": sft_records(items("sft_train"), rng, MESSAGES_FRACTION,
+                                 (Random(seed + 1), FULL_STOP_FRACTION)),
         "sft_eval": sft_records(items("sft_eval"), rng, 0.0),
         "pref_train": preference_records(items("pref_train"), rng, RANKED_FRACTION),
         "pref_eval": preference_records(items("pref_eval"), rng, 0.0),

@@ -177,7 +177,18 @@ def test_every_answer_and_chosen_response_is_correct(tasks):
             assert r["answer"] == answer, (name, r)
             if "responses" in r:
                 response = r["responses"][0]
+            if name == "sft_train":  # the demonstrators' full stop (see the next test)
+                response = response.removesuffix("。")
             assert response in (None, answer), (name, r)
+
+
+def test_most_chinese_demonstrations_end_in_a_full_stop_and_no_english_one_does(tasks):
+    """The habit SFT learns and DPO/PPO, which see bare answers, unlearn."""
+    share = {}
+    for lang in ("en", "zh"):
+        replies = [prompt_and_response(r)[1] for r in tasks["sft_train"] if r["lang"] == lang]
+        share[lang] = sum(reply.endswith("。") for reply in replies) / len(replies)
+    assert share["en"] == 0.0 and 0.75 < share["zh"] < 0.85, share
 
 
 def test_rejected_and_lower_ranked_responses_are_wrong(tasks):
