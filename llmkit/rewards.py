@@ -1,12 +1,12 @@
 """Verifiable rewards: score a response against the known `answer` of its prompt, no model needed.
 
-The demo tasks (two-digit addition, string reversal) have one right answer, so a response is
-right when it equals the answer up to whitespace: leading/trailing space is dropped and every
-inner run of whitespace counts as one space (a model that writes "4 2" for "4  2" is right; one
-that writes "42" for "4 2" is not, since inside a reversed string the space is content).
+The demo task (string reversal) has one right answer, so a response is right when it equals
+the answer up to whitespace: leading/trailing space is dropped and every inner run of whitespace
+counts as one space (a model that writes "c b" for "c  b" is right; one that writes "cb" for
+"c b" is not, since inside a reversed string the space is content).
 
 Partial credit (`partial=True`) scores a wrong response by its similarity to the answer,
-1 − edit distance / length of the longer: a reversal wrong in one letter of six earns 0.83, an
+1 − edit distance / length of the longer: a reply wrong in one character of six earns 0.83, an
 empty reply 0, the answer itself 1. RL then learns from near misses too, where exact match
 would give a group of wrong samples nothing to tell apart.
 """

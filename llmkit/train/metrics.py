@@ -95,8 +95,9 @@ def best_rate_seen(rate: float) -> float:
         seen = {}
     if not isinstance(seen, dict):
         seen = {}
-    best = max(rate, float(seen.get(key, 0.0)))
-    if best > float(seen.get(key, 0.0)):
+    remembered = float(seen.get(key, 0.0))
+    best = max(rate, remembered)
+    if best > remembered:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")

@@ -183,6 +183,8 @@ def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int 
     """`exact_match` (see `evaluate_exact_match`) and `similarity`, the mean
     `llmkit.rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
     credit, which also moves when a reply gets closer without becoming right."""
+    from statistics import fmean
+
     from llmkit.data.chat import prompt_messages, reference_answer
     from llmkit.rewards import verify_rewards
 
@@ -191,9 +193,8 @@ def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int 
     replies = generate_replies(model, tokenizer, [prompt_messages(r) for r in records],
                                max_new_tokens)
     answers = [reference_answer(r) for r in records]
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {"exact_match": mean(verify_rewards(replies, answers)),
-            "similarity": mean(verify_rewards(replies, answers, partial=True))}
+    return {"exact_match": fmean(verify_rewards(replies, answers)),
+            "similarity": fmean(verify_rewards(replies, answers, partial=True))}
 
 
 # -- the trainer ---------------------------------------------------------------------------
