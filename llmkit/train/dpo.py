@@ -152,17 +152,15 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
     import copy
-    from functools import partial
 
-    from llmkit.data.chat import (BatchStream, collate_pairs, encode_pairs, fixed_batches,
-                                  one_per_prompt)
+    from llmkit.data.chat import BatchStream, fixed_batches, one_per_prompt
     from llmkit.api import load_model
     from llmkit.progress import print_summary
     from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import (default_device, exact_match_scorer, load_start, read_rows,
-                                  split_rows)
+    from llmkit.train.sft import (default_device, exact_match_scorer, load_start,
+                                  preference_data)
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
@@ -176,14 +174,8 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     if b.up_to_date:
         return b
     policy, tokenizer = load_start(base_step, cfg)
-    needed = ("prompt", "chosen", "rejected")
-    train_rows, heldout = split_rows(read_rows(data_art, needed),
-                                     read_rows(eval_art, needed) if eval_art else None,
-                                     cfg.eval_fraction, cfg.seed)
-    pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
-    eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
-    collate = partial(collate_pairs, pad_id=tokenizer.pad_id)
-    scored = one_per_prompt(heldout)[:cfg.eval_records]
+    data = preference_data(tokenizer, data_art, eval_art, cfg)
+    scored = one_per_prompt(data.heldout)[:cfg.eval_records]
     with training_run(b, resumable) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
         policy.to(default_device())
@@ -193,22 +185,24 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                          else policy if cfg.precompute_ref else copy.deepcopy(policy))
             if cfg.precompute_ref:
                 started = time.time()
-                precompute_reference_logps(reference, pairs + eval_pairs, tokenizer.pad_id,
-                                           2 * cfg.micro_batch_size, cfg.average_logps)
+                precompute_reference_logps(reference, data.pairs + data.eval_pairs,
+                                           tokenizer.pad_id, 2 * cfg.micro_batch_size,
+                                           cfg.average_logps)
                 ref_seconds = time.time() - started
                 reference = None  # not held while the policy trains
             else:
                 reference.requires_grad_(False)
         base_accuracy = score(policy)
-        stream = BatchStream(pairs, collate, micro_batch_size=cfg.micro_batch_size,
+        stream = BatchStream(data.pairs, data.collate, micro_batch_size=cfg.micro_batch_size,
                              seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size)
-        task = DpoTask(policy, stream, fixed_batches(eval_pairs, collate, cfg.micro_batch_size)
-                       or None, cfg, reference)
+        eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
+        task = DpoTask(policy, stream, eval_batches or None, cfg, reference)
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
         accuracy = score(policy)
         last = result.metrics
-        b.stats.update(**counts, train_rows=len(train_rows), heldout_pairs=len(eval_pairs),
+        b.stats.update(**data.counts, train_rows=len(data.train_rows),
+                       heldout_pairs=len(data.eval_pairs),
                        steps=result.step, tokens_seen=result.tokens_seen,
                        final_loss=last.get("loss"), reward_margin=last.get("rewards/margins"),
                        reward_accuracy=last.get("rewards/accuracy"),

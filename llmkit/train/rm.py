@@ -171,14 +171,12 @@ def pairwise_accuracy(reward_model: RewardModel, batches: list[dict]) -> float:
 
 def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     """`llmkit rm`: a reward model from checkpoint `base` on the preference pairs of --in."""
-    from functools import partial
-
-    from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, fixed_batches
+    from llmkit.data.chat import BatchStream, fixed_batches
     from llmkit.progress import print_summary
     from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import default_device, load_start, read_rows, split_rows
+    from llmkit.train.sft import default_device, load_start, preference_data
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
@@ -187,14 +185,8 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     if b.up_to_date:
         return b
     trunk, tokenizer = load_start(base_step, cfg)
-    needed = ("prompt", "chosen", "rejected")
-    train_rows, heldout = split_rows(read_rows(data_art, needed),
-                                     read_rows(eval_art, needed) if eval_art else None,
-                                     cfg.eval_fraction, cfg.seed)
-    pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
-    eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
-    collate = partial(collate_pairs, pad_id=tokenizer.pad_id)
-    eval_batches = fixed_batches(eval_pairs, collate, cfg.micro_batch_size)
+    data = preference_data(tokenizer, data_art, eval_art, cfg)
+    eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
     torch.manual_seed(cfg.seed)  # the score head's initial weights
     reward_model = RewardModel(trunk)
     with training_run(b, resumable) as dist:
@@ -204,14 +196,15 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
             return round(pairwise_accuracy(model, eval_batches), 4) if whole else None
 
         base_accuracy = score(reward_model.to(default_device()))
-        stream = BatchStream(pairs, collate, micro_batch_size=cfg.micro_batch_size,
+        stream = BatchStream(data.pairs, data.collate, micro_batch_size=cfg.micro_batch_size,
                              seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size)
         task = RewardTask(reward_model, stream, eval_batches or None, cfg.center_coef, cfg.seq_len)
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
                         model_config=reward_model.checkpoint_config()).fit()
         accuracy = score(reward_model)
-        b.stats.update(**counts, train_rows=len(train_rows), heldout_pairs=len(eval_pairs),
+        b.stats.update(**data.counts, train_rows=len(data.train_rows),
+                       heldout_pairs=len(data.eval_pairs),
                        steps=result.step, tokens_seen=result.tokens_seen,
                        final_loss=result.metrics.get("loss"), val_loss=result.metrics.get("val_loss"),
                        base_accuracy=base_accuracy, accuracy=accuracy)
@@ -219,6 +212,6 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
         print_summary(f"{b.name} done", [
             ("steps", result.step), ("final loss", result.metrics.get("loss")),
             ("held-out pairwise accuracy", f"{base_accuracy} -> {accuracy} "
-                                           f"({len(eval_pairs)} pairs)"),
+                                           f"({len(data.eval_pairs)} pairs)"),
             ("seconds", round(time.time() - b.started, 1))])
     return b

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmkit.errors import ConfigError, UserError
@@ -94,6 +95,36 @@ def read_rows(artifact, required: tuple[str, ...]) -> list[dict]:
                         "right --kind (sft: prompt/response or messages; preference: prompt/chosen/"
                         "rejected)")
     return table.to_pylist()
+
+
+@dataclass
+class PreferenceData:
+    """A preference dataset (prompt/chosen/rejected) read, split and encoded: what rm and dpo
+    train and score on."""
+
+    train_rows: list[dict]
+    heldout: list[dict]
+    pairs: list  # the training rows encoded (`llmkit.data.chat.Pair`)
+    eval_pairs: list  # the held-out rows encoded
+    counts: dict  # what encoding the training rows kept and dropped
+    collate: Callable[[list], dict]  # pairs -> padded batch
+
+
+def preference_data(tokenizer, data_art, eval_art, cfg: PostTrainConfig) -> PreferenceData:
+    """Rows of `data_art`, held out as `split_rows` does (the --eval artifact when given),
+    encoded as chat pairs that fit `cfg.seq_len`."""
+    from functools import partial
+
+    from llmkit.data.chat import collate_pairs, encode_pairs
+
+    needed = ("prompt", "chosen", "rejected")
+    train_rows, heldout = split_rows(read_rows(data_art, needed),
+                                     read_rows(eval_art, needed) if eval_art else None,
+                                     cfg.eval_fraction, cfg.seed)
+    pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
+    eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
+    return PreferenceData(train_rows, heldout, pairs, eval_pairs, counts,
+                          partial(collate_pairs, pad_id=tokenizer.pad_id))
 
 
 def is_heldout(row_id, fraction: float, seed: int) -> bool:
