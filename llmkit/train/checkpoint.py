@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -19,7 +20,7 @@ import re
 import shutil
 from pathlib import Path
 
-from llmkit.errors import UserError
+from llmkit.errors import ConfigError, UserError
 from llmkit.workspace import write_atomic
 
 log = logging.getLogger("llmkit.train")
@@ -109,10 +110,6 @@ def resume_candidates(run_dir: Path, resume_from: str | None = None):
             log.warning("skipping checkpoint %s: %s", candidate, problem)
 
 
-def find_resume_checkpoint(run_dir: Path, resume_from: str | None = None) -> Path | None:
-    return next(iter(resume_candidates(run_dir, resume_from)), None)
-
-
 def mark_complete(step_dir: Path) -> None:
     """Seal a fully written step folder and point `latest` at it (the last two writes of a save)."""
     step_dir = Path(step_dir)
@@ -144,40 +141,132 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
 
 
 # -- the run folder as a workspace artifact ----------------------------------------------------
+#
+# A run folder is never cleared while it holds a complete checkpoint, unless --force: running
+# again with changed settings continues the run when only the settings in
+# `TrainConfig.CONTINUABLE` changed (how far and how fast it goes on), and is refused, naming the
+# keys, when anything that makes it another run changed (model, data, tokenizer, batch shape).
 
-RUN_FINGERPRINT = "run_fingerprint"  # file in a run dir: the fingerprint of the run it holds
+RUN_RECORD = "run.json"  # in a run dir: the settings and inputs it was last started with
+LEGACY_RUN_FINGERPRINT = "run_fingerprint"  # what llmkit <= 0.4 kept instead of run.json
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """What a (re)start does with its run folder."""
+
+    resume: bool  # continue the checkpoints in the folder (False: clear it and start fresh)
+    step: int | None = None  # the step it continues from
+    changes: dict = dataclasses.field(default_factory=dict)  # {key: [old, new]} of this restart
+    history: list = dataclasses.field(default_factory=list)  # every earlier restart's changes
+
+    @property
+    def change_record(self) -> dict:
+        return {"step": self.step, "changes": self.changes}
 
 
 def open_run(ctx, stage: str, cfg, inputs: list):
-    """(Builder of a checkpoint run, whether its directory holds a run to resume): a run of the
-    same fingerprint that did not finish resumes; anything else is cleared by `start_run`."""
-    import dataclasses
-
-    from llmkit.workspace import MANIFEST
-
+    """(Builder of a checkpoint run, its RunPlan); the plan is None when the run is up to date.
+    Raises ConfigError, before anything is touched, when the folder holds another run."""
     # resume_from picks where a run continues; it must not make it look like another run
-    cfg = dataclasses.replace(cfg, resume_from=None)
-    b = ctx.workspace.builder(ctx.out_name(stage), stage=stage, config=cfg, inputs=inputs,
+    b = ctx.workspace.builder(ctx.out_name(stage), stage=stage,
+                              config=dataclasses.replace(cfg, resume_from=None), inputs=inputs,
                               force=ctx.force, in_place=True)
-    marker = b.final / RUN_FINGERPRINT
-    resumable = (marker.is_file() and marker.read_text().strip() == b.fingerprint
-                 and not (b.final / MANIFEST).exists())
-    return b, resumable
+    if b.up_to_date:
+        return b, None
+    return b, plan_run(b, cfg.resume_from, type(cfg).CONTINUABLE, ctx.force)
 
 
-def start_run(b, resumable: bool) -> None:
-    """Inside `with b:` — clear a run dir that holds another (or a finished) run, mark ours."""
-    if not resumable:
+def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool) -> RunPlan:
+    complete = [p for p in step_dirs(b.final) if is_complete(p)]
+    if force or not complete:
+        return RunPlan(resume=False)
+    record = _read_run_record(b.final)
+    if record is None:
+        legacy = b.final / LEGACY_RUN_FINGERPRINT
+        if legacy.is_file() and legacy.read_text().strip() == b.fingerprint:
+            record = {"config": b.config, "inputs": _input_record(b)}
+        else:
+            raise _another_run(b, ["(unknown: the folder does not record its settings)"])
+    old, new = _flat(record["config"]), _flat(b.config)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    fixed = [k for k in changed if k.split(".")[0] not in continuable]
+    # inputs compare by fingerprint, in order: a copied or moved workspace is the same run
+    old_inputs = [i["fingerprint"] for i in record["inputs"]]
+    fixed += [f"input {a.path}" for n, a in enumerate(b.inputs)
+              if n >= len(old_inputs) or old_inputs[n] != a.fingerprint]
+    if fixed:
+        raise _another_run(b, fixed)
+    start = b.final / resume_from if resume_from else complete[-1]
+    if start not in complete:
+        names = ", ".join(p.name for p in complete)
+        raise ConfigError(f"cannot resume from {start}: it is not a complete checkpoint of {b.final} "
+                          f"(complete: {names}); pick one of those or drop resume_from")
+    step = step_of(start)
+    if new["max_steps"] < step:
+        raise ConfigError(f"{b.final} is at step {step}, past max_steps={new['max_steps']}; raise "
+                          f"max_steps, or resume_from an earlier step-* folder to rewind")
+    return RunPlan(True, step, {k: [old.get(k), new.get(k)] for k in changed},
+                   record.get("changes", []))
+
+
+def start_run(b, plan: RunPlan) -> None:
+    """Inside `with b:` — clear the run dir for a fresh run, or record a restart's changed
+    settings (run.json, the manifest, and a `config_change` event in metrics.jsonl)."""
+    from llmkit.train.metrics import METRICS_FILE
+
+    history = plan.history
+    if not plan.resume:
         for p in b.dir.iterdir():
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    (b.dir / RUN_FINGERPRINT).write_text(b.fingerprint + "\n")
+    elif plan.changes:
+        history = [*history, plan.change_record]
+        with open(b.dir / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": "config_change", **plan.change_record}) + "\n")
+        print(f"{b.name}: continuing from step {plan.step} with " +
+              ", ".join(f"{k} {old} -> {new}" for k, (old, new) in plan.changes.items()))
+    if history:
+        b.extra["config_changes"] = history
+    (b.dir / LEGACY_RUN_FINGERPRINT).unlink(missing_ok=True)
+    write_atomic(b.dir / RUN_RECORD, json.dumps(
+        {"config": b.config, "inputs": _input_record(b), "changes": history}, indent=2, default=str))
+
+
+def _read_run_record(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _input_record(b) -> list[dict]:
+    return [{"path": str(a.path), "fingerprint": a.fingerprint} for a in b.inputs]
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """{"model.hidden_size": 32, ...}: nested sections as dotted keys, as --set spells them."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _another_run(b, keys: list[str]) -> ConfigError:
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return ConfigError(
+        f"{b.final} holds a run trained with other settings ({shown}); those cannot change within "
+        f"a run. Train a new one with --out NEW (--from {b.name} starts it from these weights), "
+        f"start this one over with --force (its checkpoints are deleted), or put the settings back")
 
 
 @contextlib.contextmanager
-def training_run(b, resumable: bool):
+def training_run(b, plan: RunPlan):
     """Every process of a training run enters this: the main one holds the builder (lock,
-    manifest written on success) and clears or keeps the run dir (`start_run`) before the
-    others go on. Yields the process's DistEnv."""
+    manifest written on success) and starts the run dir (`start_run`) before the others go on.
+    Yields the process's DistEnv."""
     from llmkit.train.distributed import barrier, setup_distributed
 
     dist = setup_distributed()
@@ -186,7 +275,7 @@ def training_run(b, resumable: bool):
         yield dist
         return
     with b:
-        start_run(b, resumable)
+        start_run(b, plan)
         barrier()
         yield dist
 

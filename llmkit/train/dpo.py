@@ -169,14 +169,14 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
         ref_art = ref_step = None  # the reference is the starting policy
     data_art = ctx.input(default="pref_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
-    b, resumable = open_run(ctx, "dpo", cfg,
-                            [a for a in (base_art, ref_art, data_art, eval_art) if a])
+    b, plan = open_run(ctx, "dpo", cfg,
+                       [a for a in (base_art, ref_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
     policy, tokenizer = load_start(base_step, cfg)
     data = preference_data(tokenizer, data_art, eval_art, cfg)
     scored = one_per_prompt(data.heldout)[:cfg.eval_records]
-    with training_run(b, resumable) as dist:
+    with training_run(b, plan) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
         policy.to(default_device())
         reference, ref_seconds = None, 0.0

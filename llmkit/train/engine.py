@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
@@ -68,6 +69,14 @@ class TrainConfig:
     max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
     resume_from: str | None = None  # step folder to resume from; None = the newest complete one
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
+
+    # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
+    # and how observed it goes on. The rest (batch shape, precision, ZeRO stage, seed, optimizer
+    # moments) is baked into its checkpoints, data position or DeepSpeed shards.
+    CONTINUABLE: ClassVar[frozenset] = frozenset({
+        "max_steps", "lr", "min_lr", "warmup_steps", "grad_clip", "save_every", "keep_last",
+        "eval_every", "eval_batches", "log_every", "max_bad_steps", "resume_from", "peak_flops",
+        "compile", "activation_checkpointing"})
 
     def __post_init__(self):
         self.betas = tuple(self.betas)

@@ -728,12 +728,11 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     from llmkit.api import load_tokenizer
     from llmkit.progress import print_summary
     from llmkit.tokenizer import same_tokenizer
-    from llmkit.train.checkpoint import open_run, start_run
+    from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
     from llmkit.train.rm import load_reward_model
-    from llmkit.train.sft import (default_device, evaluate_answers, load_start, read_rows,
-                                  split_rows)
+    from llmkit.train.sft import evaluate_answers, load_start, read_rows, split_rows
 
     policy_art, policy_step = starting_weights(ctx.workspace, policy)
     prompts_art = ctx.input(default="prompts_train")
@@ -741,7 +740,7 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     mode = reward_mode(cfg, rm_art is not None)
     inputs = [a for a in (policy_art, prompts_art, rm_art, eval_art) if a is not None]
-    b, resumable = open_run(ctx, "ppo", cfg, inputs)
+    b, plan = open_run(ctx, "ppo", cfg, inputs)
     if b.up_to_date:
         return b
 
@@ -765,9 +764,8 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
               "mix": lambda: mixed_scorer(rm, cfg.verify_weight, cfg.partial_credit)}[mode]()
     scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
 
-    with b:
-        start_run(b, resumable)
-        device = default_device()
+    with training_run(b, plan) as dist:
+        device = dist.device
         before = evaluate_answers(model.to(device), tokenizer, scored, cfg.max_new_tokens)
         reference = copy.deepcopy(model)
         task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
@@ -785,6 +783,8 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
             kl=result.metrics.get("kl"), base_accuracy=before["exact_match"],
             accuracy=after["exact_match"], base_similarity=before["similarity"],
             similarity=after["similarity"])
+    if not dist.is_main:
+        return b
     print_summary(f"{b.name} done", [
         ("steps", result.step), ("rollouts", task.rollouts_done),
         ("reward", f"{b.stats['reward_start']:.3f} -> {b.stats['reward_end']:.3f} ({mode})"),

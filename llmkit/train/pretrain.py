@@ -166,7 +166,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     if from_ is not None:
         from_art, from_step = starting_weights(ctx.workspace, from_)
         inputs.append(from_art)
-    b, resumable = open_run(ctx, "pretrain", cfg, inputs)
+    b, plan = open_run(ctx, "pretrain", cfg, inputs)
     if b.up_to_date:
         return b
 
@@ -195,7 +195,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     val = TokenLoader(tokens_art.path, "val", **loader_args) if val_tokens > cfg.seq_len else None
     task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
 
-    with training_run(b, resumable):
+    with training_run(b, plan):
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer_art.path,
                         model_config=model.config).fit()
         last = result.metrics

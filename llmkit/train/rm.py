@@ -181,7 +181,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
-    b, resumable = open_run(ctx, "rm", cfg, [a for a in (base_art, data_art, eval_art) if a])
+    b, plan = open_run(ctx, "rm", cfg, [a for a in (base_art, data_art, eval_art) if a])
     if b.up_to_date:
         return b
     trunk, tokenizer = load_start(base_step, cfg)
@@ -189,7 +189,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
     torch.manual_seed(cfg.seed)  # the score head's initial weights
     reward_model = RewardModel(trunk)
-    with training_run(b, resumable) as dist:
+    with training_run(b, plan) as dist:
         whole = dist.is_main and not (cfg.zero_stage == 3 and dist.world_size > 1)
 
         def score(model):

@@ -264,7 +264,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     data_art = ctx.input(default="sft_train")
     eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
     inputs = [a for a in (base_art, data_art, eval_art) if a is not None]
-    b, resumable = open_run(ctx, "sft", cfg, inputs)
+    b, plan = open_run(ctx, "sft", cfg, inputs)
     if b.up_to_date:
         return b
     model, tokenizer = load_start(base_step, cfg)
@@ -278,7 +278,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     eval_batches = fixed_batches(sft_rows(eval_examples, cfg.seq_len, cfg.packing), collate,
                                  cfg.micro_batch_size)
     scored = heldout[:cfg.eval_records]
-    with training_run(b, resumable) as dist:
+    with training_run(b, plan) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
         base_accuracy = score(model.to(default_device()))
         stream = BatchStream(sequences, collate, micro_batch_size=cfg.micro_batch_size,

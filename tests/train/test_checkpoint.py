@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmkit.errors import UserError
+from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
 from llmkit.train.metrics import read_metrics
 from tests.train.conftest import TinyLM, make_engine
@@ -128,3 +128,77 @@ def test_rng_states_round_trip_through_json():
     ckpt.set_rng_state(state)
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
+
+
+# -- continuing a run with changed settings (checkpoint.plan_run) -----------------------------
+
+RUN_CONFIG = {"max_steps": 8, "lr": 1e-3, "seed": 0, "model": {"hidden_size": 32, "n_layers": 2}}
+
+
+def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_from=None,
+            force=False, steps=(4, 8)):
+    """The plan for a rerun of a run dir holding complete `steps`, started with RUN_CONFIG on an
+    input whose fingerprint was "aaa"; `config`/`fingerprint` are the rerun's."""
+    from llmkit.train.engine import TrainConfig
+    from llmkit.workspace import Artifact, Workspace
+
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    for step in steps:
+        fake_step(run, step)
+    data = Artifact(tmp_path / "tokens", {"fingerprint": fingerprint})
+    if record:
+        (run / ckpt.RUN_RECORD).write_text(json.dumps(
+            {"config": RUN_CONFIG, "inputs": [{"path": "tokens", "fingerprint": "aaa"}],
+             "changes": []}))
+    b = Workspace(tmp_path).builder("run", stage="pretrain", config=config or RUN_CONFIG,
+                                    inputs=[data], in_place=True, quiet=True)
+    return ckpt.plan_run(b, resume_from, TrainConfig.CONTINUABLE, force)
+
+
+def test_rerun_with_the_same_settings_continues_from_the_newest_checkpoint(tmp_path):
+    plan = planned(tmp_path)
+    assert (plan.resume, plan.step, plan.changes) == (True, 8, {})
+
+
+def test_extending_a_run_continues_it_and_names_the_changes(tmp_path):
+    plan = planned(tmp_path, config={**RUN_CONFIG, "max_steps": 12, "lr": 5e-4})
+    assert (plan.resume, plan.step) == (True, 8)
+    assert plan.changes == {"lr": [1e-3, 5e-4], "max_steps": [8, 12]}
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"model": {"hidden_size": 64, "n_layers": 2}}, "model.hidden_size"),
+    ({"seed": 1}, "seed"),
+    ({"max_steps": 12, "micro_batch_size": 2}, "micro_batch_size"),
+])
+def test_a_change_that_makes_another_run_is_refused_naming_the_keys_and_the_ways_out(
+        tmp_path, change, named):
+    with pytest.raises(ConfigError) as refused:
+        planned(tmp_path, config={**RUN_CONFIG, **change})
+    message = str(refused.value)
+    assert named in message and "max_steps" not in message
+    assert "--out NEW" in message and "--force" in message and "put the settings back" in message
+
+
+def test_other_input_data_is_refused_naming_the_input(tmp_path):
+    with pytest.raises(ConfigError, match=r"input .*tokens"):
+        planned(tmp_path, fingerprint="bbb")
+
+
+def test_force_and_a_folder_without_complete_checkpoints_start_fresh(tmp_path):
+    assert not planned(tmp_path / "a", config={**RUN_CONFIG, "seed": 1}, force=True).resume
+    assert not planned(tmp_path / "b", config={**RUN_CONFIG, "seed": 1}, steps=()).resume
+
+
+def test_resume_from_must_name_a_complete_checkpoint_and_max_steps_must_not_be_behind(tmp_path):
+    with pytest.raises(ConfigError, match=r"step-00000009.*complete: step-00000004, step-00000008"):
+        planned(tmp_path / "a", resume_from="step-00000009")
+    assert planned(tmp_path / "b", resume_from="step-00000004").step == 4
+    with pytest.raises(ConfigError, match=r"at step 8, past max_steps=6"):
+        planned(tmp_path / "c", config={**RUN_CONFIG, "max_steps": 6})
+
+
+def test_a_folder_that_does_not_record_its_settings_is_never_cleared(tmp_path):
+    with pytest.raises(ConfigError, match="does not record its settings"):
+        planned(tmp_path, record=False)

@@ -111,7 +111,7 @@ def test_from_starts_a_new_run_from_a_checkpoint(ws, trained):
 
 def test_bad_settings_are_user_errors(ws):
     assert "unknown model preset" in pretrain(ws, "model.preset=huge", expect=2).output
-    assert "max_seq_len" in pretrain(ws, "seq_len=64", expect=2).output
+    assert "max_seq_len" in pretrain(ws, "seq_len=64", expect=2, extra=["--out", "long"]).output
     assert "precision" in pretrain(ws, "precision=fp8", expect=2).output
 
 
@@ -148,3 +148,67 @@ def test_moe_loss_adds_the_load_balancing_loss():
     plain = F.cross_entropy(model(batch["input_ids"]).flatten(0, 1), batch["labels"].flatten())
     assert metrics["aux_loss"] > 0
     assert loss.item() == pytest.approx(plain.item() + metrics["aux_loss"], rel=1e-5)
+
+
+def copied_run(tmp_path, trained):
+    import shutil
+
+    shutil.copytree(trained.parent, tmp_path / "ws")
+    return tmp_path / "ws"
+
+
+def checkpoint_bytes(run) -> dict:
+    """{step folder: its weights} of every complete checkpoint of a run."""
+    return {p.name: (p / ckpt.WEIGHTS).read_bytes() for p in ckpt.step_dirs(run) if ckpt.is_complete(p)}
+
+
+def test_extending_a_finished_run_continues_it_and_records_the_change(tmp_path, trained):
+    ws = copied_run(tmp_path, trained)
+    before = read_metrics(ws / "pretrain")
+    out = pretrain(ws, "max_steps=10", "keep_last=0").output
+    assert "resumed from" in out and "step-00000008" in out
+    records = read_metrics(ws / "pretrain")
+    assert records[:len(before)] == before  # steps 1-8 are not retrained
+    change = {"event": "config_change", "step": 8,
+              "changes": {"keep_last": [3, 0], "max_steps": [8, 10]}}
+    assert records[len(before)] == change
+    assert [r["step"] for r in records[len(before) + 1:]] == [9, 10]
+    manifest = json.loads((ws / "pretrain" / "manifest.json").read_text())
+    assert manifest["stats"]["steps"] == 10
+    assert manifest["config_changes"] == [{"step": 8, "changes": change["changes"]}]
+    assert [p.name for p in ckpt.step_dirs(ws / "pretrain")] == [
+        "step-00000004", "step-00000006", "step-00000008", "step-00000010"]
+
+
+def test_resume_from_the_latest_step_with_more_steps_keeps_the_run(tmp_path, trained):
+    ws = copied_run(tmp_path, trained)
+    kept = checkpoint_bytes(ws / "pretrain")
+    pretrain(ws, "max_steps=10", "resume_from=step-00000008")
+    assert ckpt.read_latest(ws / "pretrain") == "step-00000010"
+    assert {k: v for k, v in checkpoint_bytes(ws / "pretrain").items() if k in kept} == {
+        k: v for k, v in kept.items() if k != "step-00000004"}  # keep_last=3 pruned the oldest
+
+
+@pytest.mark.parametrize("settings", [
+    ("max_steps=8", "model.hidden_size=64"),            # another model: refused
+    ("max_steps=10", "seq_len=16"),                     # another batch shape: refused
+    ("max_steps=10", "resume_from=step-00000005"),      # no such checkpoint: refused
+    ("max_steps=6",),                                   # behind the run: refused
+])
+def test_no_rerun_deletes_a_complete_checkpoint_without_force(tmp_path, trained, settings):
+    ws = copied_run(tmp_path, trained)
+    kept = checkpoint_bytes(ws / "pretrain")
+    manifest = (ws / "pretrain" / "manifest.json").read_bytes()
+    out = pretrain(ws, *settings, expect=2).output
+    assert "Traceback" not in out
+    assert checkpoint_bytes(ws / "pretrain") == kept
+    assert (ws / "pretrain" / "manifest.json").read_bytes() == manifest
+
+
+def test_an_incompatible_change_names_the_key_and_force_starts_over(tmp_path, trained):
+    ws = copied_run(tmp_path, trained)
+    out = pretrain(ws, "max_steps=2", "model.n_layers=1", expect=2).output
+    assert "model.n_layers" in " ".join(out.split()) and "--out NEW" in out
+    pretrain(ws, "max_steps=2", "model.n_layers=1", "save_every=0", extra=["--force"])
+    assert [p.name for p in ckpt.step_dirs(ws / "pretrain")] == ["step-00000002"]
+    assert [r["step"] for r in read_metrics(ws / "pretrain")] == [1, 2]
