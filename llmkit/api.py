@@ -1,7 +1,11 @@
-"""The Python API: `llmkit.load(path) -> (model, tokenizer)` for a checkpoint run or step folder.
+"""The Python API: load a checkpoint, generate text with it.
 
-    model, tok = llmkit.load("workspace/sft")
+    import llmkit
+    import torch
+
+    model, tok = llmkit.load("sft")  # a run of ./workspace ($LLMKIT_WORKSPACE), or a path
     logits = model(torch.tensor([tok.encode("Hello")]))  # [batch, seq, vocab], float32
+    print(llmkit.generate(model, tok, ["What is 12+34?"], greedy=True, max_new_tokens=16))
 
 `load` is for causal language models; a reward-model checkpoint (config.json marked by `llmkit rm`)
 loads with `llmkit.train.rm.load_reward_model`. Weights are read from safetensors only.
@@ -10,24 +14,43 @@ loads with `llmkit.train.rm.load_reward_model`. Weights are read from safetensor
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 
+CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
 
-def load(path, device=None):
-    """(Transformer in eval mode, Tokenizer) of a checkpoint run (its `latest`) or a step folder.
+
+def load(name_or_path, device=None, workspace=None):
+    """(Transformer in eval mode, Tokenizer) of a checkpoint run (its `latest`) or a step folder,
+    named in `workspace` (default $LLMKIT_WORKSPACE, else ./workspace) or given as a path.
 
     The model is float32 on `device` (default CPU); `model(input_ids)` returns logits
-    [batch, seq, vocab] and `llmkit.model.generate` samples with a KV cache."""
-    model, step_dir = load_model(path, device)
+    [batch, seq, vocab] and `generate` completes prompts. `model.trained_on_chats` says whether
+    the run was trained on chats (an sft / dpo / ppo run): `generate` then uses the chat template."""
+    from llmkit.workspace import Workspace
+
+    root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
+    model, step_dir = load_model(find_checkpoint(Workspace(root), name_or_path), device)
     tokenizer = load_tokenizer(step_dir)
     if tokenizer.vocab_size != model.config.vocab_size:
         raise UserError(f"{step_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                         f"vocab_size is {model.config.vocab_size}; the checkpoint's tokenizer/ folder "
                         "belongs to another model")
+    model.trained_on_chats = trained_on_chats(step_dir)
     return model, tokenizer
+
+
+def trained_on_chats(step_dir) -> bool:
+    """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its manifest."""
+    from llmkit.workspace import MANIFEST, Artifact
+
+    step_dir = Path(step_dir)
+    run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
+    return run is not None and Artifact.open(run).stage in CHAT_STAGES
 
 
 def load_model(path, device=None):
@@ -87,13 +110,20 @@ def checkpoint_step_dir(path) -> Path:
 
 def find_checkpoint(workspace, name_or_path) -> Path:
     """A checkpoint named in the workspace (`sft`), or a path to a run or step folder."""
+    return find_in_workspace(workspace, name_or_path, "checkpoint",
+                             "train one first (see `llmkit status`) or give a run or step folder")
+
+
+def find_in_workspace(workspace, name_or_path, what: str, hint: str) -> Path:
+    """`workspace/name_or_path` when it exists (an artifact name such as `sft` or `export/hf`),
+    else `name_or_path` as a path; a UserError saying where it looked, and `hint`, when neither."""
     path = Path(name_or_path)
-    if not path.is_absolute() and (workspace.root / path).exists():
-        return workspace.root / path
-    if path.exists():
-        return path
-    raise UserError(f"no checkpoint {str(name_or_path)!r}: neither {workspace.root / path} nor {path} exists; "
-                    "train one first (see `llmkit status`) or give a run or step folder")
+    places = [path] if path.is_absolute() else [workspace.root / path, path]
+    for place in places:
+        if place.exists():
+            return place
+    looked = f"neither {places[0]} nor {path} exists" if len(places) == 2 else f"{path} does not exist"
+    raise UserError(f"no {what} {str(name_or_path)!r}: {looked}; {hint}")
 
 
 # -- generation -----------------------------------------------------------------------------
@@ -107,7 +137,8 @@ class GenerateConfig:
     top_p: float = 1.0  # sample among the likeliest tokens whose probabilities sum to top_p
     greedy: bool = False  # always take the likeliest token (temperature, top_k, top_p unused)
     seed: int = 0  # sampling seed: the same seed, prompts and batch_size give the same text
-    chat: bool = False  # wrap each prompt as a user turn of the tokenizer's chat template
+    chat: bool | None = None  # wrap each prompt as a user turn of the chat template; None: when the
+    #                           checkpoint was trained on chats (an sft / dpo / ppo run)
     batch_size: int = 8  # prompts generated together (left-padded)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
 
@@ -126,7 +157,8 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     """One record per prompt: `prompt`, `completion` (the text after the prompt, up to a stop
     token), `new_tokens`, `stopped` (a stop token ended it) and `prompt_truncated`.
 
-    A prompt is a string (plain text, or a user turn when cfg.chat) or a list of chat messages.
+    A prompt is a string (plain text, or a user turn when chat) or a list of chat messages; chat
+    is cfg.chat, or when that is None `model.trained_on_chats` (set by `load`).
     Prompts longer than max_seq_len - max_new_tokens keep their last tokens."""
     import torch
 
@@ -138,12 +170,13 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                           f"model's max_seq_len={model.config.max_seq_len}; lower it")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    chat = cfg.chat or any(not isinstance(p, str) for p in prompts)
+    template = cfg.chat if cfg.chat is not None else getattr(model, "trained_on_chats", False)
+    chat = template or any(not isinstance(p, str) for p in prompts)
     stop_ids = set(tokenizer.stop_ids)
     records = []
     for start in range(0, len(prompts), cfg.batch_size):
         batch = prompts[start:start + cfg.batch_size]
-        encoded = [encode_prompt(tokenizer, p, cfg.chat) for p in batch]
+        encoded = [encode_prompt(tokenizer, p, template) for p in batch]
         width = min(room, max(map(len, encoded)))
         ids = torch.full((len(batch), width), tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -161,6 +194,22 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                             "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
                             "prompt_truncated": len(prompt_ids) > width})
     return records
+
+
+def generate(model, tokenizer, prompts, **options):
+    """The completions of `prompts` (a list of strings or chat message lists; one string gives one
+    completion), each the text after its prompt up to a stop token. `options` are GenerateConfig's
+    (max_new_tokens, temperature, top_k, top_p, greedy, seed, chat, batch_size); by default a
+    model `load` read from an sft / dpo / ppo run is prompted through its chat template."""
+    from llmkit.config import resolve_config
+
+    if "device" in options:
+        raise ConfigError("generate runs where the model is: load it with llmkit.load(..., device=) or "
+                          "move it with model.to(device)")
+    cfg = resolve_config(GenerateConfig, options)
+    records = generate_texts(model, tokenizer, [prompts] if isinstance(prompts, str) else list(prompts), cfg)
+    completions = [r["completion"] for r in records]
+    return completions[0] if isinstance(prompts, str) else completions
 
 
 def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
@@ -206,7 +255,10 @@ def run_generate(ctx, cfg: GenerateConfig, source: str, prompts: list, output=No
     if not prompts:
         raise UserError("no prompts: give --prompt TEXT (repeatable) or --prompts FILE")
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load(find_checkpoint(ctx.workspace, source), device=device)
+    model, tokenizer = load(source, device=device, workspace=ctx.workspace.root)
+    if cfg.chat is None and model.trained_on_chats:
+        print(f"{source} was trained on chats: prompts go through the chat template (--set chat=false "
+              "for plain text)", file=sys.stderr)
     records = generate_texts(model, tokenizer, prompts, cfg)
     for record in records:
         shown = record["prompt"] if isinstance(record["prompt"], str) else record["prompt"][-1]["content"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -85,7 +86,9 @@ def _build(cls, values: dict, path: str):
     for key, value in values.items():
         full = f"{path}{key}"
         if key not in fields:
-            raise ConfigError(f"unknown key {full!r}{_suggest(key, fields, path)}")
+            raise ConfigError(f"unknown key {full!r}{_suggest(key, cls, path)}")
+        if isinstance(value, _Raw):
+            _reject_glued_pairs(full, value, cls)
         kwargs[key] = _coerce(hints[key], value, full, fields[key])
     try:
         return cls(**kwargs)
@@ -95,11 +98,45 @@ def _build(cls, values: dict, path: str):
         raise ConfigError(f"{path.rstrip('.') or cls.__name__}: {e}") from None
 
 
-def _suggest(key: str, fields, path: str) -> str:
-    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+def dotted_keys(cls, prefix: str = "") -> list[str]:
+    """Every key a config dataclass accepts, sections and their fields: `method`, `minhash`,
+    `minhash.threshold`, ..."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        keys.append(prefix + f.name)
+        section = _dataclass_in(hints[f.name])
+        if section is not None:
+            keys += dotted_keys(section, f"{prefix}{f.name}.")
+    return keys
+
+
+def _dataclass_in(tp):
+    """The dataclass `tp` is, or is optionally (`X | None`); else None."""
+    candidates = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+
+
+def _suggest(key: str, cls, path: str) -> str:
+    # a key of a section given at the top (`threshold` for `minhash.threshold`) is the usual slip
+    keys = dotted_keys(cls)
+    close = [k for k in keys if k.endswith("." + key)]
+    close = close or difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     if close:
-        return f"; did you mean {path + close[0]!r}?"
-    return f"; valid keys: {', '.join(sorted(fields))}"
+        return f"; did you mean {' or '.join(repr(path + k) for k in close)}?"
+    return f"; valid keys: {', '.join(sorted(k for k in keys if '.' not in k))}"
+
+
+def _reject_glued_pairs(key: str, value: str, cls) -> None:
+    """`--set "backend=kenlm kenlm_model=lm.bin"` would make one value of two settings."""
+    head, *rest = re.split(r"\s+(?=[A-Za-z_][\w.]*=)", value)
+    names = {k.rsplit(".", 1)[-1] for k in dotted_keys(cls)}
+    if any(pair.partition("=")[0].rsplit(".", 1)[-1] in names for pair in rest):
+        pairs = " ".join(f"--set {p}" for p in [f"{key}={head}", *rest])
+        raise ConfigError(f"--set {key}={value!r} holds several settings; give one pair per --set: "
+                          f"{pairs}")
 
 
 def _coerce(tp, value, key: str, field):

@@ -1,8 +1,14 @@
 """`llmkit` — the explicit table of commands. Importing this must not import torch."""
 
 import importlib
+import itertools
+import re
+import sys
+from typing import Annotated
 
 import typer
+
+import llmkit
 
 # command name -> "module:function"; every stage of DESIGN.md, in pipeline order
 COMMANDS = {
@@ -26,11 +32,24 @@ COMMANDS = {
 }
 
 
+def show_version(value: bool) -> None:
+    if value:
+        print(f"llmkit {llmkit.__version__}")
+        raise typer.Exit()
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         help="llmkit: from raw text to an aligned language model, one stage at a time.",
         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
         rich_markup_mode=None)
+
+    @app.callback()
+    def options(version: Annotated[bool, typer.Option(
+            "--version", callback=show_version, is_eager=True,
+            help="Print the version and exit.")] = False) -> None:
+        pass
+
     for name, target in COMMANDS.items():
         module, func = target.split(":")
         try:
@@ -43,5 +62,28 @@ def build_app() -> typer.Typer:
     return app
 
 
-def main() -> None:
-    build_app()()
+PAIR = re.compile(r"[A-Za-z_][\w.-]*=")  # `key=value`, as --set takes it
+
+
+def command_line(args: list[str]) -> list[str]:
+    """`args` as the commands parse them: without the `--local_rank=N` (or `--local-rank N`)
+    that the deepspeed launcher and torch.distributed.launch append, since each process reads
+    LOCAL_RANK from its environment; and with `--set a=1 b=2` spelled `--set a=1 --set b=2`."""
+    out, in_set, rest = [], False, iter(args)
+    for arg in rest:
+        name, sep, _ = arg.partition("=")
+        if name in ("--local_rank", "--local-rank"):
+            if not sep:
+                next(rest, None)  # its value
+        elif in_set and PAIR.match(arg):
+            out += ["--set", arg]
+        else:
+            out.append(arg)
+            in_set = name == "--set"
+            if arg == "--set":
+                out += itertools.islice(rest, 1)  # its value
+    return out
+
+
+def main(args: list[str] | None = None) -> None:
+    build_app()(args=command_line(sys.argv[1:] if args is None else args), prog_name="llmkit")

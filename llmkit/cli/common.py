@@ -1,8 +1,8 @@
 """Options every stage shares, and the wrapper that turns them into a StageContext.
 
 A stage command is written as `def clean(ctx: StageContext, <its own options>)`; the
-`stage_command` decorator adds the common options to its signature (so each stage does not
-repeat them) and converts user errors into exit code 2 with a one-line message.
+`stage_command` decorator adds the common options it uses to its signature (so each stage does
+not repeat them) and converts user errors into exit code 2 with a one-line message.
 """
 
 import functools
@@ -15,20 +15,29 @@ import typer
 
 from llmkit.errors import UserError
 
-COMMON = [
+WORKSPACE = [
     ("workspace", Annotated[Optional[Path], typer.Option(
         "--workspace", "-w", envvar="LLMKIT_WORKSPACE", show_default="./workspace",
         help="Workspace directory.")], None),
+]
+CONFIG = [
     ("recipe", Annotated[Optional[Path], typer.Option(
         "--recipe", help="Recipe YAML, one section per stage.")], None),
     ("set_", Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Config override key=value (repeatable; dotted keys for sections).")], None),
+        "--set", help="Config override key=value (repeatable, or several pairs after one "
+                      "--set; dotted keys for sections).")], None),
+]
+INPUTS = [
     ("in_", Annotated[Optional[list[str]], typer.Option(
         "--in", help="Input artifact name or path (repeatable where a stage reads several).")],
      None),
+]
+WRITES = [
     ("out", Annotated[Optional[str], typer.Option("--out", help="Output artifact name.")], None),
     ("force", Annotated[bool, typer.Option("--force", help="Rebuild even if up to date.")],
      False),
+]
+WORKERS = [
     ("workers", Annotated[int, typer.Option("--workers", help="Local worker processes.")], 1),
 ]
 SHARDING = [
@@ -40,11 +49,19 @@ SHARDING = [
 ]
 
 
-def stage_command(fn=None, *, sharded: bool = False):
-    """Give `fn(ctx, **own_options)` the common options and clean error handling."""
+def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes: bool = False,
+                  workers: bool = False, sharded: bool = False):
+    """Give `fn(ctx, **own_options)` the common options it uses and clean error handling.
+
+    Every command takes --workspace; the flags add --recipe/--set (`config`), --in (`inputs`),
+    --out/--force (`writes`), --workers and --rank/--world-size (`sharded`), so that `--help`
+    lists only options that change what the command does."""
     if fn is None:
-        return functools.partial(stage_command, sharded=sharded)
-    extra = COMMON + (SHARDING if sharded else [])
+        return functools.partial(stage_command, config=config, inputs=inputs, writes=writes,
+                                 workers=workers, sharded=sharded)
+    groups = [(config, CONFIG), (inputs, INPUTS), (writes, WRITES), (workers, WORKERS),
+              (sharded, SHARDING)]
+    extra = WORKSPACE + [option for on, group in groups if on for option in group]
     own = [p for p in inspect.signature(fn).parameters.values() if p.name != "ctx"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                annotation=ann) for name, ann, default in extra]
@@ -56,9 +73,9 @@ def stage_command(fn=None, *, sharded: bool = False):
             from llmkit.stage import StageContext
 
             ctx = StageContext.create(
-                workspace=common["workspace"], recipe=common["recipe"], set_=common["set_"],
-                inputs=common["in_"], out=common["out"], force=common["force"],
-                workers=common["workers"], rank=common.get("rank"),
+                workspace=common["workspace"], recipe=common.get("recipe"), set_=common.get("set_"),
+                inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),
+                workers=common.get("workers", 1), rank=common.get("rank"),
                 world_size=common.get("world_size"))
             return fn(ctx, **kwargs)
 

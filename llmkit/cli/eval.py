@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command
+@stage_command(config=True, writes=True)
 def eval_(
     ctx,
     from_: Annotated[str, typer.Option(

@@ -6,7 +6,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command
+@stage_command(config=True)
 def generate(
     ctx,
     from_: Annotated[str, typer.Option("--from", help="Checkpoint run or step folder (name or path).")],
@@ -15,7 +15,7 @@ def generate(
         "--prompts", help="File of prompts: .jsonl with `prompt` (or `messages`), else one per line.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Also write the generations as jsonl.")] = None,
 ):
-    """Complete prompts with a checkpoint (KV cache); --set temperature= top_k= top_p= greedy=true chat=true."""
+    """Complete prompts with a checkpoint (KV cache); --set temperature=0.7 top_k=50 greedy=true; sft/dpo/ppo runs get the chat template unless --set chat=false."""
     from llmkit.api import GenerateConfig, read_prompts, run_generate
 
     cfg = ctx.config(GenerateConfig, "generate")

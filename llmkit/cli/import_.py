@@ -5,14 +5,19 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command
+@stage_command(config=True, writes=True)
 def import_(
     ctx,
-    from_: Annotated[str, typer.Option("--from", help="Local transformers model folder (Llama/Mistral/Mixtral).")],
+    from_: Annotated[str, typer.Option(
+        "--from", help="Transformers model folder (Llama/Mistral/Mixtral): an artifact name "
+                       "such as export/hf, or a path.")],
     tokenizer: Annotated[Optional[str], typer.Option(
         "--tokenizer", help="llmkit tokenizer (name or path) when the folder has no usable tokenizer.model.")] = None,
 ):
     """Turn a transformers folder into a checkpoint run (--out NAME, default imported) to fine-tune."""
+    from llmkit.api import find_in_workspace
     from llmkit.hf import ImportConfig, run_import
 
-    run_import(ctx, ctx.config(ImportConfig, "import"), from_, tokenizer)
+    source = find_in_workspace(ctx.workspace, from_, "transformers folder",
+                               "give the folder save_pretrained wrote, or the name `llmkit export` wrote")
+    run_import(ctx, ctx.config(ImportConfig, "import"), source, tokenizer)

@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command
+@stage_command(config=True, inputs=True, writes=True, workers=True)
 def tokenizer(
     ctx,
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size.")] = None,

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.api import CHAT_STAGES
 from llmkit.errors import ConfigError
 from llmkit.eval.choice import ChoiceConfig
 from llmkit.eval.efficiency import EfficiencyConfig
@@ -29,7 +30,6 @@ from llmkit.eval.perplexity import PerplexityConfig
 from llmkit.eval.preference import RewardConfig
 
 TASKS = ("ppl", "choice", "generation", "reward", "efficiency")
-CHAT_STAGES = ("sft", "dpo", "ppo")  # runs whose model answers in the chat template
 RESULTS = "results.json"
 
 
