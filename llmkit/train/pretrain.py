@@ -9,6 +9,7 @@ precision, schedule, checkpoints, resume, metrics — is the shared engine's.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,10 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     train = TokenLoader(tokens_art.path, "train", **loader_args)
     val_tokens = tokens_art.manifest["stats"].get("splits", {}).get("val", {}).get("tokens", 0)
     val = TokenLoader(tokens_art.path, "val", **loader_args) if val_tokens > cfg.seq_len else None
+    if val is None and cfg.eval_every and dist.is_main:
+        print(f"warning: {tokens_art.path} has {val_tokens:,} validation tokens, fewer than one "
+              f"sequence (seq_len={cfg.seq_len}): no validation loss will be measured; tokenize with "
+              "a larger --set val_fraction=…", file=sys.stderr, flush=True)
     task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
 
     with training_run(b, plan):
@@ -209,6 +214,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         print_summary(f"{b.name} done", [
             ("steps", result.step), ("parameters", f"{model.num_parameters():,}"),
             ("tokens seen", f"{result.tokens_seen:,}"), ("final loss", last.get("loss")),
-            ("val perplexity", last.get("val_ppl")), ("checkpoint", result.checkpoint),
+            ("val perplexity", last.get("val_ppl", "none (no validation split)")),
+            ("checkpoint", result.checkpoint),
             ("seconds", round(time.time() - b.started, 1))])
     return b

@@ -212,3 +212,10 @@ def test_an_incompatible_change_names_the_key_and_force_starts_over(tmp_path, tr
     pretrain(ws, "max_steps=2", "model.n_layers=1", "save_every=0", extra=["--force"])
     assert [p.name for p in ckpt.step_dirs(ws / "pretrain")] == ["step-00000002"]
     assert [r["step"] for r in read_metrics(ws / "pretrain")] == [1, 2]
+
+
+def test_a_corpus_without_a_validation_split_is_said_loudly(ws):
+    llmkit("tokenize", "-w", ws, "--in", "dedup", "--out", "tokens_noval", "--set", "val_fraction=0")
+    out = pretrain(ws, "max_steps=2", extra=["--in", "tokens_noval", "--out", "noval"]).output
+    assert "no validation loss will be measured" in out
+    assert "none (no validation split)" in out
