@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
+from llmkit.workspace import kill_point
+
 
 def is_tty() -> bool:
     return sys.stdout.isatty()
@@ -33,6 +35,7 @@ class Progress:
         return self
 
     def advance(self, n: int) -> None:
+        kill_point("progress")
         self.done += n
         now = time.time()
         rate = self.done / max(now - self._start, 1e-9)

@@ -6,18 +6,26 @@ sibling (`NAME.tmp-<pid>/`) and renames it into place, holding `NAME.lock` meanw
 killed stage never leaves a half artifact that looks done and two writers never share one.
 The fingerprint (llmkit version + stage + resolved config + input fingerprints) decides
 whether a re-run has anything to do.
+
+A stage that splits its work into tasks keeps their results in `Builder.work_dir`, which
+outlives killed runs; each task's `<task>.done` marker (`seal`) is written last and records
+its files' sizes, so a rerun redoes a task whose files were lost or cut short (`sealed`).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +36,7 @@ from llmkit.errors import UserError
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
+WORK_INFO = "work.json"  # in a work dir: the artifact, stage and task count it is for
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -53,6 +62,67 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_passes: Counter = Counter()
+
+
+def kill_point(name: str) -> None:
+    """A named crash window for tests: `LLMKIT_KILL_AT=NAME` SIGKILLs this process the first
+    time it gets here, `NAME@N` the N-th time (tests/reliability/test_kill_anywhere.py)."""
+    want = os.environ.get("LLMKIT_KILL_AT")
+    if want and want.partition("@")[0] == name:
+        _passes[name] += 1
+        if _passes[name] == int(want.partition("@")[2] or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def seal(marker: Path, files: list[Path], info: dict) -> None:
+    """Mark a task done, after its files are in place: `info` and each file's size.
+    Renamed into place, not fsynced: a killed process leaves its writes in the page cache,
+    and an fsync per task costs more than small tasks themselves."""
+    marker = Path(marker)
+    sizes = {str(Path(f).relative_to(marker.parent)): Path(f).stat().st_size for f in files}
+    tmp = marker.with_name(f"{marker.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({**info, "files": sizes}))
+    os.replace(tmp, marker)
+
+
+def sealed(marker: Path) -> dict | None:
+    """A task marker's info if the marker and every file it lists are intact, else None."""
+    marker = Path(marker)
+    try:
+        info = json.loads(marker.read_text())
+        intact = all((marker.parent / f).stat().st_size == n for f, n in info["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return info if intact else None
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """Put a work file into an artifact being built without taking it from the work dir,
+    which a rerun needs until the artifact is committed."""
+    try:
+        os.link(src, dest)
+    except OSError:  # a filesystem without hard links
+        shutil.copyfile(src, dest)
+
+
+def resolve_input(root: Path, recorded: str) -> Path:
+    """An input path as a manifest records it: relative to the workspace root, or absolute.
+    Manifests written before llmkit recorded root-relative paths hold paths relative to
+    the directory the stage ran in: those still resolve when run from there."""
+    p = Path(recorded)
+    if p.is_absolute():
+        return p
+    in_root = Path(root) / p
+    return p if not in_root.exists() and p.exists() else in_root
+
+
+def shown(root: Path) -> str:
+    """A workspace root as a user typed it: `./workspace`, not a bare `workspace`."""
+    text = str(root)
+    return text if Path(root).is_absolute() or text.startswith(".") else f"./{text}"
 
 
 def fingerprint_of(stage: str, config: dict, input_fingerprints: list[str]) -> str:
@@ -99,7 +169,9 @@ class Artifact:
         return self.manifest.get("config", {})
 
     @classmethod
-    def open(cls, path: Path) -> "Artifact":
+    def open(cls, path: Path, root: Path | None = None) -> "Artifact":
+        """The artifact at `path`, its inputs' paths resolved against the workspace `root`
+        (default: the artifact's parent folder)."""
         path = Path(path)
         mf = path / MANIFEST
         if not mf.is_file():
@@ -113,6 +185,8 @@ class Artifact:
             manifest = json.loads(mf.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UserError(f"{mf} is unreadable ({e}); rebuild it with --force") from None
+        for entry in manifest.get("inputs", []):
+            entry["path"] = str(resolve_input(path.parent if root is None else root, entry["path"]))
         return cls(path, manifest)
 
 
@@ -130,31 +204,50 @@ class Workspace:
         candidates = [p] if (p.is_absolute() or os.sep in str(name_or_path)) else [self.root / p, p]
         for c in candidates:
             if c.exists():
-                return Artifact.open(c)
-        stage = BUILT_BY.get(str(name_or_path))
-        hint = f"build it first with `llmkit {stage}`" if stage else "run the stage that builds it first"
-        raise UserError(
-            f"no artifact {str(name_or_path)!r} in workspace {self.root}; {hint} (see `llmkit status`)"
-        )
+                return Artifact.open(c, self.root)
+        name = str(name_or_path)
+        stage = BUILT_BY.get(name)
+        known = {str(p.relative_to(self.root)) for p in self.artifacts()} | set(BUILT_BY)
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        if stage:
+            hint = f"build it first with `llmkit {stage}`"
+        elif close:
+            hint = f"did you mean {close[0]!r}?"
+        else:
+            hint = "run the stage that builds it first"
+        raise UserError(f"no artifact {name!r} in workspace {shown(self.root)}; {hint} "
+                        "(see `llmkit status`)")
 
     def builder(self, name: str, *, stage: str, config, inputs: list[Artifact] = (),
                 force: bool = False, in_place: bool = False, quiet: bool = False) -> "Builder":
         return Builder(self, name, stage, config, list(inputs), force, in_place, quiet)
 
     def artifacts(self) -> list[Path]:
-        """Every artifact-like directory (complete or not), checkpoint-run folders included."""
+        """Every artifact-like directory (complete or not), checkpoint-run folders and
+        reports included."""
         if not self.root.is_dir():
             return []
         out = []
         for p in sorted(self.root.iterdir()):
             if p.is_dir() and not p.name.startswith(".") and ".tmp-" not in p.name:
-                if (p / MANIFEST).exists() or (p / CONFIG).exists():
+                if _artifact_like(p):
                     out.append(p)
-                elif p.is_dir():
-                    # nested names like eval/<name> or demo/<x>
-                    out.extend(c for c in sorted(p.iterdir())
-                               if c.is_dir() and ((c / MANIFEST).exists() or (c / CONFIG).exists()))
+                else:  # nested names like eval/<name> or report/<name>
+                    out.extend(c for c in sorted(p.iterdir()) if c.is_dir() and _artifact_like(c))
         return out
+
+    def work_dirs(self) -> list[Path]:
+        """The work dirs that stages left behind (killed, or split across --rank tasks)."""
+        work = self.root / ".work"
+        return sorted(p for p in work.iterdir() if p.is_dir() and any(p.iterdir())) \
+            if work.is_dir() else []
+
+
+def _artifact_like(p: Path) -> bool:
+    # a manifest or config (data stages); a run fingerprint or step folder (a training run not
+    # finished); summary.md (a report)
+    return (any((p / f).exists() for f in (MANIFEST, CONFIG, "run_fingerprint", "summary.md"))
+            or any(p.glob("step-*")))
 
 
 class Builder:
@@ -207,6 +300,7 @@ class Builder:
                 shutil.rmtree(stale, ignore_errors=True)
             self.dir.mkdir(parents=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        kill_point("build")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -224,7 +318,8 @@ class Builder:
             "llmkit_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "fingerprint": self.fingerprint,
-            "inputs": [{"path": str(a.path), "fingerprint": a.fingerprint} for a in self.inputs],
+            "inputs": [{"path": self._recorded(a.path), "fingerprint": a.fingerprint}
+                       for a in self.inputs],
             "config": self.config,
             "seconds": round(time.time() - self.started, 3),
             "stats": self.stats,
@@ -237,6 +332,22 @@ class Builder:
             **self.extra,
         }
 
+    def _recorded(self, path: Path) -> str:
+        """Inputs inside the workspace relative to its root, others absolute: the manifest
+        then reads the same from any directory (`resolve_input` reads it back)."""
+        path = Path(path).resolve()
+        try:
+            return str(path.relative_to(self.ws.root.resolve()))
+        except ValueError:
+            return str(path)
+
+    def start_work(self, tasks: int, unit: str) -> Path:
+        """Create the work dir and record what it is for (`llmkit status` reports it)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.work_dir / WORK_INFO, json.dumps(
+            {"artifact": self.name, "stage": self.stage, "tasks": tasks, "unit": unit}))
+        return self.work_dir
+
     def _commit(self) -> None:
         import yaml
 
@@ -244,6 +355,7 @@ class Builder:
                                                        allow_unicode=True))
         write_atomic(self.dir / MANIFEST, json.dumps(self.manifest(), indent=2,
                                                      ensure_ascii=False, default=str))
+        kill_point("commit")
         if not self.in_place:
             old = self.final.with_name(f"{self.final.name}.old-{os.getpid()}")
             if self.final.exists():
@@ -266,31 +378,79 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def acquire_lock(path: Path) -> Path:
-    """Create `path` exclusively with our pid; clear it if its owner is dead; else refuse."""
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
+def acquire_lock(path: Path, wait_for_writer: float = 1.0) -> Path:
+    """Create `path` holding our pid and host; clear it if its owner is dead; else refuse.
+
+    The lock appears with its content (a hard link to a written temp file), so a reader
+    never sees an ownerless lock; one that reads empty or unparsable (a writer of an older
+    llmkit mid-write) is waited on for `wait_for_writer` seconds before it counts as stale."""
+    path = Path(path)
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    # per thread too: two builders in one process must not share a temp file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(mine)
+    try:
+        unreadable_since = None
+        while True:
             try:
-                owner = json.loads(path.read_text())
+                _create_with(tmp, path, mine)
+                return path
+            except FileExistsError:
+                pass
+            try:
+                seen = path.read_text()
+                owner = json.loads(seen)
                 pid, host = int(owner["pid"]), owner.get("host")
-            except (OSError, ValueError, KeyError):
+            except FileNotFoundError:  # released meanwhile: try again
+                continue
+            except OSError as e:
+                raise UserError(f"cannot read lock {path} ({e}); remove it if no run is "
+                                "building that artifact") from None
+            except (ValueError, KeyError, TypeError):
+                unreadable_since = unreadable_since or time.monotonic()
+                if time.monotonic() - unreadable_since < wait_for_writer:
+                    time.sleep(0.01)
+                    continue
                 pid, host = -1, None
             if host == socket.gethostname() and pid > 0 and _pid_alive(pid):
                 raise UserError(
                     f"{path.with_suffix('')} is being built by process {pid} (lock {path}); "
-                    "wait for it to finish, or stop it"
-                ) from None
+                    "wait for it to finish, or stop it")
             if host not in (None, socket.gethostname()):
                 raise UserError(f"{path} is held by {host} pid {pid}; remove it if that run died")
             print(f"warning: clearing stale lock {path} (process {pid} is gone)", file=sys.stderr)
-            path.unlink(missing_ok=True)
-            continue
+            _clear_stale_lock(path, seen)
+            unreadable_since = None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _create_with(tmp: Path, path: Path, content: str) -> None:
+    """Create `path` holding `content` (the content of `tmp`); FileExistsError if it exists."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: readers wait out the empty moment
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}, f)
-        return path
-    raise UserError(f"could not take lock {path}")
+            f.write(content)
+
+
+def _clear_stale_lock(path: Path, seen: str) -> None:
+    """Remove the lock if it still holds `seen`: another builder may have cleared it and
+    taken the lock since we read it, and that lock must stay."""
+    grave = path.with_name(f".{path.name}.stale-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.rename(path, grave)
+    except FileNotFoundError:
+        return
+    if grave.read_text() != seen:  # a live builder's lock: put it back
+        try:
+            os.link(grave, path)
+        except FileExistsError:
+            pass
+    grave.unlink()
 
 
 def release_lock(path: Path | None) -> None:

@@ -3,24 +3,31 @@ from llmkit.cli.common import stage_command
 
 @stage_command
 def status(ctx):
-    """Table of the workspace's artifacts: stage, size, done / stale / incomplete, age."""
+    """Table of the workspace's artifacts (done / stale / incomplete) and of the work stages
+    left behind (partial / damaged): stage, size, age."""
     from llmkit.progress import is_tty
     from llmkit.status import human_age, workspace_status
+    from llmkit.workspace import shown
 
     rows = workspace_status(ctx.workspace)
     if not rows:
-        print(f"workspace {ctx.workspace.root} has no artifacts yet")
+        print(f"workspace {shown(ctx.workspace.root)} has no artifacts yet")
         return
     if is_tty():
         from rich.console import Console
         from rich.table import Table
 
-        t = Table("artifact", "stage", "state", "size", "age", title=str(ctx.workspace.root))
-        colour = {"done": "green", "stale": "yellow", "incomplete": "red"}
+        t = Table("artifact", "stage", "state", "size", "age", title=shown(ctx.workspace.root))
+        colour = {"done": "green", "stale": "yellow", "incomplete": "red", "partial": "yellow",
+                  "damaged": "red"}
         for r in rows:
             t.add_row(r.name, r.stage, f"[{colour[r.state]}]{r.state}", r.size, human_age(r.age_s))
         Console().print(t)
     else:
-        print(f"{'artifact':<20} {'stage':<12} {'state':<11} {'size':<20} age")
+        print(f"{'artifact':<20} {'stage':<12} {'state':<11} {'size':<26} age")
         for r in rows:
-            print(f"{r.name:<20} {r.stage:<12} {r.state:<11} {r.size:<20} {human_age(r.age_s)}")
+            print(f"{r.name:<20} {r.stage:<12} {r.state:<11} {r.size:<26} {human_age(r.age_s)}")
+    for r in rows:
+        if r.state == "damaged":
+            print(f"{r.name}: some finished tasks lost files since; rerun `llmkit {r.stage}` "
+                  "(same config and inputs) and it redoes them")

@@ -18,17 +18,21 @@ falls below `val_fraction`. So the output is the same for any --workers and any
 world_size-th) into the workspace's scratch folder; `llmkit tokenize` without --rank then
 adds whatever is missing and assembles the artifact.
 
+The scratch folder (`Builder.work_dir`) holds `shard-K/` and its `shard-K.done` marker,
+written last with the stats and the files' sizes. A shard without an intact marker (killed
+mid-write, a file lost or cut short) is tokenized again. Assembly hard-links (or copies) the
+shards into the artifact, so a run killed while assembling loses nothing; the scratch folder
+goes once the artifact is in place.
+
 With --workers N, this thread reads and writes while N - 1 threads encode (the chunk-cache
 encoder's compiled passes release the GIL); N = 1 does everything in this thread.
 
-The hot loop builds arrow arrays
- from numpy buffers rather than through pyarrow's compute
+The hot loop builds arrow arrays from numpy buffers rather than through pyarrow's compute
 functions, which import pandas (half a second per process).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -39,6 +43,7 @@ from pathlib import Path
 
 from llmkit.data.pipeline import ordered_imap
 from llmkit.errors import ConfigError, UserError
+from llmkit.workspace import kill_point, link_or_copy, seal, sealed
 
 SPLITS = ("train", "val")
 SHARD = "shard-{:05d}"
@@ -272,8 +277,8 @@ class _ShardWriter:
 
 def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPool,
                    cfg: TokenizeConfig, progress=None) -> dict:
-    """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet,
-    stats.json); `out` appears complete or not at all."""
+    """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet), then seal
+    it with `out.done` (`finished_shard` reads it back); returns the shard's stats."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -308,10 +313,38 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
                 progress.advance(len(ids))
     finally:
         stats = writer.close()
-    (tmp / "stats.json").write_text(json.dumps(stats))
+    marker = _marker(out)
+    marker.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UserError(f"cannot replace the damaged shard folder {out} ({e}); delete "
+                        f"{out.parent} and rerun `llmkit tokenize`") from None
+    seal(marker, [out / f for f in SHARD_FILES], {"stats": stats})
     return stats
+
+
+SHARD_FILES = (*(f"{s}.bin" for s in SPLITS), f"{INDEX}.parquet")
+
+
+def _marker(shard_dir: Path) -> Path:
+    return shard_dir.with_name(f"{shard_dir.name}.done")
+
+
+def finished_shard(shard_dir: Path, itemsize: int) -> dict | None:
+    """The stats of a shard if its folder is complete and intact (marker, files of the
+    recorded sizes, .bin sizes matching the token counts), else None: tokenize it again."""
+    info = sealed(_marker(shard_dir))
+    try:
+        files = {f"{shard_dir.name}/{f}" for f in SHARD_FILES}
+        if info and set(info["files"]) == files and all(
+                info["stats"][s]["tokens"] * itemsize == info["files"][f"{shard_dir.name}/{s}.bin"]
+                for s in SPLITS):
+            return info["stats"]
+    except (KeyError, TypeError):
+        pass
+    return None
 
 
 def _grouped(batches, task_bytes: int):
@@ -370,9 +403,10 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
     shards = plan_shards(datasets)
     mine = [k for k in range(len(shards))
             if ctx.rank is None or k % ctx.world_size == ctx.rank]
+    itemsize = _itemsize(tok)
 
     def run_shards(work: Path) -> None:
-        todo = [k for k in mine if not (work / SHARD.format(k)).is_dir()]
+        todo = [k for k in mine if finished_shard(work / SHARD.format(k), itemsize) is None]
         total = sum(_rows(shards[k][0]) for k in todo)
         with Progress("tokenize", total=total, unit="docs") as bar, \
                 _OrderedPool(ctx.workers, tok) as pool:
@@ -381,13 +415,12 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
                 tokenize_shard(part, source, work / SHARD.format(k), pool, cfg, bar)
 
     if ctx.rank is not None:
-        b.work_dir.mkdir(parents=True, exist_ok=True)
-        run_shards(b.work_dir)
+        run_shards(b.start_work(len(shards), "shards"))
         print(f"tokenize: rank {ctx.rank}/{ctx.world_size} done ({len(mine)} of {len(shards)} "
               f"shards in {b.work_dir}); run `llmkit tokenize` without --rank to assemble")
         return b
     with b:
-        run_shards(b.work_dir)
+        run_shards(b.start_work(len(shards), "shards"))
         b.stats.update(_assemble(b.work_dir, b.dir, len(shards), tok))
         tok.save(b.dir / TOKENIZER_DIR)
     st = b.stats
@@ -405,20 +438,30 @@ def _rows(part: Path) -> int:
     return pq.ParquetFile(part).metadata.num_rows
 
 
+def _itemsize(tok) -> int:
+    import numpy as np
+
+    return np.dtype(token_dtype(tok.vocab_size)).itemsize
+
+
 def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
-    """Move the finished shards into the artifact; return the manifest's stats."""
+    """Link the finished shards into the artifact; return the manifest's stats."""
     splits = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()} for s in SPLITS}
     for d in (*SPLITS, INDEX):
         (out / d).mkdir(parents=True, exist_ok=True)
     for k in range(n_shards):
+        kill_point("tokenize:assemble")
         src, name = work / SHARD.format(k), SHARD.format(k)
-        shard_stats = json.loads((src / "stats.json").read_text())
+        shard_stats = finished_shard(src, _itemsize(tok))
+        if shard_stats is None:  # damaged since this run tokenized it
+            raise UserError(f"{src} changed while tokenize was assembling it; rerun "
+                            "`llmkit tokenize`")
         for s in SPLITS:
-            os.replace(src / f"{s}.bin", out / s / f"{name}.bin")
+            link_or_copy(src / f"{s}.bin", out / s / f"{name}.bin")
             for key in ("docs", "tokens"):
                 splits[s][key] += shard_stats[s][key]
             splits[s]["tokens_by_source"].update(shard_stats[s]["tokens_by_source"])
-        os.replace(src / f"{INDEX}.parquet", out / INDEX / f"{name}.parquet")
+        link_or_copy(src / f"{INDEX}.parquet", out / INDEX / f"{name}.parquet")
     by_source: Counter = Counter()
     for s in SPLITS:
         by_source.update(splits[s]["tokens_by_source"])

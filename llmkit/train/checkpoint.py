@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.workspace import write_atomic
+from llmkit.workspace import kill_point, write_atomic
 
 log = logging.getLogger("llmkit.train")
 
@@ -113,6 +113,7 @@ def resume_candidates(run_dir: Path, resume_from: str | None = None):
 def mark_complete(step_dir: Path) -> None:
     """Seal a fully written step folder and point `latest` at it (the last two writes of a save)."""
     step_dir = Path(step_dir)
+    kill_point("checkpoint")
     write_atomic(step_dir / COMPLETE, "")
     write_atomic(step_dir.parent / LATEST, step_dir.name + "\n")
 

@@ -2,7 +2,8 @@
 
 Each phase is a folder in the artifact's work area (`Builder.work_dir`, kept across killed
 runs) and is made of tasks; a task writes its files under a temporary name, renames them,
-then writes its `.done` marker, so a rerun skips exactly the finished tasks.
+then writes its `.done` marker with their sizes (`workspace.seal`), so a rerun skips exactly
+the finished tasks and redoes one whose files were lost or cut short since.
 
     signatures/part-00003/  keys.bin: per batch (blocks.npy: its rows) n_keys × rows keys;
                             values.bin + lengths.npy: verification payload
@@ -39,7 +40,7 @@ from llmkit.data.dedup.shingles import text_buffers
 from llmkit.data.dedup.sketch import Sketcher
 from llmkit.data.io import PART, DatasetWriter, dataset_files
 from llmkit.errors import UserError
-from llmkit.workspace import write_atomic
+from llmkit.workspace import kill_point, link_or_copy, seal, sealed, write_atomic
 
 PHASES = ("signatures", "buckets", "clusters", "filter")
 
@@ -69,7 +70,7 @@ class DedupPlan:
         return self.work / phase / f"{name}.done"
 
     def done(self, phase: str, task: int) -> bool:
-        return self._marker(phase, task).is_file()
+        return sealed(self._marker(phase, task)) is not None
 
     def pending(self, phase: str) -> list[int]:
         return [t for t in self.tasks(phase) if not self.done(phase, t)]
@@ -77,13 +78,16 @@ class DedupPlan:
     def _info(self, phase: str, task: int) -> dict:
         return json.loads(self._marker(phase, task).read_text())
 
-    def _complete(self, phase: str, task: int, info: dict) -> None:
-        # renamed into place, not fsynced: a killed process leaves its writes in the page
-        # cache, and tens of fsyncs per run cost more than the buckets phase itself
-        marker = self._marker(phase, task)
-        tmp = _temporary(marker)
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, marker)
+    def _outputs(self, phase: str, task: int) -> list[Path]:
+        """The files a finished task leaves for the phases after it."""
+        if phase == "buckets":
+            return [self.work / "buckets" / f"key-{task:03d}.npz"]
+        if phase == "clusters":
+            return [self.work / "clusters" / "stats.json",
+                    *(self.work / "clusters" / f"part-{s:05d}.parquet"
+                      for s in range(len(self.shards)))]
+        folder = self.work / phase / f"part-{task:05d}"
+        return sorted(p for p in folder.rglob("*") if p.is_file())
 
     def run(self, phase: str, task: int) -> None:
         """Run one task of a phase unless its marker says it is done."""
@@ -98,11 +102,12 @@ class DedupPlan:
                             f"{self.work / p}); run `llmkit dedup --phase {p}` for every "
                             "rank, then this one")
         (self.work / phase).mkdir(parents=True, exist_ok=True)
+        self._marker(phase, task).unlink(missing_ok=True)  # a damaged task's: redone now
         started = time.time()
         info = getattr(self, f"_{phase}")(task)
         _release_freed_memory()
         info["seconds"] = round(time.time() - started, 3)
-        self._complete(phase, task, info)
+        seal(self._marker(phase, task), self._outputs(phase, task), info)
 
     # -- phase 1: signatures (one task per input shard) ----------------------------------
     def _signatures(self, shard: int) -> dict:
@@ -285,11 +290,12 @@ class DedupPlan:
         counts = {"kept": 0, "removed": 0}
         rows_in = rows_out = rows_removed = 0
         for shard in range(len(self.shards)):
+            kill_point("dedup:assemble")
             folder = self.work / "filter" / f"part-{shard:05d}"
             for kind, dest in (("kept", out_dir), ("removed", out_dir / "removed")):
                 for f in sorted((folder / kind).glob("part-*.parquet")):
                     dest.mkdir(parents=True, exist_ok=True)
-                    _link_or_copy(f, dest / PART.format(counts[kind]))
+                    link_or_copy(f, dest / PART.format(counts[kind]))
                     counts[kind] += 1
             info = self._info("filter", shard)
             rows_in += info["rows_in"]
@@ -507,13 +513,6 @@ def _set_column(table, name: str, values):
 def _temporary(final: Path) -> Path:
     # per process: two runs that wrongly share a task never write into one file
     return final.with_name(f"{final.name}.tmp-{os.getpid()}")
-
-
-def _link_or_copy(src: Path, dest: Path) -> None:
-    try:
-        os.link(src, dest)
-    except OSError:  # a filesystem without hard links
-        shutil.copyfile(src, dest)
 
 
 def _fresh(path: Path) -> Path:

@@ -59,6 +59,7 @@ def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     if b.up_to_date:
         return b
     plan = DedupPlan(src.path, b.work_dir, cfg)
+    b.start_work(sum(len(plan.tasks(p)) for p in PHASES), "tasks")
     if ctx.rank is not None:
         tasks = [t for t in plan.tasks(phase) if t % ctx.world_size == ctx.rank]
         run_tasks(plan, phase, tasks, ctx.workers)
