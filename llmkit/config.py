@@ -120,10 +120,12 @@ def _dataclass_in(tp):
 
 
 def _suggest(key: str, cls, path: str) -> str:
-    # a key of a section given at the top (`threshold` for `minhash.threshold`) is the usual slip
+    # matched against dotted keys and their last parts, so that `threshold` (a field given without
+    # its section) finds `minhash.threshold`, and every section holding the best match is named
     keys = dotted_keys(cls)
-    close = [k for k in keys if k.endswith("." + key)]
-    close = close or difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    last = {k: k.rsplit(".", 1)[-1] for k in keys}
+    best = difflib.get_close_matches(key, sorted(set(keys) | set(last.values())), n=1, cutoff=0.5)
+    close = [k for k in keys if best and best[0] in (k, last[k])]
     if close:
         return f"; did you mean {' or '.join(repr(path + k) for k in close)}?"
     return f"; valid keys: {', '.join(sorted(k for k in keys if '.' not in k))}"

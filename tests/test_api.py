@@ -1,5 +1,7 @@
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -146,3 +148,70 @@ def test_read_prompts_from_jsonl_and_text(tmp_path):
 def test_invalid_generate_config_is_rejected(bad):
     with pytest.raises(ConfigError):
         GenerateConfig(**bad)
+
+
+def mark_stage(run, stage):
+    """Record `stage` as the stage that wrote `run` (the fixture writes every run as pretrain)."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "stage": stage}))
+    return run
+
+
+def test_import_llmkit_does_not_import_torch():
+    code = "import sys, llmkit; llmkit.load; llmkit.generate; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_by_artifact_name_in_a_workspace_and_on_a_device(tmp_path, tok, model, monkeypatch):
+    write_checkpoint_run(tmp_path / "ws", "sft", model, tok)
+    x = torch.tensor([[1, 5, 9]])
+    loaded, _ = llmkit.load("sft", workspace=tmp_path / "ws", device="cpu")
+    assert torch.equal(loaded(x), model(x)) and next(loaded.parameters()).device.type == "cpu"
+    monkeypatch.setenv("LLMKIT_WORKSPACE", str(tmp_path / "ws"))
+    assert torch.equal(llmkit.load("sft")[0](x), model(x))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LLMKIT_WORKSPACE")
+    (tmp_path / "ws").rename(tmp_path / "workspace")
+    assert torch.equal(llmkit.load("sft")[0](x), model(x))  # ./workspace by default
+    with pytest.raises(UserError, match=r"no checkpoint 'dpo': neither workspace/dpo nor dpo exists"):
+        llmkit.load("dpo")
+
+
+def test_generate_returns_the_completions(tok, model):
+    prompts = ["What is 12+34?", "计算 10+20"]
+    completions = llmkit.generate(model, tok, prompts, greedy=True, max_new_tokens=6)
+    records = generate_texts(model, tok, prompts, GenerateConfig(greedy=True, max_new_tokens=6))
+    assert completions == [r["completion"] for r in records] and all(completions)
+    assert llmkit.generate(model, tok, prompts[0], greedy=True, max_new_tokens=6) == completions[0]
+    with pytest.raises(ConfigError, match="did you mean 'max_new_tokens'"):
+        llmkit.generate(model, tok, prompts, max_tokens=6)
+    with pytest.raises(ConfigError, match="model.to"):
+        llmkit.generate(model, tok, prompts, device="cuda")
+
+
+@pytest.fixture
+def prompt_ids_seen(tok, monkeypatch):
+    """The prompt token ids `llmkit.model.generate` is asked to continue (it answers a stop token)."""
+    import llmkit.model
+
+    seen = []
+
+    def fake_generate(model, ids, n, eos_id, **kw):
+        seen.append((ids[0].tolist(), eos_id))
+        return torch.cat([ids, torch.full((len(ids), 1), eos_id)], dim=1)
+
+    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    return seen
+
+
+@pytest.mark.parametrize("stage, chat", [("sft", True), ("dpo", True), ("ppo", True), ("pretrain", False)])
+def test_runs_trained_on_chats_are_prompted_through_the_chat_template(tmp_path, tok, model, prompt_ids_seen,
+                                                                       stage, chat):
+    run = mark_stage(write_checkpoint_run(tmp_path, stage, model, tok), stage)
+    loaded, tokenizer = llmkit.load(run)
+    assert loaded.trained_on_chats is chat
+    for chat_option in ({}, {"chat": False}, {"chat": True}):
+        llmkit.generate(loaded, tokenizer, ["hi"], max_new_tokens=4, **chat_option)
+    templated = (encode_prompt(tok, "hi", chat=True), tok.end_of_turn_id)
+    plain = (encode_prompt(tok, "hi", chat=False), tok.eos_id)
+    assert prompt_ids_seen == [templated if chat else plain, plain, templated]

@@ -2,9 +2,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
-from llmkit.cli.app import COMMANDS, build_app
+import llmkit
+from llmkit.cli.app import COMMANDS, build_app, command_line, main
 from tests.conftest import write_jsonl
 
 runner = CliRunner()
@@ -16,7 +18,7 @@ def test_help_does_not_import_torch_or_deepspeed():
             "app = build_app()\n"
             "names = [c.name for c in app.registered_commands]\n"
             "assert 'ingest' in names and 'status' in names, names\n"
-            "for args in [['--help']] + [[c, '--help'] for c in names]:\n"
+            "for args in [['--help'], ['--version']] + [[c, '--help'] for c in names]:\n"
             "    r = CliRunner().invoke(app, args); assert r.exit_code == 0, (args, r.output)\n"
             "bad = [m for m in ('torch', 'deepspeed', 'pyarrow', 'sentencepiece') if m in sys.modules]\n"
             "assert not bad, bad\n")
@@ -61,3 +63,67 @@ def test_rerun_prints_up_to_date_and_status_lists_artifacts(tmp_path):
     p.write_text('{"text": "changed"}\n')
     r = runner.invoke(build_app(), ["status", "-w", str(tmp_path / "ws")])
     assert "stale" in r.output
+
+
+def test_version_prints_the_package_version():
+    r = runner.invoke(build_app(), ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"llmkit {llmkit.__version__}"
+
+
+@pytest.mark.parametrize("launcher_args, where", [
+    (["--local_rank=0"], "first"),      # deepspeed: `python -u llmkit --local_rank=0 pretrain …`
+    (["--local-rank", "1"], "last"),    # torch.distributed.launch, after the stage's arguments
+])
+def test_launcher_local_rank_is_accepted_and_ignored(tmp_path, capsys, launcher_args, where):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "x"}])
+    args = ["ingest", str(p), "-w", str(tmp_path / "ws")]
+    with pytest.raises(SystemExit) as exit_:
+        main(launcher_args + args if where == "first" else args + launcher_args)
+    assert exit_.value.code == 0, capsys.readouterr()
+    assert (tmp_path / "ws" / "raw" / "manifest.json").is_file()
+
+
+def test_several_pairs_after_one_set_are_several_settings(tmp_path, capsys):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"body": "x"}])
+    with pytest.raises(SystemExit) as exit_:
+        main(["ingest", str(p), "-w", str(tmp_path / "ws"), "--set", "text_field=body", "source=web"])
+    assert exit_.value.code == 0, capsys.readouterr()
+    m = json.loads((tmp_path / "ws" / "raw" / "manifest.json").read_text())
+    assert m["config"]["text_field"] == "body" and m["config"]["source"] == "web"
+    assert command_line(["dedup", "--set", "a=1", "b.c=2", "--in", "x", "--set=d=3", "e=4"]) == [
+        "dedup", "--set", "a=1", "--set", "b.c=2", "--in", "x", "--set=d=3", "--set", "e=4"]
+
+
+def test_two_pairs_in_one_set_value_are_refused_with_the_fix(tmp_path):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"body": "x"}])
+    r = runner.invoke(build_app(), ["ingest", str(p), "-w", str(tmp_path / "ws"),
+                                    "--set", "text_field=body source=web"])
+    assert r.exit_code == 2 and "--set text_field=body --set source=web" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_key_of_a_section_given_bare_suggests_the_dotted_key(tmp_path):
+    r = runner.invoke(build_app(), ["dedup", "-w", str(tmp_path / "ws"), "--set", "threshold=0.8"])
+    assert r.exit_code == 2 and "did you mean 'minhash.threshold'" in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("command, has, lacks", [
+    ("status", ["--workspace"], ["--recipe", "--set", "--in", "--out", "--force", "--workers", "--rank"]),
+    ("generate", ["--set", "--recipe"], ["--in", "--out", "--force", "--workers"]),
+    ("report", ["--set"], ["--in", "--out", "--force", "--workers"]),
+    ("export", ["--out", "--force"], ["--in", "--workers"]),
+    ("import", ["--out", "--force"], ["--in", "--workers"]),
+    ("ingest", ["--out", "--force"], ["--in", "--workers"]),
+    ("sft", ["--in", "--out", "--force"], ["--workers", "--rank"]),
+    ("clean", ["--in", "--out", "--force", "--workers"], ["--rank"]),
+    ("dedup", ["--in", "--workers", "--rank", "--world-size"], []),
+])
+def test_each_command_lists_only_the_common_options_it_uses(command, has, lacks):
+    r = runner.invoke(build_app(), [command, "--help"])
+    options = {word.rstrip(",") for line in r.output.splitlines() for word in line.split()
+               if word.startswith("--")}
+    assert set(has) <= options and not set(lacks) & options, options
+    if "--force" in lacks:
+        r = runner.invoke(build_app(), [command, "--force"])
+        assert r.exit_code == 2 and "No such option: --force" in r.output

@@ -4,6 +4,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import llmkit
+from llmkit.api import GenerateConfig, generate_texts
 from llmkit.cli.app import build_app
 from llmkit.train import checkpoint as ckpt
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
@@ -68,3 +70,22 @@ def test_errors_exit_2_without_traceback(ws, tmp_path, args, message):
     r = invoke(ws, *[a.format(unfinished=unfinished) for a in args])
     assert r.exit_code == 2 and message in r.output
     assert "Traceback" not in r.output
+
+
+
+def test_a_run_trained_on_chats_gets_the_chat_template_unless_chat_false(ws):
+    tok = make_tokenizer(ws / "tok")
+    run = write_checkpoint_run(ws, "ppo", tiny_model(tok.vocab_size, init_std=0.3), tok)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "stage": "ppo"}))
+    args = ["--from", "ppo", "--prompt", "What is 12+34?", "--set", "greedy=true", "--set", "max_new_tokens=8"]
+    default, templated, plain = (invoke(ws, *args, *extra) for extra in
+                                 ([], ["--set", "chat=true"], ["--set", "chat=false"]))
+    assert default.exit_code == templated.exit_code == plain.exit_code == 0, default.output
+    assert "trained on chats" in default.stderr and "--set chat=false" in default.stderr
+    assert default.stdout == templated.stdout
+    assert "trained on chats" not in plain.output + templated.output
+    model, tok = llmkit.load(run)
+    config = GenerateConfig(greedy=True, max_new_tokens=8, chat=False)
+    [record] = generate_texts(model, tok, ["What is 12+34?"], config)
+    assert plain.stdout == f">>> What is 12+34?\n{record['completion']}\n\n"
