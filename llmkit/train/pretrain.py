@@ -199,6 +199,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
               f"sequence (seq_len={cfg.seq_len}): no validation loss will be measured; tokenize with "
               "a larger --set val_fraction=…", file=sys.stderr, flush=True)
     task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
+    parameters = model.num_parameters()  # before the engine: ZeRO-3 leaves each process a shard
 
     with training_run(b, plan):
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer_art.path,
@@ -206,13 +207,13 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         last = result.metrics
         b.stats.update(
             steps=result.step, tokens_seen=result.tokens_seen, skipped_steps=result.skipped_steps,
-            parameters=model.num_parameters(), final_loss=last.get("loss"),
+            parameters=parameters, final_loss=last.get("loss"),
             val_loss=last.get("val_loss"), val_ppl=last.get("val_ppl"),
             tokens_per_s=last.get("tokens_per_s"), mfu=last.get("mfu"),
             mixture=train.probabilities, checkpoint=str(result.checkpoint))
     if dist.is_main:
         print_summary(f"{b.name} done", [
-            ("steps", result.step), ("parameters", f"{model.num_parameters():,}"),
+            ("steps", result.step), ("parameters", f"{parameters:,}"),
             ("tokens seen", f"{result.tokens_seen:,}"), ("final loss", last.get("loss")),
             ("val perplexity", last.get("val_ppl", "none (no validation split)")),
             ("checkpoint", result.checkpoint),
