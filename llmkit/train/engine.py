@@ -144,6 +144,7 @@ class Task:
     """
 
     warn_undertrained = False  # pretraining sets this: warn when planned tokens < 20 x parameters
+    perplexity = True  # the loss is a mean token NLL, so exp(val_loss) is logged as val_ppl
     device = None
 
     def __init__(self, model, train_data=None, eval_data=None):
@@ -515,7 +516,8 @@ class Engine:
 
     def evaluate(self) -> dict:
         """Mean loss (and task metrics) over up to eval_batches batches per process, with
-        val_ppl = exp(val_loss). Leaves the training RNG streams untouched."""
+        val_ppl = exp(val_loss) when the task's loss is a token NLL (`Task.perplexity`). Leaves
+        the training RNG streams untouched."""
         import torch
 
         batches = self.task.eval_batches()
@@ -542,7 +544,8 @@ class Engine:
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(stats)
         means = {f"val_{k}": v / (n * self.dist.world_size) for k, v in zip(keys, stats.tolist())}
-        means["val_ppl"] = math.exp(min(means["val_loss"], 700.0))
+        if self.task.perplexity:
+            means["val_ppl"] = math.exp(min(means["val_loss"], 700.0))
         return means
 
     def _warn_if_undertrained(self, tokens_per_step: int) -> None:

@@ -135,6 +135,8 @@ def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict:
 class RewardTask(Task):
     """Bradley–Terry loss on (chosen, rejected) reward pairs, with pairwise accuracy."""
 
+    perplexity = False  # a Bradley–Terry loss: exp(val_loss) is no perplexity
+
     def __init__(self, model, train_data, eval_data, center_coef: float, seq_len: int):
         super().__init__(model, train_data, eval_data)
         self.center_coef, self.seq_len = center_coef, seq_len

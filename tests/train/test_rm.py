@@ -63,11 +63,14 @@ def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
     ctx = make_ctx(inputs=["pref_train"])
     ctx.overrides = {k: _Raw(str(v)) for k, v in dict(
         max_steps=15, micro_batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=2, seq_len=64,
-        log_every=1, eval_every=0, center_coef=0.01).items()}
+        log_every=1, eval_every=15, center_coef=0.01).items()}
     b = run_rm(ctx, ctx.config(RmConfig, "rm"), base="sft", eval_data="pref_eval")
     records = [json.loads(line) for line in (ws / "rm" / "metrics.jsonl").open()]
     assert {"accuracy", "rewards/chosen", "rewards/rejected", "rewards/margins"} <= set(records[0])
     assert records[-1]["loss"] < 0.5 * records[0]["loss"]
+    evaluated = [r for r in records if "val_loss" in r]
+    assert evaluated and "val_accuracy" in evaluated[-1]
+    assert not any("val_ppl" in r for r in records)  # exp of a Bradley–Terry loss means nothing
     assert records[-1]["rewards/margins"] > records[0]["rewards/margins"] + 1
     assert b.stats["heldout_pairs"] == 16
     assert b.stats["base_accuracy"] < 0.8 and b.stats["accuracy"] >= 0.9  # held-out pairs
