@@ -22,6 +22,11 @@ PLOTS = {
     "rewards/accuracy": "preference accuracy",
     "accuracy": "accuracy",
 }
+# what `accuracy` in metrics.jsonl measures, by the stage of the run that logged it
+ACCURACY = {"sft": "token accuracy", "rm": "pair accuracy"}
+# what a run's manifest records as base_accuracy -> accuracy, measured on held-out rows
+HELDOUT = {"sft": "held-out exact match", "dpo": "held-out exact match",
+           "ppo": "held-out exact match", "rm": "held-out pair accuracy"}
 
 
 @dataclass
@@ -36,6 +41,17 @@ def read_metrics(run: Path) -> list[dict]:
     if not (run / METRICS_FILE).is_file():
         raise UserError(f"{run} has no {METRICS_FILE}; is it a checkpoint run?")
     return read_run_metrics(run)
+
+
+def read_manifest(run: Path) -> dict:
+    """The run's manifest, or {} for a run still training (it is written last)."""
+    from llmkit.workspace import MANIFEST, Artifact
+
+    return Artifact.open(run).manifest if (run / MANIFEST).is_file() else {}
+
+
+def metric_label(key: str, stage: str | None) -> str:
+    return ACCURACY.get(stage, key) if key == "accuracy" else key
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -61,12 +77,16 @@ def write_report(runs: list[Path], out_dir: Path, cfg: ReportConfig) -> list[Pat
     import matplotlib.pyplot as plt
 
     metrics = {run: read_metrics(run) for run in runs}
+    manifests = {run: read_manifest(run) for run in runs}
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for key, title in PLOTS.items():
         curves = {run: series(rows, key) for run, rows in metrics.items()}
         if not any(xs for xs, _ in curves.values()):
             continue
+        if key == "accuracy":
+            title = " / ".join(sorted({metric_label(key, manifests[run].get("stage"))
+                                       for run, (xs, _) in curves.items() if xs}))
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for run, (xs, ys) in curves.items():
             if xs:
@@ -82,21 +102,40 @@ def write_report(runs: list[Path], out_dir: Path, cfg: ReportConfig) -> list[Pat
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    (out_dir / "summary.md").write_text(summary_markdown(metrics, written))
+    (out_dir / "summary.md").write_text(summary_markdown(metrics, written, manifests))
     return written
 
 
-def summary_markdown(metrics: dict[Path, list[dict]], plots: list[Path]) -> str:
-    keys = [k for k in PLOTS if any(series(rows, k)[0] for rows in metrics.values())]
-    lines = ["# Training report", "", "| run | steps | " + " | ".join(f"last {k}" for k in keys)
-             + " |", "|---" * (len(keys) + 2) + "|"]
+def summary_markdown(metrics: dict[Path, list[dict]], plots: list[Path],
+                     manifests: dict[Path, dict]) -> str:
+    """One row per run: the last value of every plotted metric, then the held-out score its
+    manifest records (before -> after training)."""
+    cells: dict[Path, dict[str, str]] = {run: {} for run in metrics}
+    columns: list[str] = []
+    for key in PLOTS:
+        for run, rows in metrics.items():
+            ys = series(rows, key)[1]
+            if ys:
+                column = f"last {metric_label(key, manifests[run].get('stage'))}"
+                cells[run][column] = f"{ys[-1]:.4g}"
+                columns += [column] if column not in columns else []
+    for run in metrics:
+        manifest = manifests[run]
+        stats, column = manifest.get("stats", {}), HELDOUT.get(manifest.get("stage"))
+        if column and stats.get("accuracy") is not None:
+            cells[run][column] = f"{_fmt(stats.get('base_accuracy'))} -> {_fmt(stats['accuracy'])}"
+            columns += [column] if column not in columns else []
+    lines = ["# Training report", "", "| run | steps | " + " | ".join(columns) + " |",
+             "|---" * (len(columns) + 2) + "|"]
     for run, rows in metrics.items():
-        last = [series(rows, k)[1] for k in keys]
-        cells = [f"{v[-1]:.4g}" if v else "" for v in last]
         steps = max((r.get("step", 0) for r in rows), default=0)
-        lines.append(f"| {run.name} | {steps} | " + " | ".join(cells) + " |")
+        lines.append(f"| {run.name} | {steps} | " + " | ".join(cells[run].get(c, "") for c in columns) + " |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "?" if value is None else f"{value:.4g}"
 
 
 def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
