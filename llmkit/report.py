@@ -118,13 +118,14 @@ def summary_markdown(metrics: dict[Path, list[dict]], plots: list[Path],
             if ys:
                 column = f"last {metric_label(key, manifests[run].get('stage'))}"
                 cells[run][column] = f"{ys[-1]:.4g}"
-                columns += [column] if column not in columns else []
+                columns.append(column)
     for run in metrics:
         manifest = manifests[run]
         stats, column = manifest.get("stats", {}), HELDOUT.get(manifest.get("stage"))
         if column and stats.get("accuracy") is not None:
             cells[run][column] = f"{_fmt(stats.get('base_accuracy'))} -> {_fmt(stats['accuracy'])}"
-            columns += [column] if column not in columns else []
+            columns.append(column)
+    columns = list(dict.fromkeys(columns))  # each once, in first-seen order
     lines = ["# Training report", "", "| run | steps | " + " | ".join(columns) + " |",
              "|---" * (len(columns) + 2) + "|"]
     for run, rows in metrics.items():
