@@ -23,6 +23,9 @@ def eval_input(ws, spec: str) -> Artifact:
         from llmkit.data.ingest import file_fingerprint
 
         return Artifact(path, {"fingerprint": file_fingerprint(path), "stage": FILE_STAGE})
+    if path.suffix and not (ws.root / path).exists():  # a file name, not an artifact's
+        raise UserError(f"{spec}: no such file (from {Path.cwd()}), nor an artifact of that name in "
+                        f"workspace {ws.root}; give the path of an existing file")
     return ws.artifact(spec)
 
 

@@ -95,7 +95,7 @@ def test_a_step_folder_and_an_out_name(ws):
     (["tasks=choice"], "choice.files"),
     (["tasks=reward", "reward.model=rm"], "reward.preferences"),
     (["tasks=ppl,speed"], "speed"),
-    (["tasks=choice", "choice.files=nowhere.jsonl"], "nowhere.jsonl"),
+    (["tasks=choice", "choice.files=nowhere.jsonl"], "nowhere.jsonl: no such file"),
 ])
 def test_incomplete_settings_exit_2_naming_what_is_missing(ws, sets, message):
     root, _, _ = ws
