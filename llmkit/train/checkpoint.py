@@ -143,10 +143,11 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
 
 # -- the run folder as a workspace artifact ----------------------------------------------------
 #
-# A run folder is never cleared while it holds a complete checkpoint, unless --force: running
-# again with changed settings continues the run when only the settings in
-# `TrainConfig.CONTINUABLE` changed (how far and how fast it goes on), and is refused, naming the
-# keys, when anything that makes it another run changed (model, data, tokenizer, batch shape).
+# A complete checkpoint is never deleted without --force: running again with changed settings
+# continues the run when only the settings in `TrainConfig.CONTINUABLE` changed (how far and how
+# fast it goes on), and is refused, naming the keys, when anything that makes it another run
+# changed (model, data, tokenizer, batch shape). --force starts the run over, or, with
+# resume_from naming an older step, rewinds it there (the later checkpoints are replaced).
 
 RUN_RECORD = "run.json"  # in a run dir: the settings and inputs it was last started with
 LEGACY_RUN_FINGERPRINT = "run_fingerprint"  # what llmkit <= 0.4 kept instead of run.json
@@ -158,6 +159,7 @@ class RunPlan:
 
     resume: bool  # continue the checkpoints in the folder (False: clear it and start fresh)
     step: int | None = None  # the step it continues from
+    rewound: list = dataclasses.field(default_factory=list)  # later checkpoints it retrains (--force)
     changes: dict = dataclasses.field(default_factory=dict)  # {key: [old, new]} of this restart
     history: list = dataclasses.field(default_factory=list)  # every earlier restart's changes
 
@@ -179,8 +181,9 @@ def open_run(ctx, stage: str, cfg, inputs: list):
 
 
 def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool) -> RunPlan:
+    """Continue, rewind (resume_from an older step, with --force) or start fresh; see above."""
     complete = [p for p in step_dirs(b.final) if is_complete(p)]
-    if force or not complete:
+    if not complete or (force and not resume_from):
         return RunPlan(resume=False)
     record = _read_run_record(b.final)
     if record is None:
@@ -206,8 +209,13 @@ def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool) ->
     step = step_of(start)
     if new["max_steps"] < step:
         raise ConfigError(f"{b.final} is at step {step}, past max_steps={new['max_steps']}; raise "
-                          f"max_steps, or resume_from an earlier step-* folder to rewind")
-    return RunPlan(True, step, {k: [old.get(k), new.get(k)] for k in changed},
+                          f"max_steps, or rewind with resume_from=step-… and --force")
+    later = [p for p in complete if step_of(p) > step]
+    if later and not force:
+        raise ConfigError(f"resume_from={start.name} rewinds {b.final}: its later checkpoints "
+                          f"({', '.join(p.name for p in later)}) would be retrained and replaced. Add "
+                          f"--force to rewind, or branch off with --out NEW --from {start}")
+    return RunPlan(True, step, later, {k: [old.get(k), new.get(k)] for k in changed},
                    record.get("changes", []))
 
 
@@ -220,6 +228,11 @@ def start_run(b, plan: RunPlan) -> None:
     if not plan.resume:
         for p in b.dir.iterdir():
             shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if plan.rewound:  # one history per run folder: the abandoned branch's checkpoints go
+        for p in plan.rewound:
+            shutil.rmtree(p)
+        write_atomic(b.dir / LATEST, step_dir_name(plan.step) + "\n")
+        print(f"{b.name}: rewound to step {plan.step}; removed {', '.join(p.name for p in plan.rewound)}")
     elif plan.changes:
         history = [*history, plan.change_record]
         with open(b.dir / METRICS_FILE, "a", encoding="utf-8") as f:

@@ -191,10 +191,14 @@ def test_force_and_a_folder_without_complete_checkpoints_start_fresh(tmp_path):
     assert not planned(tmp_path / "b", config={**RUN_CONFIG, "seed": 1}, steps=()).resume
 
 
-def test_resume_from_must_name_a_complete_checkpoint_and_max_steps_must_not_be_behind(tmp_path):
+def test_resume_from_names_a_complete_checkpoint_and_rewinds_only_with_force(tmp_path):
     with pytest.raises(ConfigError, match=r"step-00000009.*complete: step-00000004, step-00000008"):
         planned(tmp_path / "a", resume_from="step-00000009")
-    assert planned(tmp_path / "b", resume_from="step-00000004").step == 4
+    with pytest.raises(ConfigError, match=r"rewinds .*step-00000008.*--force"):
+        planned(tmp_path / "b", resume_from="step-00000004")
+    rewind = planned(tmp_path / "b2", resume_from="step-00000004", force=True)
+    assert (rewind.resume, rewind.step, [p.name for p in rewind.rewound]) == (True, 4, ["step-00000008"])
+    assert planned(tmp_path / "b3", resume_from="step-00000008").rewound == []
     with pytest.raises(ConfigError, match=r"at step 8, past max_steps=6"):
         planned(tmp_path / "c", config={**RUN_CONFIG, "max_steps": 6})
 
