@@ -278,8 +278,10 @@ class Builder:
         self.work_dir = ws.root / ".work" / f"{name.replace('/', '_')}-{self.fingerprint[:12]}"
         self._lock: Path | None = None
         self.up_to_date = not force and self._existing_fingerprint() == self.fingerprint
-        if self.up_to_date and not quiet:
-            print(f"{name}: up to date ({self.final})")
+        if self.up_to_date:
+            shutil.rmtree(self.work_dir, ignore_errors=True)  # left by a kill after the rename
+            if not quiet:
+                print(f"{name}: up to date ({self.final})")
 
     def _existing_fingerprint(self) -> str | None:
         try:
@@ -439,18 +441,20 @@ def _create_with(tmp: Path, path: Path, content: str) -> None:
 
 def _clear_stale_lock(path: Path, seen: str) -> None:
     """Remove the lock if it still holds `seen`: another builder may have cleared it and
-    taken the lock since we read it, and that lock must stay."""
-    grave = path.with_name(f".{path.name}.stale-{os.getpid()}-{threading.get_ident()}")
+    taken the lock since we read it, and that lock must stay. Clearers take turns (a flock
+    on the folder, which the kernel drops if its holder dies), so none removes a lock that
+    another just took."""
+    import fcntl
+
+    fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.rename(path, grave)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if path.read_text() == seen:
+            path.unlink()
     except FileNotFoundError:
-        return
-    if grave.read_text() != seen:  # a live builder's lock: put it back
-        try:
-            os.link(grave, path)
-        except FileExistsError:
-            pass
-    grave.unlink()
+        pass
+    finally:
+        os.close(fd)
 
 
 def release_lock(path: Path | None) -> None:

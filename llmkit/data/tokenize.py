@@ -450,18 +450,18 @@ def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
     for d in (*SPLITS, INDEX):
         (out / d).mkdir(parents=True, exist_ok=True)
     for k in range(n_shards):
-        kill_point("tokenize:assemble")
         src, name = work / SHARD.format(k), SHARD.format(k)
         shard_stats = finished_shard(src, _itemsize(tok))
         if shard_stats is None:  # damaged since this run tokenized it
             raise UserError(f"{src} changed while tokenize was assembling it; rerun "
                             "`llmkit tokenize`")
         for s in SPLITS:
-            link_or_copy(src / f"{s}.bin", out / s / f"{name}.bin")
             for key in ("docs", "tokens"):
                 splits[s][key] += shard_stats[s][key]
             splits[s]["tokens_by_source"].update(shard_stats[s]["tokens_by_source"])
-        link_or_copy(src / f"{INDEX}.parquet", out / INDEX / f"{name}.parquet")
+        for d, f in zip((*SPLITS, INDEX), SHARD_FILES):
+            kill_point("tokenize:assemble")
+            link_or_copy(src / f, out / d / f"{name}{Path(f).suffix}")
     by_source: Counter = Counter()
     for s in SPLITS:
         by_source.update(splits[s]["tokens_by_source"])

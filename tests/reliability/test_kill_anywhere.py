@@ -1,22 +1,25 @@
-"""SIGKILL a stage at random moments, then rerun it: the artifact equals an undisturbed run's.
+"""SIGKILL a stage at named points, then rerun it: the artifact equals an undisturbed run's.
 
-Each stage runs as `llmkit <stage>` in its own process group (so pool workers die with it). A
-kill lands a seeded random time after the stage took its lock, anywhere up to the length of an
-undisturbed run. Kills pile up on one workspace (stale locks, half-written temporary folders,
-interrupted checkpoints) before the final rerun. After every kill, an artifact that has a
-manifest must already be the finished one; the rerun must then give the same rows in the same
-order (data stages) or the same per-step losses and weights (training stages).
+Each stage runs as `llmkit <stage>` in its own process group (so pool workers die with it),
+with `LLMKIT_KILL_AT=<point>`: the stage SIGKILLs itself there (`workspace.kill_point`), so
+every window is hit on every machine. The points: `build` (lock taken, temporary folder made),
+`progress` (the first batch or task reported done), `checkpoint` (a step folder written, not
+yet sealed), `tokenize:assemble` / `dedup:assemble` (before each work file is linked into the
+artifact: `@2` is after the first one), `commit` (the manifest written, not renamed into
+place); `NAME@N` is the N-th pass. Kills pile up on one workspace (stale locks, half-written
+temporary folders, interrupted checkpoints, half-assembled artifacts) before the final rerun.
+After every kill, an artifact that has a manifest must already be the finished one; the rerun
+must then give the same rows in the same order (data stages) or the same per-step losses and
+weights (training stages).
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,6 @@ from llmkit.train.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 RAW = REPO / "recipes/demo/data/raw"
 TASKS = REPO / "recipes/demo/data/tasks"
-KILLS = 3  # kills per stage before the final rerun
 TINY_MODEL = ["model.preset=tiny", "model.hidden_size=32", "model.n_layers=2", "model.n_heads=2",
               "model.n_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=64"]
 RUN = ["micro_batch_size=4", "log_every=1", "save_every=2", "warmup_steps=1", "eval_every=0"]
@@ -37,10 +39,11 @@ def settings(*pairs: str) -> list[str]:
     return [a for p in pairs for a in ("--set", p)]
 
 
-# stage -> (artifact, arguments); the data stages use two workers so that a pool is killed too
+# stage -> (artifact, arguments); data stages that have --workers use two, so that a pool
+# is killed too
 STAGES = {
     "ingest": ("raw", ["ingest", RAW / "broken.jsonl", RAW / "noise.jsonl", RAW / "zh_poems.jsonl",
-                       "{ws}/prose.jsonl", "--workers", "2"]),
+                       "{ws}/prose.jsonl"]),
     "clean": ("clean", ["clean", "--workers", "2"]),
     "dedup": ("dedup", ["dedup", "--workers", "2"]),
     "tokenizer": ("tokenizer", ["tokenizer", "--in", "dedup", "--workers", "2",
@@ -49,7 +52,7 @@ STAGES = {
                             *settings("val_fraction=0.05")]),
     "pretrain": ("pretrain", ["pretrain", *settings(*TINY_MODEL, *RUN, "seq_len=64", "max_steps=10",
                                                     "lr=1e-2")]),
-    "ppl-filter": ("filtered", ["ppl-filter", "--in", "dedup", "--model", "pretrain", "--workers", "2",
+    "ppl-filter": ("filtered", ["ppl-filter", "--in", "dedup", "--model", "pretrain",
                                 *settings("max_chars=200")]),
     "sft": ("sft", ["sft", "--from", "pretrain", "--in", "sft_train",
                     *settings(*RUN, "seq_len=64", "max_steps=10", "lr=1e-2")]),
@@ -57,6 +60,12 @@ STAGES = {
                     *settings(*RUN, "seq_len=64", "max_steps=8", "lr=1e-3")]),
 }
 TRAINING = {"pretrain", "sft", "dpo"}
+# where each stage is killed, in order, before the final rerun
+DATA_POINTS = ["build", "progress", "commit"]
+TRAINING_POINTS = ["build", "checkpoint", "checkpoint@2"]  # @2: one sealed step to resume from
+KILL_AT = {stage: TRAINING_POINTS if stage in TRAINING else DATA_POINTS for stage in STAGES}
+KILL_AT["dedup"] = ["progress", "dedup:assemble", "dedup:assemble@2", "commit"]
+KILL_AT["tokenize"] = ["progress", "tokenize:assemble", "tokenize:assemble@2", "commit"]
 
 
 def command(ws: Path, stage: str) -> list[str]:
@@ -64,30 +73,24 @@ def command(ws: Path, stage: str) -> list[str]:
     return [sys.executable, "-c", "from llmkit.cli.app import main; main()", *args, "-w", str(ws)]
 
 
-def environment() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    return {**env, "OMP_NUM_THREADS": "1"}
+def environment(kill_at: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LLMKIT_KILL_AT")}
+    return {**env, "OMP_NUM_THREADS": "1", **({"LLMKIT_KILL_AT": kill_at} if kill_at else {})}
 
 
-def run_stage(ws: Path, stage: str, kill_after: float | None = None) -> tuple[int, float]:
-    """Run a stage; SIGKILL its process group `kill_after` seconds after it took its lock.
-    Returns (exit status, seconds from the lock to the end)."""
-    lock = ws / f"{STAGES[stage][0]}.lock"
-    proc = subprocess.Popen(command(ws, stage), env=environment(), start_new_session=True,
+def run_stage(ws: Path, stage: str, kill_at: str | None = None) -> None:
+    """Run a stage to the end, or until it kills itself at point `kill_at` (which it must
+    reach); then kill what is left of its process group (pool workers)."""
+    proc = subprocess.Popen(command(ws, stage), env=environment(kill_at), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while not lock.exists() and proc.poll() is None:
-        time.sleep(0.005)
-    locked_at = time.monotonic()
-    if kill_after is not None:
-        try:
-            proc.wait(timeout=kill_after)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)
-    if kill_after is None:
-        assert proc.returncode == 0, stderr[-3000:]
-    return proc.returncode, time.monotonic() - locked_at
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    want = -signal.SIGKILL if kill_at else 0
+    assert proc.returncode == want, f"{stage} at {kill_at}: exit {proc.returncode}\n{stderr[-3000:]}"
 
 
 def write_task_data(ws: Path) -> None:
@@ -105,11 +108,12 @@ def write_task_data(ws: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Every stage run once, undisturbed, in order: (workspace, seconds each stage worked)."""
+    """Every stage run once, undisturbed, in order: the workspace."""
     ws = tmp_path_factory.mktemp("kill") / "ws"
     write_task_data(ws)
-    seconds = {stage: run_stage(ws, stage)[1] for stage in STAGES}
-    return ws, seconds
+    for stage in STAGES:
+        run_stage(ws, stage)
+    return ws
 
 
 def artifact_files(path: Path) -> dict[str, bytes]:
@@ -148,27 +152,14 @@ def assert_same_artifact(stage: str, got: Path, want: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_killed_stage_reruns_to_the_undisturbed_artifact(tmp_path, pipeline, stage):
-    straight_ws, seconds = pipeline
-    name = STAGES[stage][0]
+    straight_ws, name = pipeline, STAGES[stage][0]
     ws = tmp_path / "ws"
     shutil.copytree(straight_ws, ws, ignore=shutil.ignore_patterns(name, f"{name}.*"))
-    rng = random.Random(stage)
-    landed, scale = [], seconds[stage]
-    for _ in range(4 * KILLS):
-        if len(landed) == KILLS:
-            break
-        delay = round(rng.uniform(0.0, scale), 3)
-        status, _ = run_stage(ws, stage, kill_after=delay)
+    for point in KILL_AT[stage]:
+        run_stage(ws, stage, kill_at=point)
         if (ws / name / "manifest.json").exists():  # only ever the finished artifact
             assert_same_artifact(stage, ws / name, straight_ws / name)
-        if status == -signal.SIGKILL:
-            landed.append(delay)
-        else:  # it finished first: start that build over, and aim earlier
-            assert status == 0
-            shutil.rmtree(ws / name)
-            scale /= 2
-    assert len(landed) == KILLS, landed
     run_stage(ws, stage)
     assert_same_artifact(stage, ws / name, straight_ws / name)
     assert not list(ws.glob(f"{name}.tmp-*")) and not (ws / f"{name}.lock").exists()
-    print(f"{stage}: undisturbed {seconds[stage]:.1f} s; killed after {landed} s")
+    assert not (ws / ".work").exists() or not any((ws / ".work").iterdir())

@@ -290,11 +290,11 @@ class DedupPlan:
         counts = {"kept": 0, "removed": 0}
         rows_in = rows_out = rows_removed = 0
         for shard in range(len(self.shards)):
-            kill_point("dedup:assemble")
             folder = self.work / "filter" / f"part-{shard:05d}"
             for kind, dest in (("kept", out_dir), ("removed", out_dir / "removed")):
                 for f in sorted((folder / kind).glob("part-*.parquet")):
                     dest.mkdir(parents=True, exist_ok=True)
+                    kill_point("dedup:assemble")
                     link_or_copy(f, dest / PART.format(counts[kind]))
                     counts[kind] += 1
             info = self._info("filter", shard)
