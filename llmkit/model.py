@@ -7,7 +7,11 @@ on-disk names for MoE), so `model.state_dict()` loads into transformers as is; `
 
 Callers must know:
 - `model(input_ids, position_ids, doc_ids, kv_cache, attention_mask) -> logits [B, T, V]` (float32);
-  `model.hidden_states(...)` returns the final-normed hidden states instead and `model.lm_head` maps them.
+  with `logits_at` (a [B, T] bool mask) only those positions' logits, flat [N, V]: the vocabulary
+  projection is skipped where no loss needs it. Trainers call the model (the DeepSpeed engine)
+  this way rather than `hidden_states` + `lm_head`: ZeRO-3 gathers and reduces parameters in
+  the engine's forward, and a loss computed around it gets wrong gradients.
+  `model.hidden_states(...)` returns the final-normed hidden states [B, T, hidden_size].
 - `doc_ids` [B, T] blocks attention across packed documents; the caller resets `position_ids` per document.
 - `attention_mask` [B, past + T] (1 = real token) supports left padding; without `position_ids` the
   positions then count real tokens only.
@@ -324,8 +328,12 @@ class Transformer(nn.Module):
         context = min(seq_len, cfg.sliding_window or seq_len)
         return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
 
-    def forward(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None):
-        return self.lm_head(self.hidden_states(input_ids, position_ids, doc_ids, kv_cache, attention_mask)).float()
+    def forward(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None,
+                logits_at=None):
+        hidden = self.hidden_states(input_ids, position_ids, doc_ids, kv_cache, attention_mask)
+        if logits_at is not None:
+            hidden = hidden[logits_at]
+        return self.lm_head(hidden).float()
 
     def hidden_states(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None):
         """Final-normed hidden states [B, T, hidden_size]; arguments as in forward (see module docstring)."""

@@ -170,12 +170,14 @@ def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=No
     Equal to `losses.token_logps(model(input_ids), labels)` at the labelled positions, but the
     vocabulary projection runs only there: prompts (most tokens in chat data) cost no logits.
     """
+    import torch.nn.functional as F
+
     from llmkit.train.losses import IGNORE_INDEX
 
-    hidden = model.hidden_states(input_ids, position_ids, doc_ids)
     targets = labels[:, 1:]
     mask = targets != IGNORE_INDEX
-    logits = model.lm_head(hidden[:, :-1][mask]).float()
+    # position t predicts token t + 1; through the model's forward (see llmkit.model: ZeRO-3)
+    logits = model(input_ids, position_ids, doc_ids, logits_at=F.pad(mask, (0, 1), value=False))
     picked = targets[mask]
     logps = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
     rows = mask.nonzero()[:, 0]

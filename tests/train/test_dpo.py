@@ -104,3 +104,10 @@ def test_make_fragment_runs_dpo_with_its_reference(tmp_path):
     assert make_command(tmp_path, "dpo") == f"llmkit dpo --from sft --in pref_train -w {tmp_path}"
     assert make_command(tmp_path, "dpo", "DPO_REF=base", "DPO_FLAGS=--set loss_type=ipo") == (
         f"llmkit dpo --from sft --in pref_train --ref base -w {tmp_path} --set loss_type=ipo")
+
+
+def test_zero3_with_accumulation_trains_like_zero0(make_ctx, ws):
+    curves = {stage: dpo(make_ctx, ws, out=f"z{stage}", max_steps=2, grad_accum=2, micro_batch_size=4,
+                         zero_stage=stage, eval_records=0, warmup_steps=0)[1] for stage in (0, 3)}
+    assert curves[3][0]["grad_norm"] == pytest.approx(curves[0][0]["grad_norm"], rel=1e-5)
+    assert curves[3][1]["loss"] == pytest.approx(curves[0][1]["loss"], rel=1e-5)

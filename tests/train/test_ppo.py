@@ -396,3 +396,18 @@ def test_stage_names_the_row_without_an_answer(make_ctx, stage_ws):
     write_dataset(stage_ws, "prompts_train", rows)
     with pytest.raises(UserError, match="'q2' has no `answer`"):
         run_stage(make_ctx)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_zero2_with_accumulation_trains_like_zero0(tmp_path, algo):
+    """ZeRO-3 is refused (rollouts sample from the whole policy); the sharded stage PPO runs on
+    must not change what it learns."""
+    with pytest.raises(ConfigError, match="zero_stage 0, 1 or 2"):
+        tiny_setup(algo, zero_stage=3)
+    curves = {}
+    for stage in (0, 2):
+        task, cfg = tiny_setup(algo, max_steps=2, grad_accum=2, micro_batch_size=4, zero_stage=stage)
+        Engine(tmp_path / f"z{stage}", cfg.train_config(), task).fit()
+        curves[stage] = [json.loads(line) for line in (tmp_path / f"z{stage}" / "metrics.jsonl").open()]
+    assert curves[2][0]["grad_norm"] == pytest.approx(curves[0][0]["grad_norm"], rel=1e-5)
+    assert curves[2][1]["loss"] == pytest.approx(curves[0][1]["loss"], rel=1e-5)

@@ -88,3 +88,19 @@ def test_make_fragment_runs_rm_on_its_inputs(tmp_path):
         (tmp_path / name / "manifest.json").write_text("{}")
     assert make_command(tmp_path, "rm", "RM_EVAL=pref_eval") == (
         f"llmkit rm --from sft --in pref_train --eval pref_eval -w {tmp_path}")
+
+
+def test_zero3_with_accumulation_trains_like_zero0(make_ctx, tmp_path, tok):
+    ws = tmp_path / "ws"
+    write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
+    write_dataset(ws, "pref_train", separable_pairs(32))
+    curves = {}
+    for stage in (0, 3):
+        ctx = make_ctx(inputs=["pref_train"], out=f"z{stage}")
+        ctx.overrides = {k: _Raw(str(v)) for k, v in dict(
+            max_steps=2, grad_accum=2, micro_batch_size=4, lr=1e-2, warmup_steps=0, seq_len=64,
+            log_every=1, eval_every=0, zero_stage=stage).items()}
+        run_rm(ctx, ctx.config(RmConfig, "rm"), base="sft")
+        curves[stage] = [json.loads(line) for line in (ws / f"z{stage}" / "metrics.jsonl").open()]
+    assert curves[3][0]["grad_norm"] == pytest.approx(curves[0][0]["grad_norm"], rel=1e-5)
+    assert curves[3][1]["loss"] == pytest.approx(curves[0][1]["loss"], rel=1e-5)
