@@ -207,12 +207,13 @@ class Workspace:
                 return Artifact.open(c, self.root)
         name = str(name_or_path)
         stage = BUILT_BY.get(name)
-        known = {str(p.relative_to(self.root)) for p in self.artifacts()} | set(BUILT_BY)
-        close = difflib.get_close_matches(name, sorted(known), n=1)
+        here = {str(p.relative_to(self.root)) for p in self.artifacts()}
+        close = difflib.get_close_matches(name, sorted(here | set(BUILT_BY)), n=1)
         if stage:
             hint = f"build it first with `llmkit {stage}`"
         elif close:
-            hint = f"did you mean {close[0]!r}?"
+            hint = f"did you mean {close[0]!r}?" + (
+                "" if close[0] in here else f" It is built by `llmkit {BUILT_BY[close[0]]}`")
         else:
             hint = "run the stage that builds it first"
         raise UserError(f"no artifact {name!r} in workspace {shown(self.root)}; {hint} "

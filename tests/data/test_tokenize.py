@@ -115,3 +115,66 @@ def test_output_is_identical_for_any_workers_and_rank_split(ws):
 
 def test_token_dtype_widens_past_65535():
     assert token_dtype(65535) == "uint16" and token_dtype(65536) == "uint32"
+
+
+def damage(shard: Path, how: str) -> None:
+    """Spoil a finished shard of the work folder the way a crash or a person might."""
+    marker = shard.with_name(shard.name + ".done")
+    if how == "file removed":
+        (shard / "val.bin").unlink()
+    elif how == "file cut short":
+        data = (shard / "train.bin").read_bytes()
+        (shard / "train.bin").write_bytes(data[:len(data) // 2])
+    elif how == "marker torn":
+        marker.write_text(marker.read_text()[:20])
+    else:  # stats that disagree with the files
+        info = json.loads(marker.read_text())
+        info["stats"]["train"]["tokens"] += 1
+        marker.write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("how,state", [
+    ("file removed", "damaged"), ("file cut short", "damaged"), ("marker torn", "damaged"),
+    ("stats disagree", "partial")])  # status checks the files, tokenize their contents too
+def test_a_damaged_shard_of_a_rank_split_is_rebuilt_to_the_straight_artifact(ws, how, state,
+                                                                           monkeypatch):
+    import llmkit.data.tokenize as tokenize
+
+    root, _ = ws
+    out = f"split_{how.replace(' ', '_')}"
+    common = ["-w", root, "--in", "a", "--in", "b", "--set", "val_fraction=0.2", "--out", out]
+    for rank in (0, 1):
+        llmkit("tokenize", *common, "--rank", rank, "--world-size", 2)
+    [work] = (root / ".work").glob(f"{out}-*")
+    damage(work / "shard-00001", how)
+
+    status = llmkit("status", "-w", root).output
+    row = next(line for line in status.splitlines() if line.startswith(f"{out} (work)"))
+    assert row.split()[2:4] == ["tokenize", state]
+    if state == "damaged":
+        assert "1 of 2 shards, 1 damaged" in row
+        assert "rerun `llmkit tokenize`" in status
+
+    rebuilt = []
+    real = tokenize.tokenize_shard
+    monkeypatch.setattr(tokenize, "tokenize_shard",
+                        lambda part, source, shard_dir, *a, **k:
+                        rebuilt.append(shard_dir.name) or real(part, source, shard_dir, *a, **k))
+    llmkit("tokenize", *common)
+    assert rebuilt == ["shard-00001"]  # the intact shard is reused, the damaged one redone
+    assert snapshot(root / out) == snapshot(root / "tokens")
+    stats = [json.loads((root / name / "manifest.json").read_text())["stats"]
+             for name in (out, "tokens")]
+    assert stats[0] == stats[1]
+    assert not work.exists()  # the work folder goes once the artifact is in place
+
+
+def test_a_shard_folder_that_cannot_be_replaced_is_an_error_naming_it(ws):
+    root, _ = ws
+    common = ["-w", root, "--in", "a", "--in", "b", "--out", "blocked"]
+    llmkit("tokenize", *common, "--rank", "0", "--world-size", "2")
+    [work] = (root / ".work").glob("blocked-*")
+    (work / "shard-00001").write_text("not a folder")
+    r = CliRunner().invoke(build_app(), ["tokenize", *map(str, common)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert str(work / "shard-00001") in r.output and f"delete {work}" in r.output

@@ -138,3 +138,35 @@ def test_cli_method_and_set_reach_the_config(ws):
     assert manifest["stats"]["rows_removed"] == 1
     r = CliRunner().invoke(app, ["dedup", "-w", str(ws), "--rank", "0", "--world-size", "2"])
     assert r.exit_code == 2 and "--phase" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("phase,file,how", [
+    ("signatures", "signatures/part-00001/values.bin", "removed"),
+    ("filter", "filter/part-00000/kept/part-00000.parquet", "cut short")])
+def test_a_task_whose_files_were_damaged_is_redone(make_ctx, ws, monkeypatch, phase, file, how):
+    from llmkit.data.dedup.phases import PHASES
+    from llmkit.status import workspace_status
+
+    corpus = planted_corpus(40, unique=10, seed=18)
+    make_dataset(ws, corpus.texts, parts=2)
+    straight = dedup(make_ctx, out="straight")
+    for p in PHASES:  # every task done, nothing assembled
+        run_dedup(make_ctx(out="split", rank=0, world_size=1), DedupConfig(), phase=p)
+    [work] = (ws / ".work").glob("split-*")
+    damaged = work / file
+    if how == "removed":
+        damaged.unlink()
+    else:
+        damaged.write_bytes(damaged.read_bytes()[:100])
+    [row] = [r for r in workspace_status(make_ctx().workspace) if r.name == "split (work)"]
+    assert (row.stage, row.state) == ("dedup", "damaged") and row.size.endswith("1 damaged")
+
+    redone = []
+    real = getattr(DedupPlan, f"_{phase}")
+    monkeypatch.setattr(DedupPlan, f"_{phase}",
+                        lambda self, task: redone.append(task) or real(self, task))
+    split = dedup(make_ctx, out="split")
+    assert redone == [int(file.split("part-")[1][:5])]  # that task only
+    for sub in ("", "removed"):
+        assert read_table(split.final / sub).equals(read_table(straight.final / sub))
+    assert split.stats["rows_removed"] == straight.stats["rows_removed"] > 0
