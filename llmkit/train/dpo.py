@@ -103,6 +103,8 @@ def precompute_reference_logps(reference, pairs: list, pad_id: int, batch_size: 
 class DpoTask(Task):
     """The DPO family's loss of (chosen, rejected) completion log-probs against the reference's."""
 
+    perplexity = False  # a preference loss: exp(val_loss) is no perplexity
+
     def __init__(self, model, train_data, eval_data, cfg: DpoConfig, reference=None):
         super().__init__(model, train_data, eval_data)
         self.cfg = cfg

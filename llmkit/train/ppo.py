@@ -434,6 +434,8 @@ class PPOTask(Task):
     the optimizer steps per rollout).
     """
 
+    perplexity = False  # a policy-gradient loss: exp(val_loss) is no perplexity
+
     def __init__(self, model: ActorCritic, reference: Transformer, prompts: list[Prompt],
                  scorer: Scorer, cfg: PPOConfig, *, stop_ids: list[int], pad_id: int,
                  decode: Callable[[list[int]], str]):

@@ -111,3 +111,8 @@ def test_zero3_with_accumulation_trains_like_zero0(make_ctx, ws):
                          zero_stage=stage, eval_records=0, warmup_steps=0)[1] for stage in (0, 3)}
     assert curves[3][0]["grad_norm"] == pytest.approx(curves[0][0]["grad_norm"], rel=1e-5)
     assert curves[3][1]["loss"] == pytest.approx(curves[0][1]["loss"], rel=1e-5)
+
+
+def test_validation_logs_no_perplexity_for_a_preference_loss(make_ctx, ws):
+    records = dpo(make_ctx, ws, max_steps=2, eval_every=2, eval_fraction=0.25, eval_records=0)[1]
+    assert "val_loss" in records[-1] and not any("val_ppl" in r for r in records)
