@@ -11,10 +11,18 @@ Callers must know:
   projection is skipped where no loss needs it. Trainers call the model (the DeepSpeed engine)
   this way rather than `hidden_states` + `lm_head`: ZeRO-3 gathers and reduces parameters in
   the engine's forward, and a loss computed around it gets wrong gradients.
+- `model(..., targets=t, label_smoothing=eps) -> loss`: the mean cross-entropy over the positions
+  whose target is not -100 (`t[b, i]` is the token position i predicts: already shifted), computed
+  in chunks of positions so the full [B, T, V] logits never exist (see `chunked_cross_entropy`).
   `model.hidden_states(...)` returns the final-normed hidden states [B, T, hidden_size].
 - `doc_ids` [B, T] blocks attention across packed documents; the caller resets `position_ids` per document.
 - `attention_mask` [B, past + T] (1 = real token) supports left padding; without `position_ids` the
   positions then count real tokens only.
+- Attention kernels: plain causal attention is SDPA's own causal path (FlashAttention on GPU). Packed
+  documents, padding and sliding windows need a mask: on CUDA it is a FlexAttention block mask (a
+  fused kernel that skips masked blocks); elsewhere a dense boolean mask for SDPA (torch has no flex
+  backward on CPU). `model.attention_kernel` ("auto" | "flex" | "dense", default from the environment
+  variable LLMKIT_ATTENTION) overrides the choice; both kernels apply the same `may_attend` rule.
 - `model.aux_loss` is the MoE load-balancing loss of the last forward, already times router_aux_loss_coef
   (zero for dense models); add it to the training loss.
 """
@@ -22,7 +30,9 @@ Callers must know:
 from __future__ import annotations
 
 import difflib
+import functools
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -31,6 +41,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from llmkit.errors import ConfigError
+from llmkit.train.losses import chunked_cross_entropy
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:
+    create_block_mask = flex_attention = None
+
+ATTENTION_KERNELS = ("auto", "flex", "dense")
 
 
 @dataclass
@@ -157,9 +175,39 @@ class Attention(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if mask is None or isinstance(mask, torch.Tensor):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
+        else:  # a flex BlockMask
+            attend = fused_flex_attention() if q.is_cuda else flex_attention
+            y = attend(q, k, v, block_mask=mask, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@functools.cache
+def fused_flex_attention():
+    # uncompiled, flex_attention materialises the very scores matrix it exists to avoid
+    return torch.compile(flex_attention)
+
+
+def may_attend(past: int, window: int | None, doc_ids, key_mask):
+    """The attention rule as a flex mask_mod: (batch, head, query, key) -> True where the query (the
+    query-th new token, after `past` cached ones) may attend the key. The dense path calls it on
+    broadcast index grids, so both kernels mask the same pairs."""
+
+    def rule(b, h, q, k):
+        q = q + past
+        allowed = k <= q
+        if window is not None:
+            allowed = allowed & (q - k < window)
+        if doc_ids is not None:
+            allowed = allowed & (doc_ids[b, q] == doc_ids[b, k])
+        if key_mask is not None:
+            allowed = allowed & key_mask[b, k]
+        # every query may see itself, so padding rows get a finite (unused) output instead of NaN
+        return allowed | (k == q)
+
+    return rule
 
 
 class MLP(nn.Module):
@@ -289,6 +337,11 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.gradient_checkpointing = False  # recompute each block in backward (the engine turns it on)
+        self.attention_kernel = os.environ.get("LLMKIT_ATTENTION", "auto")  # see the module docstring
+        if self.attention_kernel not in ATTENTION_KERNELS or (self.attention_kernel == "flex" and not flex_attention):
+            raise ConfigError(f"LLMKIT_ATTENTION={self.attention_kernel!r}: choose one of "
+                              f"{', '.join(ATTENTION_KERNELS)} (flex needs torch >= 2.5)")
+        self.loss_chunk_size = 1024  # positions per loss chunk: 1024 x vocab float32 logits (0.5 GB at 128k)
         self.aux_loss = torch.zeros(())
         self.init_weights()
 
@@ -329,8 +382,10 @@ class Transformer(nn.Module):
         return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
 
     def forward(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None,
-                logits_at=None):
+                logits_at=None, targets=None, label_smoothing=0.0):
         hidden = self.hidden_states(input_ids, position_ids, doc_ids, kv_cache, attention_mask)
+        if targets is not None:
+            return chunked_cross_entropy(self.lm_head, hidden, targets, label_smoothing, self.loss_chunk_size)
         if logits_at is not None:
             hidden = hidden[logits_at]
         return self.lm_head(hidden).float()
@@ -353,7 +408,7 @@ class Transformer(nn.Module):
             cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
         else:
             cos, sin = self.rope_cos[position_ids].unsqueeze(1), self.rope_sin[position_ids].unsqueeze(1)
-        mask = self.attention_mask(T, past, input_ids.device, doc_ids, attention_mask)
+        mask = self.attention_mask(B, T, past, input_ids.device, doc_ids, attention_mask)
         is_causal = mask is None and past == 0
         token_mask = attention_mask[:, past:] if attention_mask is not None else None
 
@@ -372,25 +427,27 @@ class Transformer(nn.Module):
                          else torch.zeros((), device=x.device))
         return self.model.norm(x)
 
-    def attention_mask(self, T, past, device, doc_ids, attention_mask):
-        """Boolean [B or 1, 1, T, past + T] mask (True = may attend), or None where SDPA's own causal
-        mask (no cache) or no mask at all (one new token after the cache) is exact: the fast path."""
+    def attention_mask(self, B, T, past, device, doc_ids, attention_mask):
+        """None where SDPA's own causal mask (no cache) or no mask at all (one new token after the cache) is
+        exact: the fast path. Otherwise a flex BlockMask or a boolean [B or 1, 1, T, past + T] mask
+        (True = may attend), built once per forward for every layer."""
         window = self.config.sliding_window
         windowed = window is not None and past + T > window
         if doc_ids is None and attention_mask is None and not windowed and (past == 0 or T == 1):
             return None
-        q_idx = torch.arange(past, past + T, device=device)[:, None]
-        k_idx = torch.arange(past + T, device=device)[None, :]
-        allowed = k_idx <= q_idx
-        if windowed:
-            allowed = allowed & (q_idx - k_idx < window)
-        allowed = allowed[None, None]
-        if doc_ids is not None:
-            allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])
-        if attention_mask is not None:
-            allowed = allowed & attention_mask[:, None, None, :].bool()
-        # every query may see itself, so padding rows get a finite (unused) output instead of NaN
-        return allowed | (k_idx == q_idx)
+        key_mask = attention_mask.bool() if attention_mask is not None else None
+        rule = may_attend(past, window if windowed else None, doc_ids, key_mask)
+        per_row = doc_ids is not None or attention_mask is not None
+        kernel = self.attention_kernel
+        if kernel == "auto":
+            # not on CPU: torch refuses flex's backward there, and its forward beats dense SDPA only
+            # compiled (1024 tokens, 8 heads, 2 cores: 0.09 s vs 0.12 s, after a 21 s compile per shape)
+            kernel = "flex" if device.type == "cuda" and flex_attention is not None else "dense"
+        if kernel == "flex" and past == 0:  # decoding after a cache keeps the dense mask: one query row
+            return create_block_mask(rule, B if per_row else None, None, T, T, device=device)
+        b = torch.arange(B if per_row else 1, device=device)[:, None, None, None]
+        q = torch.arange(T, device=device)[:, None]
+        return rule(b, None, q, torch.arange(past + T, device=device)).expand(b.shape[0], 1, T, past + T)
 
 
 def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):

@@ -2,9 +2,11 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
 
+import llmkit.model
 from llmkit.model import (ConfigError, KVCache, ModelConfig, Transformer, from_hf_config, from_hf_state_dict,
                           generate, generate_replies, model_config, sample_next_token, to_hf_config,
                           to_hf_state_dict)
@@ -142,6 +144,125 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+# ---- attention kernels: flex block mask vs dense mask ----
+
+def flex_with_cpu_backward(q, k, v, block_mask, enable_gqa):
+    """What flex_attention runs uncompiled (its reference computation), called below the public
+    function, which refuses to build a backward on CPU."""
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention as flex_op
+        from torch.nn.attention.flex_attention import _apply_kernel_options
+    except ImportError:
+        pytest.skip("this torch has no flex_attention operator to call directly")
+    options = _apply_kernel_options(q, k, v, False, None, None)
+    out, _, _ = flex_op(q, k, v, lambda score, b, h, q_idx, k_idx: score, block_mask.as_tuple(),
+                        q.shape[-1] ** -0.5, options)
+    return out
+
+
+def run_kernel(model, kernel, inputs):
+    """Logits and every parameter's gradient with the given attention kernel."""
+    model.attention_kernel = kernel
+    model.zero_grad()
+    logits = model(**inputs)
+    logits.logsumexp(-1).mean().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+ATTENTION_CASES = {
+    "packed documents": ({}, lambda: dict(input_ids=tokens(2, 12), doc_ids=torch.tensor(
+        [[0] * 5 + [1] * 7, [0] * 9 + [1] * 3]))),
+    "left padding": ({}, lambda: dict(input_ids=tokens(2, 12), attention_mask=torch.tensor(
+        [[1] * 12, [0] * 4 + [1] * 8]))),
+    "sliding window": (dict(sliding_window=4), lambda: dict(input_ids=tokens(2, 12))),
+    "window, documents and padding across several 128-token blocks": (
+        dict(sliding_window=150, max_seq_len=400), lambda: dict(
+            input_ids=tokens(2, 300), doc_ids=torch.tensor([[0] * 100 + [1] * 200, [0] * 280 + [1] * 20]),
+            attention_mask=torch.tensor([[1] * 300, [0] * 130 + [1] * 170]))),
+    "mixture of experts, packed": (dict(n_experts=4), lambda: dict(input_ids=tokens(2, 12), doc_ids=torch.tensor(
+        [[0] * 5 + [1] * 7, [0] * 9 + [1] * 3]))),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_flex_block_mask_gives_the_dense_masks_logits_and_gradients(case, monkeypatch):
+    overrides, make_inputs = ATTENTION_CASES[case]
+    model, inputs = build(**overrides).train(), make_inputs()
+    model.attention_kernel = "flex"
+    assert not isinstance(model.attention_mask(2, inputs["input_ids"].shape[1], 0, torch.device("cpu"),
+                                               inputs.get("doc_ids"), inputs.get("attention_mask")), torch.Tensor)
+    with torch.no_grad():  # the public flex_attention, as the model calls it on CPU
+        flex_logits = model(**inputs)
+    monkeypatch.setattr(llmkit.model, "flex_attention", flex_with_cpu_backward)
+    flex = run_kernel(model, "flex", inputs)
+    dense = run_kernel(model, "dense", inputs)
+    torch.testing.assert_close(flex_logits, dense[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(flex[0], dense[0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(flex[1], dense[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(sliding_window=4)])
+def test_generation_with_a_flex_prefill_equals_the_dense_one(overrides):
+    model = build(**overrides)
+    batch = tokens(2, 7)
+    mask = torch.tensor([[1] * 7, [0] * 4 + [1] * 3])
+    out = {}
+    for kernel in ("flex", "dense"):
+        model.attention_kernel = kernel
+        out[kernel] = generate(model, batch, max_new_tokens=6, greedy=True, attention_mask=mask)
+    assert torch.equal(out["flex"], out["dense"])
+
+
+def test_the_attention_kernel_is_dense_on_cpu_unless_chosen(monkeypatch):
+    model = build()
+    cpu, doc_ids = torch.device("cpu"), torch.tensor([[0] * 3 + [1] * 5])
+    assert model.attention_kernel == "auto"
+    assert model.attention_mask(1, 8, 0, cpu, None, None) is None  # plain causal: SDPA's own
+    assert model.attention_mask(1, 8, 0, cpu, doc_ids, None).shape == (1, 1, 8, 8)
+    monkeypatch.setenv("LLMKIT_ATTENTION", "flex")
+    model = build()
+    assert not isinstance(model.attention_mask(1, 8, 0, cpu, doc_ids, None), torch.Tensor)
+    assert model.attention_mask(1, 1, 8, cpu, None, torch.ones(1, 9)).shape == (1, 1, 1, 9)  # decoding: dense
+    monkeypatch.setenv("LLMKIT_ATTENTION", "fast")
+    with pytest.raises(ConfigError, match="LLMKIT_ATTENTION"):
+        build()
+
+
+# ---- the loss inside forward ----
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_targets_give_the_cross_entropy_of_the_full_logits_and_its_gradients(label_smoothing):
+    model = build(tie_embeddings=False).train()
+    model.loss_chunk_size = 5  # 20 labelled positions: four chunks
+    x, targets = tokens(2, 12), tokens(2, 12, seed=1)
+    targets[0, :4] = -100
+    full = F.cross_entropy(model(x).flatten(0, 1), targets.flatten(), label_smoothing=label_smoothing)
+    full.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    chunked = model(x, targets=targets, label_smoothing=label_smoothing)
+    chunked.backward()
+    torch.testing.assert_close(chunked, full)
+    for a, b in zip(expected, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_loss_path_saves_no_logits_for_backward():
+    model = build().train()
+    model.loss_chunk_size = 4
+    x, targets = tokens(2, 12), tokens(2, 12, seed=1)
+
+    def widths_saved(loss_of):
+        widths = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: widths.append(t.shape[-1:]) or t, lambda t: t):
+            loss_of().backward()
+        return widths
+
+    assert (VOCAB,) in widths_saved(lambda: F.cross_entropy(model(x).flatten(0, 1), targets.flatten()))
+    assert (VOCAB,) not in widths_saved(lambda: model(x, targets=targets))
 
 
 # ---- mixture of experts ----
