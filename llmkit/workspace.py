@@ -240,8 +240,9 @@ class Workspace:
     def work_dirs(self) -> list[Path]:
         """The work dirs that stages left behind (killed, or split across --rank tasks)."""
         work = self.root / ".work"
-        return sorted(p for p in work.iterdir() if p.is_dir() and any(p.iterdir())) \
-            if work.is_dir() else []
+        if not work.is_dir():
+            return []
+        return sorted(p for p in work.iterdir() if p.is_dir() and any(p.iterdir()))
 
 
 def _artifact_like(p: Path) -> bool:

@@ -174,7 +174,8 @@ def test_inputs_are_recorded_relative_to_the_root_and_read_from_any_directory(tm
     outside.write_text("x")
     ws = Workspace("ws")
     build(ws, "up")
-    b = build(ws, "down", inputs=[ws.artifact("up"), Artifact(Path("notes.txt"), {"fingerprint": "f"})])
+    notes = Artifact(Path("notes.txt"), {"fingerprint": "f"})  # as ingest records its files
+    b = build(ws, "down", inputs=[ws.artifact("up"), notes])
     recorded = [i["path"] for i in json.loads((b.final / "manifest.json").read_text())["inputs"]]
     assert recorded == ["up", str(outside)]  # inside: root-relative; outside: absolute
     elsewhere = tmp_path / "elsewhere"

@@ -49,6 +49,7 @@ SPLITS = ("train", "val")
 SHARD = "shard-{:05d}"
 INDEX = "index"
 TOKENIZER_DIR = "tokenizer"
+SHARD_FILES = (*(f"{s}.bin" for s in SPLITS), f"{INDEX}.parquet")  # of a shard's work folder
 
 
 @dataclass
@@ -323,9 +324,6 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
                         f"{out.parent} and rerun `llmkit tokenize`") from None
     seal(marker, [out / f for f in SHARD_FILES], {"stats": stats})
     return stats
-
-
-SHARD_FILES = (*(f"{s}.bin" for s in SPLITS), f"{INDEX}.parquet")
 
 
 def _marker(shard_dir: Path) -> Path:

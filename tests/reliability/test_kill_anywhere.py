@@ -90,7 +90,7 @@ def run_stage(ws: Path, stage: str, kill_at: str | None = None) -> None:
     except ProcessLookupError:
         pass
     want = -signal.SIGKILL if kill_at else 0
-    assert proc.returncode == want, f"{stage} at {kill_at}: exit {proc.returncode}\n{stderr[-3000:]}"
+    assert proc.returncode == want, f"{stage}, {kill_at}: exit {proc.returncode}\n{stderr[-3000:]}"
 
 
 def write_task_data(ws: Path) -> None:
