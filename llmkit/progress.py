@@ -75,10 +75,13 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def data_stage_summary(name: str, stats: dict, seconds: float) -> None:
+def data_stage_summary(name: str, stats: dict, seconds: float,
+                       notes: list[tuple[str, object]] = ()) -> None:
+    """Rows in, out and removed (the top reasons), then a stage's own `notes` lines."""
     rows = [("rows in", stats["rows_in"]), ("rows out", stats["rows_out"]),
             ("rows removed", stats["rows_removed"])]
     top = sorted(stats.get("removed_by_reason", {}).items(), key=lambda kv: -kv[1])[:8]
     rows += [(f"  {reason}", n) for reason, n in top]
+    rows += list(notes)
     rows.append(("seconds", round(seconds, 2)))
     print_summary(f"{name} done", rows)

@@ -528,18 +528,26 @@ def tokenizer_config_json(cfg: TokenizerConfig, sp_model: bytes) -> dict:
 # -- fertility ------------------------------------------------------------------------------
 
 _WORDS = re.compile(r"\w+")
+_LETTERS = re.compile(r"[^\W\d_]+")  # runs of str.isalpha characters, found in C
+_LATIN_LETTERS = re.compile("[A-Za-z\u00aa\u00b5\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
+_ASCII_LETTER = re.compile("[A-Za-z]")
+LANGUAGE_SAMPLE_CHARS = 1000  # a document's script is plain from its start
 
 
 def language_of(text: str) -> str:
-    """A rough language label from the script: zh, latin or other."""
-    han = sum(len(r) for r in HAN_RUN.findall(text))
-    letters = sum(1 for c in text if c.isalpha())
+    """A rough label from the script of the text's first 1,000 characters: zh when Han
+    characters are at least 30% of the letters, latin when Latin letters are at least half of
+    them, else other. It tells scripts apart, not languages (French is latin too), and is cheap
+    enough for `llmkit ingest` to label every row."""
+    text = text[:LANGUAGE_SAMPLE_CHARS]
+    if text.isascii():  # the common case, without counting
+        return "latin" if _ASCII_LETTER.search(text) else "other"
+    letters = sum(map(len, _LETTERS.findall(text)))
     if letters == 0:
         return "other"
-    if han >= 0.3 * letters:
+    if sum(map(len, HAN_RUN.findall(text))) >= 0.3 * letters:
         return "zh"
-    latin = sum(1 for c in text if c.isalpha() and ord(c) < 0x250)
-    return "latin" if latin >= 0.5 * letters else "other"
+    return "latin" if sum(map(len, _LATIN_LETTERS.findall(text))) >= 0.5 * letters else "other"
 
 
 def count_words(text: str, lang: str) -> int:
@@ -592,6 +600,17 @@ def _documents(datasets) -> Iterator[tuple[str, str, str | None]]:
                         yield str(i), t, lang
 
 
+def _why_no_heldout(cfg: TokenizerConfig, docs: int) -> str:
+    """Why the fertility table is empty, and what to set instead."""
+    if cfg.heldout_fraction == 0:
+        return "heldout_fraction=0 holds no document out of training; set it to e.g. 0.01"
+    if cfg.heldout_chars <= 0:
+        return f"heldout_chars={cfg.heldout_chars} measures no held-out text; set it above 0"
+    return (f"none of the {docs} documents was drawn as held-out text (heldout_fraction="
+            f"{cfg.heldout_fraction:g} draws about {docs * cfg.heldout_fraction:.1f}); raise "
+            "heldout_fraction or add documents")
+
+
 def run_tokenizer(ctx, cfg: TokenizerConfig):
     """`llmkit tokenizer`: train on the input dataset(s) and write the tokenizer artifact."""
     from llmkit.progress import Progress, print_summary
@@ -627,13 +646,17 @@ def run_tokenizer(ctx, cfg: TokenizerConfig):
         fert, failures = fertility(tok, heldout)
         if failures:  # a bug, never a user error
             raise AssertionError(f"tokenizer: {failures} held-out documents do not round-trip")
+        no_fertility = None if fert else _why_no_heldout(cfg, docs)
+        if no_fertility:
+            print(f"warning: tokenizer: no fertility measured: {no_fertility}", flush=True)
         b.stats.update(
             vocab_size=tok.vocab_size, docs=docs, sample_sentences=len(sentences),
             sample_chars=sum(map(len, sentences)), sentences_seen=sample.sentences_seen,
             character_coverage=plan.requested, character_coverage_used=round(plan.used, 6),
             coverage_lowered=plan.lowered, required_chars=plan.required_chars,
             byte_fallback_chars=plan.byte_chars, jieba=cfg.jieba,
-            heldout_docs=len(heldout), fertility=fert, roundtrip_failures=failures,
+            heldout_docs=len(heldout), fertility=fert, no_fertility=no_fertility,
+            roundtrip_failures=failures,
             train_seconds=round(train_seconds, 2))
     rows = [("vocab size", b.stats["vocab_size"]), ("sample sentences", len(sentences)),
             ("coverage used", f"{plan.used:.6g}")]

@@ -88,6 +88,7 @@ class CleanConfig:
     min_terminal_lines: float = 0.12  # fineweb_line_punctuation: share of lines ending a sentence
     # --- switches
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
+    allow_empty: bool = False  # write an output without rows instead of refusing it (exit 2)
 
     def __post_init__(self):
         for name in self.disabled_rules:

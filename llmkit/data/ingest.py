@@ -1,18 +1,22 @@
 """`llmkit ingest`: jsonl / json / txt / csv / parquet (optionally .gz / .zst) -> dataset `raw`.
 
 Records are read as a stream and normalised to the schema of their kind:
-- text:       id, text, source (+ other fields carried as columns)
+- text:       id, text, source, lang (+ other fields carried as columns); `lang` is the
+              record's own, else zh / latin / other from the script (`language_of`)
 - sft:        id, prompt, response | messages, text, source
 - preference: id, prompt, chosen, rejected, text, source (a ranked `responses` list, best
               first, expands to every ordered pair)
 - prompt:     id, prompt, text, source (+ e.g. `answer` carried)
 A record that cannot be read or normalised is quarantined in `removed/` with its `reason` and
-`location` (file:line); it never stops the run.
+`location` (file:line); it never stops the run. Records are counted as they are read, and
+that count must equal the rows written plus the rows quarantined. An output without rows is
+refused (exit 2, the reasons named) unless `allow_empty`.
 """
 
 from __future__ import annotations
 
 import codecs
+import difflib
 import glob
 import hashlib
 import io
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.tokenizer import language_of
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
 COMPRESSIONS = (".gz", ".zst")
@@ -39,6 +44,7 @@ class IngestConfig:
     format: str | None = None       # force a format instead of guessing from the extension
     encoding: Literal["utf-8", "gb18030"] = "utf-8"  # text encoding of the input files
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
+    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
@@ -260,6 +266,8 @@ def normalise(rec, cfg: IngestConfig) -> list[dict] | str:
         if text is None:
             return _missing(rec, cfg.text_field)
         extra = {k: _carry(v) for k, v in rec.items() if k not in (cfg.text_field, cfg.id_field)}
+        if not extra.get("lang"):  # a record's own label wins
+            extra["lang"] = language_of(text)
         return [{"text": text, **extra}]
     if cfg.kind == "sft":
         return _sft_row(rec)
@@ -339,6 +347,7 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
     import time
 
     from llmkit.data.io import DatasetWriter
+    from llmkit.data.pipeline import require_rows
     from llmkit.progress import Progress, data_stage_summary
     from llmkit.workspace import Artifact
 
@@ -352,11 +361,16 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
         kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
         reasons: Counter = Counter()
         per_source: Counter = Counter()
+        # fields of the records without the text field, with the characters of their strings
+        fields_seen: Counter = Counter()
+        records = extra_rows = 0
+        first_removed = None
         kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
         with Progress("ingest", total=None, unit="records") as bar:
             for path in files:
                 source = cfg.source or _stem(path)
                 for n, (loc, rec) in enumerate(read_records(path, cfg)):
+                    records += 1  # counted as read; checked below against what was written
                     bar.advance(1)
                     rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
                     rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
@@ -368,20 +382,52 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                         removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
                                      "reason": reason, "location": loc})
                         reasons[reason] += 1
+                        first_removed = first_removed or loc
+                        if cfg.kind == "text" and reason == f"missing_{cfg.text_field}":
+                            fields_seen.update({k: len(v) if isinstance(v, str)
+                                                and k != cfg.id_field else 0
+                                                for k, v in rec.items()})
                         continue
+                    extra_rows += len(rows) - 1  # a ranked preference record: several pairs
                     for i, row in enumerate(rows):
                         row_id = rid if len(rows) == 1 else f"{rid}-{i}"
                         kept.add({"id": row_id, **row, "source": row.get("source") or source})
                         per_source[source] += 1
         rows_out, rows_removed = kept.close(), removed.close()
-        b.stats.update(rows_in=rows_out + rows_removed, rows_out=rows_out,
+        rows_in = records + extra_rows
+        if rows_in != rows_out + rows_removed:  # a bug, never a user error
+            raise AssertionError(f"ingest: {records} records read (+ {extra_rows} from ranked "
+                                 f"lists), {rows_out} + {rows_removed} rows written")
+        b.stats.update(records_in=records, rows_in=rows_in, rows_out=rows_out,
                        rows_removed=rows_removed, removed_by_reason=dict(sorted(reasons.items())),
                        files=len(files), rows_by_source=dict(sorted(per_source.items())))
         if cfg.encoding == "utf-8" and reasons.get("invalid_utf8"):
             print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
                   "re-run with --set encoding=gb18030", flush=True)
+        require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),
+                     first_removed=first_removed, unit="records",
+                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, fields_seen)})
     data_stage_summary(b.name, b.stats, time.time() - b.started)
     return b
+
+
+def _named(files: list[Path]) -> str:
+    if len(files) <= 3:
+        return ", ".join(map(str, files))
+    return f"{len(files)} files ({', '.join(f.name for f in files[:3])}, …)"
+
+
+def _missing_field(cfg: IngestConfig, fields_seen: Counter) -> str:
+    """A missing text field in words: the fields the records have, and the likeliest one (the
+    closest name, else the one holding the most text)."""
+    what = f"missing text field {cfg.text_field!r}"
+    if not fields_seen:
+        return what
+    likely = difflib.get_close_matches(cfg.text_field, list(fields_seen), n=1) or [
+        f for f, chars in fields_seen.most_common(1) if chars]
+    hint = f" — did you mean --text-field {likely[0]}?" if likely else ""
+    have = ", ".join(list(fields_seen)[:10]) + (", …" if len(fields_seen) > 10 else "")
+    return f"{what} (records have: {have}{hint})"
 
 
 class _Buffer:

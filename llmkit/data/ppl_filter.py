@@ -55,6 +55,7 @@ class PplFilterConfig:
     dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
     kenlm_model: str | None = None  # .arpa / .bin KenLM model (backend kenlm)
     kenlm_tokenizer: str | None = None  # sentencepiece .model the KenLM model was trained on (CCNet's lm_sp)
+    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
 
     def __post_init__(self):
         if self.max_ppl is not None and self.max_ppl <= 0:
@@ -248,6 +249,7 @@ def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
     from llmkit.data.io import DatasetWriter, count_rows, iter_batches
+    from llmkit.data.pipeline import require_rows
     from llmkit.progress import Progress, data_stage_summary
 
     src = ctx.input("dedup")
@@ -265,6 +267,7 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
         edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
         kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
         reasons_seen: Counter = Counter()
+        first_removed = None
         start = 0
         for batch in iter_batches(src.path, batch_size=cfg.batch_rows):
             end = start + batch.num_rows
@@ -273,6 +276,8 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
             kept_w.write(kept)
             removed_w.write(removed)
             reasons_seen.update(r for r in reasons if r)
+            if first_removed is None and removed.num_rows:
+                first_removed = f"id {removed.column('id')[0].as_py()!r}"
             start = end
         rows_out, rows_removed = kept_w.close(), removed_w.close()
         if start != len(ppl) or start != rows_out + rows_removed:  # a bug, never a user error
@@ -281,8 +286,25 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
         b.stats.update(rows_in=start, rows_out=rows_out, rows_removed=rows_removed,
                        removed_by_reason=dict(sorted(reasons_seen.items())),
                        ppl=_ppl_stats(ppl, edges, groups))
-    data_stage_summary(b.name, b.stats, time.time() - b.started)
+        require_rows("ppl-filter", b.stats, cfg.allow_empty, source=str(src.path),
+                     first_removed=first_removed)
+    design = kept_by_design(cfg)
+    data_stage_summary(b.name, b.stats, time.time() - b.started,
+                       notes=[("policy", design)] if design else [])
     return b
+
+
+def kept_by_design(cfg: PplFilterConfig) -> str | None:
+    """The share of rows the bucket settings remove on purpose, in words (None for max_ppl):
+    a run that drops 40% of the rows by default should say that it meant to."""
+    if cfg.max_ppl is not None:
+        return None
+    lo, hi = cfg.percentiles
+    width = {"head": lo, "middle": hi - lo, "tail": 100 - hi}
+    kept = [b for b in BUCKETS if b in cfg.keep_buckets]
+    per = f" of each {cfg.group_by}" if cfg.group_by else ""
+    return (f"kept {'+'.join(kept)} buckets (percentiles {lo:g}/{hi:g}{per}): "
+            f"{sum(width[b] for b in kept):g}% of rows by design")
 
 
 def _ppl_stats(ppl: np.ndarray, edges: np.ndarray | None, groups: list) -> dict:
