@@ -388,7 +388,9 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                                                 and k != cfg.id_field else 0
                                                 for k, v in rec.items()})
                         continue
-                    extra_rows += len(rows) - 1  # a ranked preference record: several pairs
+                    # a ranked preference record becomes several pairs; one that became no
+                    # row at all still counts one, so the check below catches it
+                    extra_rows += max(len(rows) - 1, 0)
                     for i, row in enumerate(rows):
                         row_id = rid if len(rows) == 1 else f"{rid}-{i}"
                         kept.add({"id": row_id, **row, "source": row.get("source") or source})
@@ -406,7 +408,9 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                   "re-run with --set encoding=gb18030", flush=True)
         require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),
                      first_removed=first_removed, unit="records",
-                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, fields_seen)})
+                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, fields_seen),
+                              "invalid_utf8": "invalid_utf8 (GBK/GB18030 files: --set "
+                                              "encoding=gb18030)"})
     data_stage_summary(b.name, b.stats, time.time() - b.started)
     return b
 

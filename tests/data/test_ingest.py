@@ -81,16 +81,73 @@ def test_truncated_gzip_keeps_what_was_read(make_ctx, tmp_path):
     assert removed.column("reason").to_pylist()[-1] == "truncated_file"
 
 
-def test_binary_and_empty_files(make_ctx, tmp_path):
+def test_binary_and_empty_files_leave_no_row_so_are_refused_unless_allowed(make_ctx, ws, tmp_path):
     (tmp_path / "bin.txt").write_bytes(b"\x00\x01\x02binary\x00")
     (tmp_path / "empty.jsonl").write_bytes(b"")
-    kept, removed, _ = ingest(make_ctx, [tmp_path / "bin.txt", tmp_path / "empty.jsonl"])
+    files = [tmp_path / "bin.txt", tmp_path / "empty.jsonl"]
+    with pytest.raises(UserError, match=r"no row kept from 1 record of .*bin.txt.*: 1 × binary_file"):
+        ingest(make_ctx, files)
+    with pytest.raises(UserError, match=r"no records in .*empty.jsonl"):
+        ingest(make_ctx, files[1:])
+    assert not (ws / "raw").exists()
+    kept, removed, _ = ingest(make_ctx, files, allow_empty=True)
     assert kept.num_rows == 0 and removed.column("reason").to_pylist() == ["binary_file"]
+
+
+def test_a_missing_text_field_is_refused_naming_it_and_the_fields_records_have(make_ctx, ws,
+                                                                               tmp_path):
+    p = write_jsonl(tmp_path / "docs.jsonl", [{"id": str(i), "text": "words " * 20,
+                                               "source": "web"} for i in range(120)])
+    with pytest.raises(UserError) as e:
+        ingest(make_ctx, [p], text_field="content")
+    assert str(e.value).startswith(
+        f"ingest: no row kept from 120 records of {p}: 120 × missing text field 'content' "
+        f"(records have: id, text, source — did you mean --text-field text?) (first: {p}:1).")
+    assert not (ws / "raw").exists()
+    kept, removed, path = ingest(make_ctx, [p], text_field="content", allow_empty=True)
+    stats = json.loads((path / "manifest.json").read_text())["stats"]
+    assert (kept.num_rows, removed.num_rows, stats["removed_by_reason"]) == (
+        0, 120, {"missing_content": 120})
+
+
+def test_allow_empty_is_a_setting(tmp_path):
+    from typer.testing import CliRunner
+
+    from llmkit.cli.app import build_app
+
+    p = write_jsonl(tmp_path / "docs.jsonl", [{"body": "words"}])
+    args = ["ingest", str(p), "-w", str(tmp_path / "ws")]
+    r = CliRunner().invoke(build_app(), args)
+    assert r.exit_code == 2 and "--text-field body" in r.output and "Traceback" not in r.output
+    assert CliRunner().invoke(build_app(), args + ["--set", "allow_empty=true"]).exit_code == 0
+
+
+def test_a_record_lost_after_it_was_read_is_a_bug_not_a_smaller_output(make_ctx, tmp_path,
+                                                                       monkeypatch):
+    import llmkit.data.ingest as ingest_module
+
+    real = ingest_module.normalise
+    monkeypatch.setattr(ingest_module, "normalise",
+                        lambda rec, cfg: [] if rec.get("text") == "b" else real(rec, cfg))
+    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}, {"text": "b"}])
+    with pytest.raises(AssertionError, match="2 records read"):
+        ingest(make_ctx, [p])
+
+
+def test_text_rows_get_a_lang_label_from_the_script_unless_they_have_one(make_ctx, tmp_path):
+    p = write_jsonl(tmp_path / "d.jsonl", [
+        {"text": "床前明月光，疑是地上霜。"}, {"text": "The moon before my bed."},
+        {"text": "Лунный свет"}, {"text": "12345 !!!"}, {"text": "Bonjour", "lang": "fr"}])
+    kept, _, _ = ingest(make_ctx, [p])
+    assert kept.column("lang").to_pylist() == ["zh", "latin", "other", "other", "fr"]
 
 
 def test_gb18030_input_is_reported_then_read_with_the_encoding(make_ctx, tmp_path, capsys):
     (tmp_path / "gbk.txt").write_bytes("春眠不觉晓，处处闻啼鸟。".encode("gb18030"))
-    _, removed, _ = ingest(make_ctx, [tmp_path / "gbk.txt"])
+    (tmp_path / "utf8.txt").write_text("a real document")
+    with pytest.raises(UserError, match="1 × invalid_utf8 .*--set encoding=gb18030"):
+        ingest(make_ctx, [tmp_path / "gbk.txt"])
+    _, removed, _ = ingest(make_ctx, [tmp_path / "gbk.txt", tmp_path / "utf8.txt"])
     assert removed.column("reason").to_pylist() == ["invalid_utf8"]
     assert "gb18030" in capsys.readouterr().out
     kept, _, _ = ingest(make_ctx, [tmp_path / "gbk.txt"], encoding="gb18030")
@@ -98,9 +155,9 @@ def test_gb18030_input_is_reported_then_read_with_the_encoding(make_ctx, tmp_pat
 
 
 def test_extra_fields_are_carried_even_when_they_appear_late(make_ctx, tmp_path):
-    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}, {"text": "b", "lang": "en", "n": 3}])
+    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}, {"text": "b", "tag": "x", "n": 3}])
     kept, _, _ = ingest(make_ctx, [p], batch_rows=1)
-    assert kept.column("lang").to_pylist() == [None, "en"]
+    assert kept.column("tag").to_pylist() == [None, "x"]
     assert kept.column("n").to_pylist() == [None, "3"]
 
 
@@ -120,9 +177,11 @@ def test_sft_kind_maps_instruction_response_and_messages(make_ctx, tmp_path):
 def test_ranked_preferences_expand_to_all_pairs(make_ctx, tmp_path):
     p = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q", "responses": ["A2", "A1", "A3"]},
                                            {"prompt": "Q2", "chosen": "good", "rejected": "bad"}])
-    kept, _, _ = ingest(make_ctx, [p], kind="preference")
+    kept, _, path = ingest(make_ctx, [p], kind="preference")
     pairs = list(zip(kept.column("chosen").to_pylist(), kept.column("rejected").to_pylist()))
     assert pairs == [("A2", "A1"), ("A2", "A3"), ("A1", "A3"), ("good", "bad")]
+    stats = json.loads((path / "manifest.json").read_text())["stats"]
+    assert (stats["records_in"], stats["rows_in"], stats["rows_out"]) == (2, 4, 4)
 
 
 def test_missing_input_is_a_user_error(make_ctx, tmp_path):
