@@ -14,8 +14,10 @@ import os
 import random
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_VAR = "LLMKIT_DIST_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,25 @@ def setup_distributed() -> DistEnv:
         compatible["deepspeed_shm_comm"] = False
         backend, device = "gloo", "cpu"
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        deepspeed.init_distributed(dist_backend=backend, verbose=False,
+                                   timeout=timedelta(seconds=collective_timeout_s()))
     return DistEnv(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
+
+
+def collective_timeout_s() -> float:
+    """How long a process waits in a collective or barrier for the others (LLMKIT_DIST_TIMEOUT,
+    seconds, default 1800): long enough for the main process's held-out generation or a
+    checkpoint write, short enough that a dead rank stops the job within the hour."""
+    value = os.environ.get(TIMEOUT_VAR, "1800")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not seconds > 0:
+        from llmkit.errors import UserError
+
+        raise UserError(f"{TIMEOUT_VAR}={value!r}: give a number of seconds > 0")
+    return seconds
 
 
 def seed_everything(seed: int) -> None:

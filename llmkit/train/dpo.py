@@ -161,8 +161,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import (default_device, exact_match_scorer, load_start,
-                                  preference_data)
+    from llmkit.train.sft import exact_match_scorer, load_start, preference_data
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
@@ -180,10 +179,10 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     scored = one_per_prompt(data.heldout)[:cfg.eval_records]
     with training_run(b, plan) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
-        policy.to(default_device())
+        policy.to(dist.device)
         reference, ref_seconds = None, 0.0
         if cfg.uses_reference:
-            reference = (load_model(ref_step, default_device())[0] if ref_step
+            reference = (load_model(ref_step, dist.device)[0] if ref_step
                          else policy if cfg.precompute_ref else copy.deepcopy(policy))
             if cfg.precompute_ref:
                 started = time.time()

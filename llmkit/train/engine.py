@@ -387,17 +387,41 @@ class Engine:
     # -- resume -------------------------------------------------------------------------------
 
     def _resume(self) -> Path | None:
-        for step_dir in ckpt.resume_candidates(self.run_dir, self.cfg.resume_from):
+        for step_dir in self._agreed_candidates():
             try:
                 self._load_checkpoint(step_dir)
+                loaded = True
             except UserError:
                 raise
             except Exception as e:  # a damaged ds/ folder: the previous checkpoint may be whole
                 log.warning("skipping checkpoint %s: DeepSpeed could not load it (%s)", step_dir, e)
-                continue
-            self.console.note(f"resumed from {step_dir} (step {self.step})")
-            return step_dir
+                loaded = False
+            if self._on_every_rank(loaded):
+                self.console.note(f"resumed from {step_dir} (step {self.step})")
+                return step_dir
         return None
+
+    def _agreed_candidates(self) -> list[Path]:
+        """The checkpoints every rank finds whole, newest first: ranks that resumed from different
+        steps would train out of step and hang in their first collective."""
+        import torch
+
+        mine = list(ckpt.resume_candidates(self.run_dir, self.cfg.resume_from))
+        if self.dist.world_size == 1:
+            return mine
+        everyone = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(everyone, [p.name for p in mine])
+        shared = set.intersection(*map(set, everyone))
+        return [p for p in mine if p.name in shared]
+
+    def _on_every_rank(self, ok: bool) -> bool:
+        import torch
+
+        if self.dist.world_size == 1:
+            return ok
+        flag = torch.tensor([int(ok)], device=self.dist.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
 
     def _load_checkpoint(self, step_dir: Path) -> None:
         state = json.loads((step_dir / ckpt.TRAINER_STATE).read_text(encoding="utf-8"))

@@ -767,14 +767,17 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
     scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
 
     with training_run(b, plan) as dist:
-        device = dist.device
-        before = evaluate_answers(model.to(device), tokenizer, scored, cfg.max_new_tokens)
+        model.to(dist.device)
+        # held-out generation on the main process alone; the others wait in the engine's setup
+        before = evaluate_answers(model, tokenizer, scored, cfg.max_new_tokens) if dist.is_main else None
         reference = copy.deepcopy(model)
         task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
                        stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode)
         result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
                         model_config=model.config).fit()
+        if not dist.is_main:
+            return b
         after = evaluate_answers(model, tokenizer, scored, cfg.max_new_tokens)
         b.stats.update(
             reward=mode, algo=cfg.algo, train_prompts=len(prompts), dropped_too_long=dropped,
@@ -785,8 +788,6 @@ def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None =
             kl=result.metrics.get("kl"), base_accuracy=before["exact_match"],
             accuracy=after["exact_match"], base_similarity=before["similarity"],
             similarity=after["similarity"])
-    if not dist.is_main:
-        return b
     print_summary(f"{b.name} done", [
         ("steps", result.step), ("rollouts", task.rollouts_done),
         ("reward", f"{b.stats['reward_start']:.3f} -> {b.stats['reward_end']:.3f} ({mode})"),

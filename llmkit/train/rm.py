@@ -178,7 +178,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     from llmkit.train.checkpoint import open_run, training_run
     from llmkit.train.engine import Engine
     from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import default_device, load_start, preference_data
+    from llmkit.train.sft import load_start, preference_data
 
     base_art, base_step = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default="pref_train")
@@ -197,7 +197,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
         def score(model):
             return round(pairwise_accuracy(model, eval_batches), 4) if whole else None
 
-        base_accuracy = score(reward_model.to(default_device()))
+        base_accuracy = score(reward_model.to(dist.device))
         stream = BatchStream(data.pairs, data.collate, micro_batch_size=cfg.micro_batch_size,
                              seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size)

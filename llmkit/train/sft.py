@@ -155,12 +155,6 @@ def exact_match_scorer(cfg: GenerativeConfig, dist, tokenizer, records: list[dic
     return score
 
 
-def default_device():
-    import torch
-
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 # -- log-probabilities of labelled tokens --------------------------------------------------
 
 def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=None):
@@ -282,7 +276,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     scored = heldout[:cfg.eval_records]
     with training_run(b, plan) as dist:
         score = exact_match_scorer(cfg, dist, tokenizer, scored)
-        base_accuracy = score(model.to(default_device()))
+        base_accuracy = score(model.to(dist.device))
         stream = BatchStream(sequences, collate, micro_batch_size=cfg.micro_batch_size,
                              seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
                              world_size=dist.world_size)

@@ -128,10 +128,19 @@ def make_engine(run_dir, dropout=0.1, nan_batches=(), kill_at_batch=None, eval_b
 
 
 def main(argv: list[str]) -> None:
-    """argv: RUN_DIR OPTIONS_JSON [RUN_DIR OPTIONS_JSON ...], trained one after the other."""
+    """argv: RUN_DIR OPTIONS_JSON [RUN_DIR OPTIONS_JSON ...], trained one after the other.
+    Option `unreadable_on_rank: [rank, step folder]` makes that folder look damaged to that rank
+    alone (as a node whose copy of shared storage is stale or broken would see it)."""
+    from llmkit.train import checkpoint as ckpt
+
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     for run_dir, options in zip(argv[::2], argv[1::2]):
-        make_engine(Path(run_dir), rank=rank, world_size=world, **json.loads(options)).fit()
+        options = json.loads(options)
+        blind_rank, hidden = options.pop("unreadable_on_rank", (None, None))
+        if blind_rank == rank:
+            problem = ckpt.checkpoint_problem
+            ckpt.checkpoint_problem = lambda d: "unreadable here" if Path(d).name == hidden else problem(d)
+        make_engine(Path(run_dir), rank=rank, world_size=world, **options).fit()
 
 
 if __name__ == "__main__":

@@ -215,3 +215,20 @@ def test_two_processes_zero2_and_zero3_match_one_process_with_the_same_global_ba
         reference = ckpt.read_weights(tmp_path / "one" / "step-00000004" / ckpt.WEIGHTS)
         assert gathered.keys() == reference.keys()
         assert all(torch.allclose(gathered[k], reference[k], atol=1e-5) for k in reference)
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_the_newest_checkpoint_every_rank_can_read(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(free_port())]
+    run, options = tmp_path / "run", {"max_steps": 4, "save_every": 2, "transformer": True}
+    assert run_script((run, options), launcher=torchrun).returncode == 0
+    os.environ["LLMKIT_DIST_TIMEOUT"] = "60"  # without agreement the ranks would hang, not fail
+    try:
+        done = run_script((run, {**options, "max_steps": 6, "unreadable_on_rank": [1, "step-00000004"]}),
+                          launcher=torchrun)
+    finally:
+        del os.environ["LLMKIT_DIST_TIMEOUT"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout + done.stderr and "step-00000002 (step 2)" in done.stdout + done.stderr
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
