@@ -13,6 +13,7 @@ from llmkit.data.clean import (CleanConfig, clean_batch, clean_text, drop_boiler
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
 from llmkit.data.pipeline import run_map_stage
+from llmkit.errors import UserError
 from tests.conftest import write_jsonl
 
 RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
@@ -212,6 +213,25 @@ def test_clean_stage_conserves_rows_counts_reasons_and_matches_across_workers(ma
     assert expected["boilerplate_lines"] and expected["gopher_min_words"]
     assert outputs[0][0].equals(outputs[1][0])
     assert outputs[0][1].equals(outputs[1][1])
+
+
+def test_a_clean_that_keeps_nothing_is_refused_naming_the_rule_unless_allowed(make_ctx, ws,
+                                                                             tmp_path):
+    src = write_jsonl(tmp_path / "short.jsonl", [{"id": f"s{i}", "text": "too short"}
+                                                 for i in range(3)])
+    run_ingest(make_ctx(), [str(src)], IngestConfig())
+
+    def clean(cfg):
+        return run_map_stage(make_ctx(), stage="clean", config=cfg, process_batch=clean_batch,
+                             input_default="raw", out_default="clean")
+
+    with pytest.raises(UserError, match=r"^clean: no row kept from 3 rows of .*raw: "
+                                        r"3 × gopher_min_words \(first: id 's0'\)"):
+        clean(CFG)
+    assert not (ws / "clean").exists()
+    b = clean(CleanConfig(allow_empty=True))
+    stats = json.loads((b.final / "manifest.json").read_text())["stats"]
+    assert (stats["rows_in"], stats["rows_out"], stats["rows_removed"]) == (3, 0, 3)
 
 
 def test_recipe_section_and_set_overrides_build_the_config():

@@ -203,3 +203,57 @@ def test_kenlm_perplexity_is_ccnets(monkeypatch, tmp_path):
     assert scored == ["hello world 0000", "ecole"]
     assert ppl[0] == pytest.approx(10 ** 0.5) and math.isnan(ppl[1])
     assert ccnet_normalize("  Café 42 ") == "cafe 00"
+
+
+def test_group_by_lang_works_on_a_mixed_file_straight_from_ingest(monkeypatch, tmp_path):
+    """ingest labels each row's script in `lang`; ppl-filter then buckets each language apart,
+    although this scorer puts every Chinese document above every English one."""
+
+    class Model:  # log10 p of -0.01 per character: perplexity grows with characters per word
+        def __init__(self, path):
+            pass
+
+        def score(self, line, bos=True, eos=True):
+            return -0.01 * len(line)
+
+    monkeypatch.setitem(sys.modules, "kenlm", types.SimpleNamespace(Model=Model))
+    (tmp_path / "lm.bin").write_bytes(b"")
+    docs = [{"id": f"zh{i}", "text": "床前明月光" * (i + 10)} for i in range(10)]
+    docs += [{"id": f"en{i}", "text": " ".join(["moon" + "n" * i] * 5)} for i in range(10)]
+    random.Random(0).shuffle(docs)
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n"
+                                                  for d in docs))
+    ws = tmp_path / "ws"
+    assert llmkit("ingest", tmp_path / "mixed.jsonl", "-w", ws).exit_code == 0
+    kenlm = ["--set", "backend=kenlm", "--set", f"kenlm_model={tmp_path / 'lm.bin'}"]
+    r = llmkit("ppl-filter", "-w", ws, "--in", "raw", *kenlm, "--set", "group_by=lang")
+    assert r.exit_code == 0, r.output
+    removed = read_table(ws / "filtered" / "removed").column("id").to_pylist()
+    # each language loses its 4 longest-worded documents
+    assert sorted(removed) == [f"{lang}{i}" for lang in ("en", "zh") for i in range(6, 10)]
+    assert "kept head+middle buckets (percentiles 30/60 of each lang): 60% of rows by design" \
+        in " ".join(r.output.split())
+    stats = json.loads((ws / "filtered" / "manifest.json").read_text())["stats"]
+    assert set(stats["ppl"]["bucket_edges"]) == {"zh", "latin"}
+
+
+def test_a_threshold_that_keeps_nothing_is_refused_unless_allowed(monkeypatch, tmp_path):
+    class Model:
+        def __init__(self, path):
+            pass
+
+        def score(self, line, bos=True, eos=True):
+            return -1.0
+
+    monkeypatch.setitem(sys.modules, "kenlm", types.SimpleNamespace(Model=Model))
+    (tmp_path / "lm.bin").write_bytes(b"")
+    ws = tmp_path / "ws"
+    write_dataset(ws, "docs", [{"id": f"d{i}", "text": f"document {i}"} for i in range(3)])
+    args = ["ppl-filter", "-w", ws, "--in", "docs", "--set", "backend=kenlm",
+            "--set", f"kenlm_model={tmp_path / 'lm.bin'}", "--set", "max_ppl=1.5"]
+    r = llmkit(*args)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "ppl-filter: no row kept from 3 rows" in r.output
+    assert "3 × ppl_above_threshold (first: id 'd0')" in " ".join(r.output.split())
+    assert not (ws / "filtered").exists()
+    assert llmkit(*args, "--set", "allow_empty=true").exit_code == 0
