@@ -238,10 +238,27 @@ def test_tokenizer_stage_writes_model_config_and_fertility(tmp_path):
     assert stats["vocab_size"] == 400 and stats["roundtrip_failures"] == 0
     assert stats["heldout_docs"] > 0
     assert stats["sample_sentences"] + stats["heldout_docs"] == 200
-    assert set(stats["fertility"]) == {"en", "zh"}
+    assert set(stats["fertility"]) == {"en", "zh"} and stats["no_fertility"] is None
     assert all(f["tokens_per_char"] > 0 and f["tokens_per_word"] > 0
                for f in stats["fertility"].values())
     assert Tokenizer.load(art).vocab_size == 400
+
+
+@pytest.mark.parametrize("setting, why", [
+    ("heldout_fraction=0", "heldout_fraction=0 holds no document out of training"),
+    ("heldout_fraction=0.001", "none of the 200 documents was drawn as held-out text")])
+def test_no_held_out_text_is_said_aloud_and_recorded(tmp_path, setting, why):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": f"d{i}", "text": t}
+                                              for i, t in enumerate(small_corpus(200))])
+    ws = tmp_path / "ws"
+    app = build_app()
+    assert CliRunner().invoke(app, ["ingest", str(data), "-w", str(ws)]).exit_code == 0
+    r = CliRunner().invoke(app, ["tokenizer", "-w", str(ws), "--in", "raw",
+                                 "--set", "vocab_size=400", "--set", setting])
+    assert r.exit_code == 0, r.output
+    assert f"warning: tokenizer: no fertility measured: {why}" in r.output
+    stats = json.loads((ws / "tokenizer" / "manifest.json").read_text())["stats"]
+    assert stats["fertility"] == {} and stats["no_fertility"].startswith(why)
 
 
 def test_training_sample_is_bounded_and_independent_of_input_order():
