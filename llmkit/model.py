@@ -11,18 +11,19 @@ Callers must know:
   projection is skipped where no loss needs it. Trainers call the model (the DeepSpeed engine)
   this way rather than `hidden_states` + `lm_head`: ZeRO-3 gathers and reduces parameters in
   the engine's forward, and a loss computed around it gets wrong gradients.
+  `model.hidden_states(...)` returns the final-normed hidden states [B, T, hidden_size].
 - `model(..., targets=t, label_smoothing=eps) -> loss`: the mean cross-entropy over the positions
   whose target is not -100 (`t[b, i]` is the token position i predicts: already shifted), computed
-  in chunks of positions so the full [B, T, V] logits never exist (see `chunked_cross_entropy`).
-  `model.hidden_states(...)` returns the final-normed hidden states [B, T, hidden_size].
+  in chunks of positions so the full [B, T, V] logits never exist (`llmkit.train.losses.chunked_cross_entropy`).
 - `doc_ids` [B, T] blocks attention across packed documents; the caller resets `position_ids` per document.
 - `attention_mask` [B, past + T] (1 = real token) supports left padding; without `position_ids` the
   positions then count real tokens only.
 - Attention kernels: plain causal attention is SDPA's own causal path (FlashAttention on GPU). Packed
   documents, padding and sliding windows need a mask: on CUDA it is a FlexAttention block mask (a
-  fused kernel that skips masked blocks); elsewhere a dense boolean mask for SDPA (torch has no flex
-  backward on CPU). `model.attention_kernel` ("auto" | "flex" | "dense", default from the environment
-  variable LLMKIT_ATTENTION) overrides the choice; both kernels apply the same `may_attend` rule.
+  fused kernel that skips masked blocks; decoding steps after a KV cache keep their small dense mask);
+  elsewhere a dense boolean mask for SDPA (torch has no flex backward on CPU). `model.attention_kernel`
+  ("auto" | "flex" | "dense", default from the environment variable LLMKIT_ATTENTION) overrides the
+  choice; both kernels apply the same `may_attend` rule.
 - `model.aux_loss` is the MoE load-balancing loss of the last forward, already times router_aux_loss_coef
   (zero for dense models); add it to the training loss.
 """
@@ -443,7 +444,7 @@ class Transformer(nn.Module):
             # not on CPU: torch refuses flex's backward there, and its forward beats dense SDPA only
             # compiled (1024 tokens, 8 heads, 2 cores: 0.09 s vs 0.12 s, after a 21 s compile per shape)
             kernel = "flex" if device.type == "cuda" and flex_attention is not None else "dense"
-        if kernel == "flex" and past == 0:  # decoding after a cache keeps the dense mask: one query row
+        if kernel == "flex" and past == 0:  # a step after the cache (decoding) has few query rows: dense is small
             return create_block_mask(rule, B if per_row else None, None, T, T, device=device)
         b = torch.arange(B if per_row else 1, device=device)[:, None, None, None]
         q = torch.arange(T, device=device)[:, None]
