@@ -136,12 +136,12 @@ class DpoTask(Task):
             # the chosen tokens (Pang et al. 2024, "RPO") holds it up
             loss = loss + cfg.rpo_alpha * -(total[:half].sum() / count[:half].sum().clamp(min=1))
         return loss + model.aux_loss, {
-            "rewards/chosen": chosen_rewards.mean().item(),
-            "rewards/rejected": rejected_rewards.mean().item(),
-            "rewards/margins": margins.mean().item(),
-            "rewards/accuracy": (margins > 0).float().mean().item(),
-            "logps/chosen": policy[:half].detach().mean().item(),
-            "logps/rejected": policy[half:].detach().mean().item()}
+            "rewards/chosen": chosen_rewards.mean(),
+            "rewards/rejected": rejected_rewards.mean(),
+            "rewards/margins": margins.mean(),
+            "rewards/accuracy": (margins > 0).float().mean(),
+            "logps/chosen": policy[:half].detach().mean(),
+            "logps/rejected": policy[half:].detach().mean()}
 
     def batch_tokens(self, batch) -> int:
         return int(batch["attention_mask"].sum())

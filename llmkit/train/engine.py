@@ -123,10 +123,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class Task:
     """What one trainer adds to the shared loop: the model, its batches and its loss.
 
-    Implement `loss(model, batch) -> (loss_tensor, {name: float})`; the metrics are averaged over
-    micro-batches and processes and logged beside the loss (every process must return the same
-    keys). `model` is the DeepSpeed engine: call it like the module; other attributes of the
-    module (`model.hidden_states`, `model.aux_loss`) pass through.
+    Implement `loss(model, batch) -> (loss_tensor, {name: float or 0-dim tensor})`; the metrics
+    are averaged over micro-batches and processes and logged beside the loss (every process must
+    return the same keys). Return device tensors rather than `.item()`: the engine reduces them
+    all with one host sync per optimizer step. `model` is the DeepSpeed engine: compute the loss
+    from what calling it returns — ZeRO-3 gathers and reduces parameters in its forward — and
+    read module attributes such as `model.aux_loss` through it.
 
     Batches: give `train_data` — an iterable of batches (dicts of tensors or numpy arrays) with
     `state_dict()` / `load_state_dict()` for exact resume, such as `TokenLoader` — and the default
@@ -176,8 +178,9 @@ class Task:
         return iter(self.eval_data() if callable(self.eval_data) else self.eval_data)
 
     def batch_tokens(self, batch) -> int:
-        """Tokens a batch puts through the model, for tokens/s and MFU."""
-        return int(batch["input_ids"].numel())
+        """Tokens a batch puts through the model, for tokens/s and MFU (given the batch as
+        `next_batch` returned it, before it is moved to the device)."""
+        return math.prod(batch["input_ids"].shape)  # numpy or torch
 
     def flops_per_token(self) -> float | None:
         """Training FLOPs per token (forward + backward); None = 6 x parameters."""
@@ -256,6 +259,8 @@ def to_device(batch, device):
         return type(batch)(to_device(v, device) for v in batch)
     if isinstance(batch, np.ndarray):
         batch = torch.from_numpy(batch.astype(np.int64) if batch.dtype.kind in "iu" else batch)
+        if torch.device(device).type == "cuda":
+            batch = batch.pin_memory()  # so that the copy below overlaps the running kernels
     if torch.is_tensor(batch):
         return batch.to(device, non_blocking=True)
     return batch
@@ -491,21 +496,19 @@ class Engine:
         skipped_before = model.skipped_steps
         for _ in range(cfg.grad_accum):
             t = time.perf_counter()
-            batch = to_device(self.task.next_batch(model), self.device)
+            batch = self.task.next_batch(model)
+            tokens += self.task.batch_tokens(batch)  # counted on the host batch: no device sync
+            batch = to_device(batch, self.device)
             data_s += time.perf_counter() - t
             loss, task_metrics = self.task.loss(model, batch)
             model.backward(loss)
             model.step()
             losses.append(loss.detach().float())
-            tokens += self.task.batch_tokens(batch)
-            for k, v in task_metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            _add_metrics(sums, task_metrics)
         skipped = model.skipped_steps != skipped_before
         keys = sorted(sums)
-        stats = torch.stack(losses).sum().double().reshape(1)
-        stats = torch.cat([stats, torch.tensor(
-            [len(losses), tokens, float(self._stop_signal or 0)] + [sums[k] for k in keys],
-            dtype=torch.float64, device=stats.device)])
+        stats = _stacked([torch.stack(losses).sum(), len(losses), tokens,
+                          float(self._stop_signal or 0), *(sums[k] for k in keys)], self.device)
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(stats)
         stats = stats.tolist()
@@ -560,11 +563,10 @@ class Engine:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             for batch in taken[:n]:
                 loss, task_metrics = self.task.eval_loss(self.model, to_device(batch, self.device))
-                for k, v in {"loss": loss, **task_metrics}.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                _add_metrics(sums, {"loss": loss, **task_metrics})
         self.model.train()
         keys = sorted(sums)
-        stats = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+        stats = _stacked([sums[k] for k in keys], self.device)
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(stats)
         means = {f"val_{k}": v / (n * self.dist.world_size) for k, v in zip(keys, stats.tolist())}
@@ -656,6 +658,23 @@ class Engine:
     def _restore_signals(handlers) -> None:
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def _add_metrics(sums: dict, metrics: dict) -> None:
+    """Running sums of a task's metrics; device tensors stay on the device, so a step costs one
+    host sync (`_stacked(...).tolist()`) instead of one per metric and micro-batch."""
+    import torch
+
+    for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + (v.detach().double() if torch.is_tensor(v) else v)
+
+
+def _stacked(values: list, device):
+    """Python numbers and 0-dim tensors as one float64 vector on `device` (for one all-reduce)."""
+    import torch
+
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(())
+                        for v in values])
 
 
 def _as_dict(config) -> dict:

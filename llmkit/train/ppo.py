@@ -570,18 +570,18 @@ class PPOTask(Task):
         entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
                               mask)
         loss = policy_loss - cfg.entropy_coef * entropy
-        metrics = {"policy_loss": policy_loss.item(), "clipfrac": clipfrac.item(),
-                   "entropy": entropy.item(),
-                   "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask).item()}
+        metrics = {"policy_loss": policy_loss.detach(), "clipfrac": clipfrac,
+                   "entropy": entropy.detach(),
+                   "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask)}
         if cfg.algo == "ppo":
             value_loss, value_clipfrac = clipped_value_loss(
                 values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
             loss = loss + cfg.vf_coef * value_loss
-            metrics.update(value_loss=value_loss.item(), value_clipfrac=value_clipfrac.item())
+            metrics.update(value_loss=value_loss.detach(), value_clipfrac=value_clipfrac)
         else:
             kl_loss = masked_mean(kl_estimate(logprobs, batch["ref_logprobs"], "k3"), mask)
             loss = loss + cfg.kl_coef * kl_loss
-            metrics["kl_loss"] = kl_loss.item()
+            metrics["kl_loss"] = kl_loss.detach()
         return loss, {**metrics, **self._rollout_metrics}
 
     def batch_tokens(self, batch) -> int:

@@ -127,9 +127,9 @@ def split_rewards(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict:
     chosen, rejected = chosen.detach().float(), rejected.detach().float()
-    return {"accuracy": (chosen > rejected).float().mean().item(),
-            "rewards/chosen": chosen.mean().item(), "rewards/rejected": rejected.mean().item(),
-            "rewards/margins": (chosen - rejected).mean().item()}
+    return {"accuracy": (chosen > rejected).float().mean(),
+            "rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
+            "rewards/margins": (chosen - rejected).mean()}
 
 
 class RewardTask(Task):

@@ -237,7 +237,7 @@ class SftTask(Task):
         logps, _, correct = labelled_token_logps(model, batch["input_ids"], batch["labels"],
                                                  batch.get("position_ids"), batch.get("doc_ids"))
         loss = -logps.mean() + model.aux_loss
-        return loss, {"accuracy": correct.float().mean().item(), "trained_tokens": float(len(logps))}
+        return loss, {"accuracy": correct.float().mean(), "trained_tokens": float(len(logps))}
 
     def batch_tokens(self, batch) -> int:
         return int((batch["input_ids"] != self.pad_id).sum())
