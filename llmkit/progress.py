@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Sequence
 
 from llmkit.workspace import kill_point
 
@@ -76,7 +77,7 @@ def _fmt(v) -> str:
 
 
 def data_stage_summary(name: str, stats: dict, seconds: float,
-                       notes: list[tuple[str, object]] = ()) -> None:
+                       notes: Sequence[tuple[str, object]] = ()) -> None:
     """Rows in, out and removed (the top reasons), then a stage's own `notes` lines."""
     rows = [("rows in", stats["rows_in"]), ("rows out", stats["rows_out"]),
             ("rows removed", stats["rows_removed"])]

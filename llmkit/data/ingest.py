@@ -416,6 +416,7 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
 
 
 def _named(files: list[Path]) -> str:
+    """The input files as an error message names them: all of a few, else the count."""
     if len(files) <= 3:
         return ", ".join(map(str, files))
     return f"{len(files)} files ({', '.join(f.name for f in files[:3])}, …)"
