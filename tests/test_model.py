@@ -171,6 +171,9 @@ def run_kernel(model, kernel, inputs):
     return logits.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+# on CPU the model calls flex_attention uncompiled, which warns that it is unfused (meant for GPUs)
+eager_flex = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
 ATTENTION_CASES = {
     "packed documents": ({}, lambda: dict(input_ids=tokens(2, 12), doc_ids=torch.tensor(
         [[0] * 5 + [1] * 7, [0] * 9 + [1] * 3]))),
@@ -186,6 +189,7 @@ ATTENTION_CASES = {
 }
 
 
+@eager_flex
 @pytest.mark.parametrize("case", ATTENTION_CASES)
 def test_flex_block_mask_gives_the_dense_masks_logits_and_gradients(case, monkeypatch):
     overrides, make_inputs = ATTENTION_CASES[case]
@@ -204,6 +208,7 @@ def test_flex_block_mask_gives_the_dense_masks_logits_and_gradients(case, monkey
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@eager_flex
 @pytest.mark.parametrize("overrides", [{}, dict(sliding_window=4)])
 def test_generation_with_a_flex_prefill_equals_the_dense_one(overrides):
     model = build(**overrides)
@@ -216,6 +221,7 @@ def test_generation_with_a_flex_prefill_equals_the_dense_one(overrides):
     assert torch.equal(out["flex"], out["dense"])
 
 
+@eager_flex
 def test_the_attention_kernel_is_dense_on_cpu_unless_chosen(monkeypatch):
     model = build()
     cpu, doc_ids = torch.device("cpu"), torch.tensor([[0] * 3 + [1] * 5])
