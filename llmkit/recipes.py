@@ -43,7 +43,8 @@ def config_class(section: str):
 
 
 def check_recipe(recipe: dict, path="recipe") -> dict:
-    """Every section resolved against its stage's config: errors name the section and key."""
+    """Every section resolved against its stage's config, then the stages against each other:
+    errors name the section and key."""
     check_section_names(recipe, path)
     resolved = {}
     for section, values in recipe.items():
@@ -51,4 +52,28 @@ def check_recipe(recipe: dict, path="recipe") -> dict:
             resolved[section] = resolve_config(config_class(section), values)
         except ConfigError as e:
             raise ConfigError(f"{path} [{section}]: {e}") from None
+    problems = pipeline_problems(resolved)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
     return resolved
+
+
+TRAINING = ("pretrain", "sft", "rm", "dpo", "ppo")
+
+
+def pipeline_problems(resolved: dict) -> list[str]:
+    """What would stop a later stage of the recipe's pipeline, found before the first one runs:
+    every training stage starts from the model `pretrain` builds, so each one's sequences must
+    fit its positions and the tokenizer's vocabulary its embedding."""
+    if "pretrain" not in resolved:
+        return []  # the model comes from elsewhere (--from an imported run): nothing to check here
+    vocab = resolved["tokenizer"].vocab_size if "tokenizer" in resolved else None
+    model = resolved["pretrain"].model.build(vocab or 32000)
+    problems = [f"[{stage}] seq_len={resolved[stage].seq_len} exceeds the model's max_seq_len="
+                f"{model.max_seq_len} (pretrain.model); lower {stage}.seq_len or raise "
+                "pretrain.model.max_seq_len" for stage in TRAINING
+                if stage in resolved and resolved[stage].seq_len > model.max_seq_len]
+    if vocab and model.vocab_size < vocab:
+        problems.append(f"[tokenizer] vocab_size={vocab} exceeds pretrain.model.vocab_size="
+                        f"{model.vocab_size}; drop pretrain.model.vocab_size or raise it")
+    return problems

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmkit.config import load_recipe, parse_overrides, resolve_config
 from llmkit.errors import UserError
-from llmkit.recipes import check_section_names
+from llmkit.recipes import TRAINING, check_recipe, check_section_names
 from llmkit.workspace import Artifact, Workspace
 
 
@@ -23,6 +23,7 @@ class StageContext:
     workers: int = 1                               # --workers
     rank: int | None = None                        # --rank (one task of many)
     world_size: int | None = None                  # --world-size
+    recipe_path: str = "recipe"                    # --recipe, for messages
 
     @classmethod
     def create(cls, workspace=None, recipe=None, set_=None, inputs=None, out=None,
@@ -37,10 +38,14 @@ class StageContext:
         recipe_data = load_recipe(recipe)
         check_section_names(recipe_data, str(recipe))
         return cls(Workspace(Path(root)), recipe_data, parse_overrides(set_),
-                   list(inputs or []), out, force, workers or 1, rank, world_size)
+                   list(inputs or []), out, force, workers or 1, rank, world_size, str(recipe))
 
     def config(self, cls, section: str, **flags):
-        """Defaults < recipe[section] < the stage's own command-line flags < --set."""
+        """Defaults < recipe[section] < the stage's own command-line flags < --set. A training
+        stage first checks the whole recipe, so that a setting that would stop a later stage
+        is found before hours of training, not after."""
+        if section in TRAINING and self.recipe:
+            check_recipe(self.recipe, self.recipe_path)
         return resolve_config(cls, self.recipe.get(section), flags, self.overrides)
 
     def input(self, default: str) -> Artifact:

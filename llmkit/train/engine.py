@@ -337,6 +337,9 @@ class Engine:
             torch.backends.cudnn.allow_tf32 = True
         if cfg.compile:
             model.compile()  # in place: state_dict names stay those of the module
+        if cfg.zero_stage and self.dist.world_size == 1 and not cfg.offload_optimizer:
+            log.warning("zero_stage=%d on one process partitions nothing and only adds work: use "
+                        "zero_stage=0 on a single device (or offload_optimizer)", cfg.zero_stage)
         guarded = cfg.zero_stage == 0 and cfg.precision == "fp32"
         self.optimizer = self._make_optimizer(model, guarded)
         self.model, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer,
@@ -368,6 +371,18 @@ class Engine:
         cfg = self.cfg
         zero: dict = {"stage": cfg.zero_stage}
         pin = self.dist.device.startswith("cuda")
+        if cfg.zero_stage >= 1:
+            # gradients reduced in 200M-element buckets as backward produces them, on their own
+            # CUDA stream (overlap_comm), into one contiguous buffer: DeepSpeed's defaults reduce
+            # after backward in 500M buckets, which both serialises the communication and holds
+            # more memory
+            zero.update(overlap_comm=pin, contiguous_gradients=True, reduce_scatter=True,
+                        reduce_bucket_size=200_000_000, allgather_bucket_size=200_000_000)
+        if cfg.zero_stage == 3:
+            # prefetch the next layers' weights while this one computes; keep parameters under
+            # 100k elements (norms, biases) whole on every rank instead of gathering them each time
+            zero.update(stage3_prefetch_bucket_size=50_000_000,
+                        stage3_param_persistence_threshold=100_000)
         if cfg.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
         if cfg.offload_params:

@@ -1,5 +1,6 @@
 """Every shipped recipe is tested data: each section parses against its stage's config."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,19 @@ def test_a_typo_in_a_recipe_names_the_section_and_key():
         check_recipe({"pretrian": {}})
     with pytest.raises(ConfigError, match=r"\[pretrain\].*'max_step'.*'max_steps'"):
         check_recipe({"pretrain": {"max_step": 3}})
+
+
+def test_a_recipe_whose_later_stage_cannot_run_is_refused_before_training(tmp_path):
+    from typer.testing import CliRunner
+
+    from llmkit.cli.app import build_app
+
+    recipe = {"pretrain": {"model": {"preset": "tiny", "max_seq_len": 64}, "seq_len": 64},
+              "sft": {"seq_len": 128}}
+    with pytest.raises(ConfigError, match=r"\[sft\] seq_len=128 exceeds the model's max_seq_len=64"):
+        check_recipe(recipe)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe))  # JSON is YAML
+    result = CliRunner().invoke(build_app(), ["pretrain", "-w", str(tmp_path / "ws"), "--recipe", str(path)])
+    assert result.exit_code == 2 and "[sft] seq_len=128" in result.output  # before any input is read
+    assert not (tmp_path / "ws").exists()
