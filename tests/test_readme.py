@@ -41,6 +41,7 @@ TINY = {
     "dpo": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
     "ppo": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
     "generate": ["max_new_tokens=4"],
+    "eval": ["generation.max_new_tokens=4", "reward.max_new_tokens=4"],
 }
 
 
@@ -49,7 +50,8 @@ def readme_blocks(lang: str) -> list[str]:
 
 
 def commands() -> list[str]:
-    lines = [line.strip() for block in readme_blocks("sh") for line in block.splitlines()]
+    text = "\n".join(readme_blocks("sh")).replace("\\\n", " ")  # join continued lines
+    lines = [line.strip() for line in text.splitlines()]
     return [line for line in lines if line and not line.startswith(("#", "make "))]
 
 
