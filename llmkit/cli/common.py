@@ -40,6 +40,11 @@ WRITES = [
 WORKERS = [
     ("workers", Annotated[int, typer.Option("--workers", help="Local worker processes.")], 1),
 ]
+EMPTY = [
+    ("allow_empty", Annotated[bool, typer.Option(
+        "--allow-empty", help="Write an empty output instead of exiting 2 (--set allow_empty=true).")],
+     False),
+]
 SHARDING = [
     ("rank", Annotated[Optional[int], typer.Option(
         "--rank", help="This task's index when the stage is split into --world-size tasks.")],
@@ -50,17 +55,17 @@ SHARDING = [
 
 
 def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes: bool = False,
-                  workers: bool = False, sharded: bool = False):
+                  workers: bool = False, sharded: bool = False, rows: bool = False):
     """Give `fn(ctx, **own_options)` the common options it uses and clean error handling.
 
     Every command takes --workspace; the flags add --recipe/--set (`config`), --in (`inputs`),
-    --out/--force (`writes`), --workers and --rank/--world-size (`sharded`), so that `--help`
-    lists only options that change what the command does."""
+    --out/--force (`writes`), --workers, --rank/--world-size (`sharded`) and --allow-empty (`rows`:
+    a data stage), so that `--help` lists only options that change what the command does."""
     if fn is None:
         return functools.partial(stage_command, config=config, inputs=inputs, writes=writes,
-                                 workers=workers, sharded=sharded)
+                                 workers=workers, sharded=sharded, rows=rows)
     groups = [(config, CONFIG), (inputs, INPUTS), (writes, WRITES), (workers, WORKERS),
-              (sharded, SHARDING)]
+              (sharded, SHARDING), (rows, EMPTY)]
     extra = WORKSPACE + [option for on, group in groups if on for option in group]
     own = [p for p in inspect.signature(fn).parameters.values() if p.name != "ctx"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
@@ -72,8 +77,9 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
         with user_errors():
             from llmkit.stage import StageContext
 
+            sets = [*(common.get("set_") or []), *(["allow_empty=true"] if common.get("allow_empty") else [])]
             ctx = StageContext.create(
-                workspace=common["workspace"], recipe=common.get("recipe"), set_=common.get("set_"),
+                workspace=common["workspace"], recipe=common.get("recipe"), set_=sets,
                 inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),
                 workers=common.get("workers", 1), rank=common.get("rank"),
                 world_size=common.get("world_size"))

@@ -75,7 +75,7 @@ def require_rows(stage: str, stats: dict, allow_empty: bool, *, source: str,
     else:
         what = f"no {unit} in {source}"
     raise UserError(f"{stage}: {what}. Nothing was written; fix the input or the settings, or "
-                    "accept an empty output with --set allow_empty=true")
+                    "accept an empty output with --allow-empty")
 
 
 def ordered_imap(pool, fn, items, window: int):

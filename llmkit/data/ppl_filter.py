@@ -235,7 +235,10 @@ def scoring_input(ws, cfg: PplFilterConfig, model: str | None):
         return eval_input(ws, cfg.kenlm_model), None
     if not model:
         raise UserError("ppl-filter needs a scoring model: --model RUN (a checkpoint run), or "
-                        "--set backend=kenlm kenlm_model=PATH")
+                        "--set backend=kenlm --set kenlm_model=PATH")
+    if Path(model).suffix in (".arpa", ".bin") and Path(model).is_file():
+        raise UserError(f"--model takes a checkpoint run; {model} looks like a KenLM model: use "
+                        f"--set backend=kenlm --set kenlm_model={model}")
     return resolve_checkpoint(ws, model, cfg.model_step)
 
 

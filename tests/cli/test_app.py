@@ -114,9 +114,9 @@ def test_a_key_of_a_section_given_bare_suggests_the_dotted_key(tmp_path):
     ("report", ["--set"], ["--in", "--out", "--force", "--workers"]),
     ("export", ["--out", "--force"], ["--in", "--workers"]),
     ("import", ["--out", "--force"], ["--in", "--workers"]),
-    ("ingest", ["--out", "--force"], ["--in", "--workers"]),
-    ("sft", ["--in", "--out", "--force"], ["--workers", "--rank"]),
-    ("clean", ["--in", "--out", "--force", "--workers"], ["--rank"]),
+    ("ingest", ["--out", "--force", "--allow-empty"], ["--in", "--workers"]),
+    ("sft", ["--in", "--out", "--force"], ["--workers", "--rank", "--allow-empty"]),
+    ("clean", ["--in", "--out", "--force", "--workers", "--allow-empty"], ["--rank"]),
     ("dedup", ["--in", "--workers", "--rank", "--world-size"], []),
 ])
 def test_each_command_lists_only_the_common_options_it_uses(command, has, lacks):
@@ -127,3 +127,16 @@ def test_each_command_lists_only_the_common_options_it_uses(command, has, lacks)
     if "--force" in lacks:
         r = runner.invoke(build_app(), [command, "--force"])
         assert r.exit_code == 2 and "No such option: --force" in r.output
+
+
+def test_allow_empty_writes_the_empty_output_a_plain_run_refuses(tmp_path):
+    from tests.conftest import write_jsonl
+
+    data = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "body": "no text field here"}])
+    ws = str(tmp_path / "ws")
+    refused = runner.invoke(build_app(), ["ingest", str(data), "-w", ws])
+    assert refused.exit_code == 2 and "--text-field body" in " ".join(refused.output.split())
+    kept = runner.invoke(build_app(), ["ingest", str(data), "-w", ws, "--allow-empty"])
+    assert kept.exit_code == 0, kept.output
+    stats = json.loads((tmp_path / "ws" / "raw" / "manifest.json").read_text())["stats"]
+    assert (stats["rows_out"], stats["rows_removed"]) == (0, 1)

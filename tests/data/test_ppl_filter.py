@@ -257,3 +257,13 @@ def test_a_threshold_that_keeps_nothing_is_refused_unless_allowed(monkeypatch, t
     assert "3 × ppl_above_threshold (first: id 'd0')" in " ".join(r.output.split())
     assert not (ws / "filtered").exists()
     assert llmkit(*args, "--set", "allow_empty=true").exit_code == 0
+
+
+def test_a_kenlm_file_given_as_model_says_how_to_use_it(tmp_path):
+    from llmkit.data.ppl_filter import PplFilterConfig, scoring_input
+    from llmkit.workspace import Workspace
+
+    lm = tmp_path / "lm.bin"
+    lm.write_bytes(b"kenlm")
+    with pytest.raises(UserError, match=r"--set backend=kenlm --set kenlm_model=.*lm.bin"):
+        scoring_input(Workspace(tmp_path / "ws"), PplFilterConfig(), str(lm))
