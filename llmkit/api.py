@@ -214,13 +214,13 @@ def generate(model, tokenizer, prompts, **options):
 
 def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
     """Token ids a generation starts from: the chat template up to the assistant's turn for a
-    message list (or any prompt when `chat`), else <s> (when the tokenizer adds it) and the text."""
+    message list (or any prompt when `chat`), else the text after `Tokenizer.document_start_ids()`
+    (`</s>`, what a pretrained model saw before every document)."""
     if not isinstance(prompt, str):
         return tokenizer.encode_chat(prompt, add_generation_prompt=True)[0]
     if chat:
         return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
-    bos = [tokenizer.bos_id] if tokenizer.config.get("add_bos_token", True) else []
-    return bos + tokenizer.encode(prompt)
+    return tokenizer.document_start_ids() + tokenizer.encode(prompt)
 
 
 def read_prompts(path) -> list:

@@ -190,6 +190,13 @@ class Tokenizer:
         """Ids of `text`, without <s> or </s>."""
         return self.encode_flat([text])[0].tolist()
 
+    def document_start_ids(self) -> list[int]:
+        """The ids a plain-text context starts with: `[</s>]`. Token shards hold documents
+        separated by </s> and never <s>, so a pretrained model saw </s> before every document it
+        learnt from; generation, perplexity, choice scoring and ppl-filter all start plain text
+        this way (`document_start_ids() + encode(text)`). Chats start with <s> (`encode_chat`)."""
+        return [self.eos_id]
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         ids, counts = self.encode_flat(texts)
         ids = ids.tolist()

@@ -116,7 +116,7 @@ def test_completion_ends_at_the_first_stop_token(tok, model, monkeypatch):
 
 
 def test_prompts_become_chat_or_plain_token_ids(tok):
-    assert encode_prompt(tok, "hi", chat=False) == [tok.bos_id] + tok.encode("hi")
+    assert encode_prompt(tok, "hi", chat=False) == [tok.eos_id] + tok.encode("hi")  # document_start_ids
     user = [{"role": "user", "content": "hi"}]
     expected = tok.encode_chat(user, add_generation_prompt=True)[0]
     assert encode_prompt(tok, "hi", chat=True) == expected == encode_prompt(tok, user, chat=False)

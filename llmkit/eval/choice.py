@@ -143,14 +143,14 @@ def split_first_shots(questions: list[Question], k: int) -> tuple[list[Question]
 # -- scoring ---------------------------------------------------------------------------------
 
 def continuation_requests(tokenizer, ctx_text: str, conts: list[str], max_len: int):
-    """(ids, n_targets) per continuation: the context after `</s>` (a document start), the
+    """(ids, n_targets) per continuation: the context after `Tokenizer.document_start_ids()`, the
     continuation's tokens the ones scored. The context is cut from the left to fit max_len."""
     ctx_ids = tokenizer.encode(ctx_text)
     requests = []
     for whole, cont in zip(tokenizer.encode_batch([ctx_text + c for c in conts]), conts):
         # encoding the joined text keeps the tokens a model saw in training at the seam
         cont_ids = whole[len(ctx_ids):] if whole[:len(ctx_ids)] == ctx_ids else tokenizer.encode(cont)
-        ids = [tokenizer.eos_id, *ctx_ids, *cont_ids]
+        ids = [*tokenizer.document_start_ids(), *ctx_ids, *cont_ids]
         if len(cont_ids) >= max_len:
             raise UserError(f"a choice of {len(cont_ids)} tokens does not fit in the model's "
                             f"max_seq_len={max_len}")

@@ -141,7 +141,7 @@ def language_of(row: dict, refs: list[str]) -> str:
 
 def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
     """The tokens a reply follows: the chat template with the assistant's turn opened, or the
-    plain prompt after `</s>` (a document start)."""
+    plain prompt after `Tokenizer.document_start_ids()` (`</s>`, a document start)."""
     from llmkit.data.chat import prompt_messages
 
     if row.get("prompt") is None and not row.get("messages"):
@@ -150,7 +150,7 @@ def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
     if chat:
         return tokenizer.encode_chat(messages, add_generation_prompt=True)[0]
     text = "\n".join(m["content"] for m in messages)
-    return [tokenizer.eos_id, *tokenizer.encode(text)]
+    return [*tokenizer.document_start_ids(), *tokenizer.encode(text)]
 
 
 # -- generation --------------------------------------------------------------------------------

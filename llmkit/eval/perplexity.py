@@ -61,9 +61,9 @@ def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, lis
 
 
 def text_documents(tokenizer, texts: list[str]) -> list[list[int]]:
-    """`[</s>] + tokens + [</s>]` of each text."""
-    eos = tokenizer.eos_id
-    return [[eos, *ids, eos] for ids in tokenizer.encode_batch(texts)]
+    """`document_start_ids() + tokens + [</s>]` of each text (ppl-filter scores these too)."""
+    start, eos = tokenizer.document_start_ids(), tokenizer.eos_id
+    return [[*start, *ids, eos] for ids in tokenizer.encode_batch(texts)]
 
 
 def perplexity_summary(nll: np.ndarray, counts: np.ndarray, sources: list[str] | None = None,

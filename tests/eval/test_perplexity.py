@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,40 @@ def test_shards_of_another_tokenizer_are_refused(tmp_path, tok):
 def test_stride_must_leave_context():
     with pytest.raises(ConfigError):
         PerplexityConfig(window=8, stride=8)
+
+
+def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
+    """One convention for plain text before a pretrained model (Tokenizer.document_start_ids):
+    the </s> that ended the document before, as in the token shards — never <s>."""
+    import llmkit.model
+    from llmkit.api import GenerateConfig, generate_texts
+    from llmkit.data.ppl_filter import ModelScorer, PplFilterConfig
+    from llmkit.eval.choice import continuation_requests
+    from llmkit.eval.generation import prompt_ids
+    from llmkit.eval.perplexity import text_documents
+
+    text = "What is 12+34?"
+    expected = [tok.eos_id, *tok.encode(text)]
+    assert tok.document_start_ids() == [tok.eos_id] != [tok.bos_id]
+    model = tiny_model(tok.vocab_size).eval()
+    seen = {}
+
+    def fake_generate(model, ids, max_new_tokens, **kw):
+        seen["generate"] = ids[0].tolist()
+        return torch.cat([ids, torch.full((len(ids), max_new_tokens), tok.eos_id)], 1)
+
+    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    generate_texts(model, tok, [text], GenerateConfig(max_new_tokens=2, chat=False))
+
+    def fake_document_nll(self, docs, window, stride):
+        seen["ppl-filter"] = [list(d) for d in docs]
+        return np.zeros(len(docs)), np.ones(len(docs), np.int64)
+
+    monkeypatch.setattr(LMScorer, "document_nll", fake_document_nll)
+    ModelScorer(model, tok, PplFilterConfig(device="cpu")).score([text])
+
+    [(choice_ids, n_cont)] = continuation_requests(tok, text, [" 46"], 128)
+    assert seen["generate"] == expected
+    assert prompt_ids(tok, {"prompt": text}, False, "row 1") == expected
+    assert choice_ids[:-n_cont] == expected
+    assert text_documents(tok, [text]) == [[*expected, tok.eos_id]] == seen["ppl-filter"]
