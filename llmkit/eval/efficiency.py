@@ -41,16 +41,18 @@ def _synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, device) -> float:
+def _timed(fn, device, clock) -> float:
     _synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     _synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure_generation(model, *, batch_size: int, prompt_tokens: int, new_tokens: int,
-                       repeats: int, device, seed: int = 0) -> dict:
+                       repeats: int, device, seed: int = 0, clock=time.perf_counter) -> dict:
+    """One batch size's timings; `clock` (seconds, monotonic) is read before and after each
+    timed run: first the `repeats` time-to-first-token runs, then the `repeats` whole replies."""
     import torch
 
     from llmkit.model import generate
@@ -64,8 +66,8 @@ def measure_generation(model, *, batch_size: int, prompt_tokens: int, new_tokens
     first = partial(generate, model, ids, 1, greedy=True)
     whole = partial(generate, model, ids, new_tokens, greedy=True)
     whole()  # warm-up: kernels, allocator, caches
-    ttft = statistics.median(_timed(first, device) for _ in range(repeats))
-    latency = statistics.median(_timed(whole, device) for _ in range(repeats))
+    ttft = statistics.median(_timed(first, device, clock) for _ in range(repeats))
+    latency = statistics.median(_timed(whole, device, clock) for _ in range(repeats))
     return {"batch_size": batch_size, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
             "time_to_first_token_s": ttft, "latency_s": latency,
             "decode_tokens_per_s": batch_size * (new_tokens - 1) / max(latency - ttft, 1e-9),
@@ -83,14 +85,15 @@ def peak_memory_bytes(device) -> tuple[str, int]:
     return "peak_rss", int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
 
 
-def evaluate_efficiency(model, cfg: EfficiencyConfig, *, device) -> dict:
+def evaluate_efficiency(model, cfg: EfficiencyConfig, *, device, clock=time.perf_counter) -> dict:
     import torch
 
     model = model.to(device).eval()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     runs = [measure_generation(model, batch_size=b, prompt_tokens=cfg.prompt_tokens,
-                               new_tokens=cfg.new_tokens, repeats=cfg.repeats, device=device)
+                               new_tokens=cfg.new_tokens, repeats=cfg.repeats, device=device,
+                               clock=clock)
             for b in cfg.batch_sizes]
     kind, peak = peak_memory_bytes(device)
     return {"device": str(device), "parameters": model.num_parameters(), "runs": runs,
