@@ -62,8 +62,11 @@ STAGES = {
 TRAINING = {"pretrain", "sft", "dpo"}
 # where each stage is killed, in order, before the final rerun
 DATA_POINTS = ["build", "progress", "commit"]
-TRAINING_POINTS = ["build", "checkpoint", "checkpoint@2"]  # @2: one sealed step to resume from
+# a save cut short with no step to resume from, then one with a sealed step before it (a
+# killed run holds its lock, as at `build`, which the data stages cover)
+TRAINING_POINTS = ["checkpoint", "checkpoint@2"]
 KILL_AT = {stage: TRAINING_POINTS if stage in TRAINING else DATA_POINTS for stage in STAGES}
+KILL_AT["ppl-filter"] = ["progress", "commit"]  # each run loads a model: `build` as above
 KILL_AT["dedup"] = ["progress", "dedup:assemble", "dedup:assemble@2", "commit"]
 KILL_AT["tokenize"] = ["progress", "tokenize:assemble", "tokenize:assemble@2", "commit"]
 
