@@ -7,12 +7,14 @@ import torch
 from llmkit.config import _Raw
 from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
-from llmkit.train.dpo import DpoConfig, DpoTask, completion_logps, run_dpo
+from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
+                              run_dpo)
 from llmkit.train.losses import sequence_logps, token_logps
 from llmkit.api import load_model
 from tests.make_fragments import make_command
-from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, separable_pairs,
-                                            tiny_model, write_checkpoint_run, write_dataset)
+from tests.train.posttrain_fixtures import (constant_model, make_tokenizer, preference_rows,
+                                            separable_pairs, tiny_model, write_checkpoint_run,
+                                            write_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +30,12 @@ def ws(tmp_path, tok):
     return ws
 
 
-def dpo(make_ctx, ws, out="dpo", **overrides):
+def dpo(make_ctx, ws, out="dpo", ref=None, **overrides):
     settings = dict(max_steps=8, micro_batch_size=8, lr=2e-2, min_lr=2e-3, warmup_steps=1,
                     seq_len=64, log_every=1, eval_every=0, eval_records=8, max_new_tokens=4)
     ctx = make_ctx(inputs=["pref_train"], out=out)
     ctx.overrides = {k: _Raw(str(v)) for k, v in {**settings, **overrides}.items()}
-    b = run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base="sft")
+    b = run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base="sft", ref=ref)
     return b, [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
 
 
@@ -80,12 +82,58 @@ def test_ipo_starts_at_one_over_four_beta_squared(make_ctx, ws):
     assert records[0]["loss"] == pytest.approx(1 / (4 * 0.5 ** 2), abs=1e-4)
 
 
+def test_ipo_averages_reply_log_probs_against_a_different_reference(tok):
+    """Policy = reference gives 1/(4β²) whatever IPO does with log-probs; here they differ, and
+    chosen and rejected replies differ in length, so only the per-token mean gives this loss."""
+    policy, reference = tiny_model(tok.vocab_size, seed=0), tiny_model(tok.vocab_size, seed=1).eval()
+    pairs = [encode_pair(tok, row, 64) for row in separable_pairs(4)]
+    batch = {k: torch.from_numpy(v) for k, v in collate_pairs(pairs, tok.pad_id).items()}
+    beta = 0.5
+
+    def ipo_by_hand(average: bool):
+        with torch.no_grad():
+            (pi, n), (ref, _) = [(lp.sum(-1), mask.sum(-1)) for lp, mask in
+                                 (token_logps(m(batch["input_ids"]), batch["labels"]) for m in (policy, reference))]
+        if average:
+            pi, ref = pi / n, ref / n
+        h = (pi[:4] - pi[4:]) - (ref[:4] - ref[4:])
+        return ((h - 1 / (2 * beta)) ** 2).mean()
+
+    by_hand = ipo_by_hand(average=True)
+    assert abs(by_hand - ipo_by_hand(average=False)) > 0.05  # summing gives another loss
+    cfg = DpoConfig(loss_type="ipo", beta=beta, precompute_ref=False)
+    live = DpoTask(policy, None, None, cfg, reference)
+    live.device = torch.device("cpu")
+    torch.testing.assert_close(live.loss(policy, batch)[0].detach(), by_hand)
+    precompute_reference_logps(reference, pairs, tok.pad_id, 8, cfg.average_logps)
+    stored = {k: torch.from_numpy(v) for k, v in collate_pairs(pairs, tok.pad_id).items()}
+    torch.testing.assert_close(DpoTask(policy, None, None, cfg).loss(policy, stored)[0].detach(), by_hand)
+
+
 def test_reference_held_in_memory_gives_the_precomputed_trajectory(make_ctx, ws):
     _, pre = dpo(make_ctx, ws, out="pre", max_steps=3)
     _, live = dpo(make_ctx, ws, out="live", max_steps=3, precompute_ref="false")
     for a, b in zip(pre, live):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
         assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], abs=1e-4)
+
+
+@pytest.mark.parametrize("precompute", [True, False])
+def test_ref_run_is_the_reference_whose_log_probs_the_rewards_use(make_ctx, ws, tok, precompute):
+    """--ref uniform: a model whose logits are all 0, so every reply token has log-prob −log V and
+    each chosen reply (3 labelled tokens here) −3·log V; rewards/chosen = β·(log π_c − that)."""
+    write_checkpoint_run(ws, "uniform", constant_model(tok.vocab_size), tok)
+    settings = dict(max_steps=1, eval_records=0, precompute_ref=str(precompute).lower())
+    _, own = dpo(make_ctx, ws, out="own", **settings)
+    _, other = dpo(make_ctx, ws, out="other", ref="uniform", **settings)
+    assert own[0]["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)  # reference = policy
+    assert other[0]["logps/chosen"] == pytest.approx(own[0]["logps/chosen"], abs=1e-5)  # same policy
+    uniform_logp = -3 * math.log(tok.vocab_size)
+    assert other[0]["rewards/chosen"] == pytest.approx(0.1 * (other[0]["logps/chosen"] - uniform_logp),
+                                                       rel=1e-4)
+    assert abs(other[0]["loss"] - math.log(2)) > 1e-4 and abs(own[0]["loss"] - math.log(2)) < 1e-5
+    manifest = json.loads((ws / "other" / "manifest.json").read_text())
+    assert any(i["path"].endswith("uniform") for i in manifest["inputs"])
 
 
 def test_invalid_dpo_settings_name_the_key():
