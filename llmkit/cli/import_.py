@@ -18,6 +18,7 @@ def import_(
     from llmkit.api import find_in_workspace
     from llmkit.hf import ImportConfig, run_import
 
+    cfg = ctx.config(ImportConfig, "import")  # settings first: a wrong key is named before anything is read
     source = find_in_workspace(ctx.workspace, from_, "transformers folder",
                                "give the folder save_pretrained wrote, or the name `llmkit export` wrote")
-    run_import(ctx, ctx.config(ImportConfig, "import"), source, tokenizer)
+    run_import(ctx, cfg, source, tokenizer)
