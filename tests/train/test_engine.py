@@ -232,3 +232,29 @@ def test_ranks_resume_from_the_newest_checkpoint_every_rank_can_read(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout + done.stderr and "step-00000002 (step 2)" in done.stdout + done.stderr
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+GOLDEN = REPO / "tests" / "assets" / "golden_losses.json"
+GOLDEN_RUN = dict(max_steps=8, transformer=True, weight_decay=0.1, grad_clip=1.0)  # fp32, ZeRO-0
+
+
+def test_a_fresh_run_reproduces_the_golden_loss_curve(tmp_path):
+    """The first losses of a tiny fixed fp32 run (torchtitan keeps such curves in its test assets):
+    any change to the model, loss, optimizer, schedule, clipping or data order shows here.
+    When a change to training numerics is intended, regenerate the file and commit it with the
+    change that explains it:
+        LLMKIT_REGENERATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/train/test_engine.py -k golden
+    """
+    make_engine(tmp_path / "run", **GOLDEN_RUN).fit()
+    records = read_metrics(tmp_path / "run")
+    curve = {"losses": [r["loss"] for r in records], "grad_norms": [r["grad_norm"] for r in records]}
+    if os.environ.get("LLMKIT_REGENERATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps({
+            "about": "tests/train/test_engine.py::test_a_fresh_run_reproduces_the_golden_loss_curve; "
+                     "make_engine(**run) of tests/train/conftest.py",
+            "run": GOLDEN_RUN, "torch": torch.__version__, **curve}, indent=1) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["run"] == GOLDEN_RUN, "the run changed: regenerate the golden file (see above)"
+    assert curve["losses"] == pytest.approx(golden["losses"], abs=1e-6, rel=0)
+    assert curve["grad_norms"] == pytest.approx(golden["grad_norms"], abs=1e-5, rel=0)
