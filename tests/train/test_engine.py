@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,90 @@ def test_a_fresh_run_reproduces_the_golden_loss_curve(tmp_path):
     assert golden["run"] == GOLDEN_RUN, "the run changed: regenerate the golden file (see above)"
     assert curve["losses"] == pytest.approx(golden["losses"], abs=1e-6, rel=0)
     assert curve["grad_norms"] == pytest.approx(golden["grad_norms"], abs=1e-5, rel=0)
+
+
+# -- the optimizer against hand formulas ---------------------------------------------------------
+
+
+def reference_run(cfg, steps: int, clip: bool = True):
+    """TinyLM (no dropout) trained on the engine's tiny task by hand: cross-entropy, the global
+    gradient norm clipped as g · min(1, c / (‖g‖ + 1e-6)), then torch's reference AdamW with
+    matrices decayed and norms / biases not. Returns the model and the pre-clip norms."""
+    import torch.nn.functional as F
+
+    from tests.train.conftest import StreamBatches, TinyLM
+    from llmkit.train.distributed import seed_everything
+
+    seed_everything(cfg.seed)
+    model = TinyLM(dropout=0.0)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=cfg.betas, eps=1e-8, foreach=False)
+    data, norms = iter(StreamBatches(cfg.micro_batch_size)), []
+    for step in range(1, steps + 1):
+        batch = next(data)
+        logits = model(torch.from_numpy(batch["input_ids"]).long())
+        loss = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(batch["labels"]).long().flatten())
+        opt.zero_grad()
+        loss.backward()
+        norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
+        norms.append(norm)
+        if clip:
+            for p in params:
+                p.grad.mul_(min(1.0, cfg.grad_clip / (norm + 1e-6)))
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        opt.step()
+    return model, norms
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])  # the guarded fused AdamW; DeepSpeed's ZeRO optimizer
+def test_clipped_updates_equal_the_hand_formula(tmp_path, zero_stage):
+    engine = make_engine(tmp_path / "run", dropout=0.0, max_steps=4, grad_clip=0.05, weight_decay=0.1,
+                         zero_stage=zero_stage)
+    engine.fit()
+    expected, norms = reference_run(engine.cfg, 4)
+    assert min(norms) > 10 * engine.cfg.grad_clip  # every step clipped, each by its own factor
+    assert [r["grad_norm"] for r in read_metrics(tmp_path / "run")] == pytest.approx(norms, rel=1e-4)
+    unclipped, _ = reference_run(engine.cfg, 4, clip=False)
+    got = dict(engine.task.model.named_parameters())
+    for name, p in expected.named_parameters():
+        torch.testing.assert_close(got[name], p, atol=2e-6, rtol=1e-5, msg=name)
+    assert any((dict(unclipped.named_parameters())[n] - p).abs().max() > 1e-4
+               for n, p in expected.named_parameters())  # clipping changed the run
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_weight_decay_shrinks_matrices_and_leaves_norms_and_biases(tmp_path, zero_stage):
+    """With zero gradients AdamW's step is the decay alone: p ← p·(1 − lr·wd) for matrices."""
+    engine = make_engine(tmp_path / "run", max_steps=1, weight_decay=0.5, lr=0.1, min_lr=0.01,
+                         zero_stage=zero_stage)
+    engine.task.loss = lambda model, batch: (sum(p.sum() for p in model.parameters()) * 0.0, {})
+    before = {n: p.detach().clone() for n, p in engine.task.model.named_parameters()}
+    engine.fit()
+    after = dict(engine.task.model.named_parameters())
+    assert sorted(n for n, p in before.items() if p.dim() >= 2) == ["embed.weight", "mix.weight"]
+    for name, p in before.items():
+        shrink = 1 - 0.1 * 0.5 if p.dim() >= 2 else 1.0  # the head is tied to embed.weight
+        torch.testing.assert_close(after[name].detach(), p * shrink, rtol=1e-6, atol=0, msg=name)
+
+
+def test_log_every_with_resume_writes_the_metrics_of_an_uninterrupted_run(tmp_path):
+    options = dict(max_steps=10, log_every=3, save_every=4)
+    make_engine(tmp_path / "straight", **options).fit()
+    stopped = make_engine(tmp_path / "stopped", **options)
+    original = stopped.task.next_batch
+
+    def next_batch(model):
+        if stopped.task.batches_drawn == 4:  # during step 5, between two checkpoints
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(model)
+
+    stopped.task.next_batch = next_batch
+    with pytest.raises(TrainingInterrupted):
+        stopped.fit()
+    assert ckpt.read_latest(tmp_path / "stopped") == "step-00000005"
+    make_engine(tmp_path / "stopped", **options).fit()
+    assert [r["step"] for r in read_metrics(tmp_path / "straight")] == [3, 6, 9, 10]
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "straight")
