@@ -13,12 +13,13 @@ from llmkit.errors import ConfigError
 BLOCK = 20000  # source i's stream holds the values i*BLOCK, i*BLOCK+1, ... (position + origin)
 
 
-def write_tokens(root: Path, shards: list[list[tuple[str, int]]], split="train") -> Path:
+def write_tokens(root: Path, shards: list[list[tuple[str, int]]], split="train", dtype="uint16",
+                 first=0) -> Path:
     """A token artifact whose shards hold documents (source, n_tokens) of `split`; each
-    source's stream counts up from its BLOCK, so a token tells its source and its position
-    in the stream. The other split gets one document per shard, which must be ignored."""
+    source's stream counts up from first + its BLOCK, so a token tells its source and its
+    position in the stream. The other split gets one document per shard, which must be ignored."""
     names = sorted({s for shard in shards for s, _ in shard})
-    next_value = {s: names.index(s) * BLOCK for s in names}
+    next_value = {s: first + names.index(s) * BLOCK for s in names}
     other = "val" if split == "train" else "train"
     for d in ("train", "val", "index"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -33,15 +34,15 @@ def write_tokens(root: Path, shards: list[list[tuple[str, int]]], split="train")
             offset += n
         rows.insert(1, {"id": f"{k}-x", "source": "elsewhere", "split": other,
                         "offset": 0, "length": 3})
-        np.array(tokens, np.uint16).tofile(root / split / f"shard-{k:05d}.bin")
-        np.array([65000] * 3, np.uint16).tofile(root / other / f"shard-{k:05d}.bin")
+        np.array(tokens, dtype).tofile(root / split / f"shard-{k:05d}.bin")
+        np.array([65000] * 3, dtype).tofile(root / other / f"shard-{k:05d}.bin")
         table = pa.Table.from_pylist(rows).cast(pa.schema([
             ("id", pa.string()), ("source", pa.string()), ("split", pa.string()),
             ("offset", pa.int64()), ("length", pa.int64())]))
         table = table.set_column(2, "split", table.column("split").dictionary_encode())
         pq.write_table(table, root / "index" / f"shard-{k:05d}.parquet")
-    (root / "manifest.json").write_text(json.dumps({"stats": {"dtype": "uint16",
-                                                               "vocab_size": 65535}}))
+    vocab = int(np.iinfo(dtype).max)
+    (root / "manifest.json").write_text(json.dumps({"stats": {"dtype": dtype, "vocab_size": vocab}}))
     return root
 
 
@@ -68,6 +69,22 @@ def test_rows_are_stream_windows_with_next_token_labels(three_sources):
         # crossing documents and shards included)
         assert (np.diff(np.concatenate([x, y[:, -1:]], axis=1), axis=1) == 1).all()
         assert ((x[:, 0] % BLOCK) % 16 == 0).all()
+
+
+def test_uint32_shards_give_ids_above_uint16(tmp_path):
+    """A vocabulary over 65,535 tokens (Llama 3, Qwen) is stored as uint32 shards."""
+    root = write_tokens(tmp_path, [[("a", 500), ("b", 300)], [("a", 201)]], dtype="uint32",
+                        first=100_000)
+    loader = TokenLoader(root, seq_len=16, micro_batch_size=8, weights={"a": 1, "b": 1})
+    rows = [next(loader) for _ in range(10)]
+    x = np.concatenate([b["input_ids"] for b in rows])
+    y = np.concatenate([b["labels"] for b in rows])
+    assert loader.vocab_size == 2**32 - 1 and x.min() >= 100_000
+    assert (np.diff(np.concatenate([x, y[:, -1:]], axis=1), axis=1) == 1).all()
+    assert sorted(set((x[:, 0] - 100_000) // BLOCK)) == [0, 1]
+    assert set(x[:, 0] % 16) == {100_000 % 16, (100_000 + BLOCK) % 16}  # window starts
+    assert {int(v) for v in x[:, 0]} <= set(range(100_000, 100_701 - 16, 16)) | set(
+        range(100_000 + BLOCK, 100_000 + BLOCK + 300 - 16, 16))
 
 
 def test_mixture_matches_the_temperature_formula_within_one_sample_at_every_prefix(three_sources):
