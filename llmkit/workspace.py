@@ -281,9 +281,20 @@ class Builder:
         self._lock: Path | None = None
         self.up_to_date = not force and self._existing_fingerprint() == self.fingerprint
         if self.up_to_date:
-            shutil.rmtree(self.work_dir, ignore_errors=True)  # left by a kill after the rename
+            self._clear_leftovers()
             if not quiet:
                 print(f"{name}: up to date ({self.final})")
+
+    def _clear_leftovers(self) -> None:
+        """What a run killed after renaming its artifact into place left: its work dir and,
+        unless another builder is at work, its lock (taken and let go: that clears it)."""
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        lock = self.final.with_name(self.final.name + ".lock")
+        if lock.exists():
+            try:
+                release_lock(acquire_lock(lock))
+            except UserError:
+                pass
 
     def _existing_fingerprint(self) -> str | None:
         try:
@@ -365,6 +376,7 @@ class Builder:
             if self.final.exists():
                 os.replace(self.final, old)
             os.replace(self.dir, self.final)
+            kill_point("renamed")
             shutil.rmtree(old, ignore_errors=True)
             _fsync_dir(self.final.parent)
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -241,3 +241,21 @@ def test_kill_point_kills_at_the_named_pass_only(tmp_path):
     env["LLMKIT_KILL_AT"] = ""
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.split() == ["0", "1", "2"]
+
+
+def test_a_run_killed_after_its_rename_leaves_a_lock_the_next_check_clears(tmp_path, capsys):
+    script = textwrap.dedent(f"""
+        from dataclasses import dataclass
+        from llmkit.workspace import Workspace
+        @dataclass
+        class C:
+            x: int = 1
+        with Workspace({str(tmp_path)!r}).builder("a", stage="t", config=C()) as b:
+            (b.work_dir / "task.bin").write_text("x")
+    """)
+    env = {**os.environ, "LLMKIT_KILL_AT": "renamed"}
+    assert subprocess.run([sys.executable, "-c", script], env=env).returncode == -signal.SIGKILL
+    assert (tmp_path / "a.lock").exists() and any((tmp_path / ".work").iterdir())
+    assert build(Workspace(tmp_path)).up_to_date  # the artifact was complete
+    assert not (tmp_path / "a.lock").exists() and not any((tmp_path / ".work").iterdir())
+    assert "clearing stale lock" in capsys.readouterr().err

@@ -6,7 +6,8 @@ every window is hit on every machine. The points: `build` (lock taken, temporary
 `progress` (the first batch or task reported done), `checkpoint` (a step folder written, not
 yet sealed), `tokenize:assemble` / `dedup:assemble` (before each work file is linked into the
 artifact: `@2` is after the first one), `commit` (the manifest written, not renamed into
-place); `NAME@N` is the N-th pass. Kills pile up on one workspace (stale locks, half-written
+place), `renamed` (the artifact in place, its lock and work dir not yet cleared); `NAME@N` is
+the N-th pass. Kills pile up on one workspace (stale locks, half-written
 temporary folders, interrupted checkpoints, half-assembled artifacts) before the final rerun.
 After every kill, an artifact that has a manifest must already be the finished one; the rerun
 must then give the same rows in the same order (data stages) or the same per-step losses and
@@ -61,14 +62,14 @@ STAGES = {
 }
 TRAINING = {"pretrain", "sft", "dpo"}
 # where each stage is killed, in order, before the final rerun
-DATA_POINTS = ["build", "progress", "commit"]
+DATA_POINTS = ["build", "progress", "commit", "renamed"]
 # a save cut short with no step to resume from, then one with a sealed step before it (a
 # killed run holds its lock, as at `build`, which the data stages cover)
 TRAINING_POINTS = ["checkpoint", "checkpoint@2"]
 KILL_AT = {stage: TRAINING_POINTS if stage in TRAINING else DATA_POINTS for stage in STAGES}
 KILL_AT["ppl-filter"] = ["progress", "commit"]  # each run loads a model: `build` as above
-KILL_AT["dedup"] = ["progress", "dedup:assemble", "dedup:assemble@2", "commit"]
-KILL_AT["tokenize"] = ["progress", "tokenize:assemble", "tokenize:assemble@2", "commit"]
+KILL_AT["dedup"] = ["progress", "dedup:assemble", "dedup:assemble@2", "commit", "renamed"]
+KILL_AT["tokenize"] = ["progress", "tokenize:assemble", "tokenize:assemble@2", "commit", "renamed"]
 
 
 def command(ws: Path, stage: str) -> list[str]:
