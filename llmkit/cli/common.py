@@ -101,8 +101,8 @@ class user_errors:
         if exc_type is not None and issubclass(exc_type, UserError):
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(2)
-        if exc_type is KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):  # TrainingInterrupted too
+            print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
             raise typer.Exit(130)
         if exc_type is not None and issubclass(exc_type, OSError) and exc.errno == 28:
             print(f"error: disk full while writing ({exc}); free space and re-run — "

@@ -221,3 +221,36 @@ def test_a_corpus_without_a_validation_split_is_said_loudly(ws):
     out = pretrain(ws, "max_steps=2", extra=["--in", "tokens_noval", "--out", "noval"]).output
     assert "no validation loss will be measured" in out
     assert "none (no validation split)" in out
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(ws, tmp_path):
+    """SIGINT (Ctrl-C) finishes the step in progress, saves it, and exits 130 saying where the
+    checkpoint is, without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = [a for s in (*TINY, "max_steps=100000", "save_every=0", "eval_every=0")
+            for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "llmkit", "pretrain", "-w", str(ws), "--out", "interrupted", *sets]
+    run = ws / "interrupted"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "interrupted: stopped by signal 2" in err, err[-3000:]
+    assert str(run) in err  # where the checkpoint is
+    latest = ckpt.read_latest(run)
+    assert latest is not None and ckpt.checkpoint_problem(run / latest) is None
+    assert ckpt.step_of(run / latest) == read_metrics(run)[-1]["step"] >= 1
+    assert not (run / "manifest.json").exists()  # stopped: the artifact is not complete
