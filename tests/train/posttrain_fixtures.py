@@ -53,6 +53,25 @@ def constant_model(vocab_size: int):
     return model
 
 
+def memorizing_model(tokenizer: Tokenizer, sequences: list[list[int]], steps: int = 60, seed: int = 0):
+    """A tiny model trained (next-token loss on every token, Adam) on `sequences` of token ids until
+    greedy decoding continues each of them from its prefixes: a model whose answers are known."""
+    import torch.nn.functional as F
+
+    model = tiny_model(tokenizer.vocab_size, seed=seed)
+    ids = torch.full((len(sequences), max(map(len, sequences))), tokenizer.pad_id)
+    labels = torch.full_like(ids, -100)
+    for row, seq in enumerate(sequences):
+        ids[row, :len(seq)] = labels[row, :len(seq)] = torch.tensor(seq)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        logits = model(ids)[:, :-1]
+        F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100).backward()
+        opt.step()
+    return model.eval()
+
+
 def addition_rows(n: int, seed: int = 0, start: int = 0) -> list[dict]:
     """SFT rows (prompt/response and messages alternately) with an `answer`."""
     rng = random.Random(seed)
