@@ -34,12 +34,28 @@ def fast(**overrides) -> dict:
     return {k: str(v) for k, v in {**base, **overrides}.items()}
 
 
-def run(make_ctx, ws, force=False, **overrides):
+def run(make_ctx, ws, force=False, train="sft_train", eval_data="sft_eval", **overrides):
     from llmkit.config import _Raw
 
-    ctx = make_ctx(inputs=["sft_train"], force=force)
+    ctx = make_ctx(inputs=[train], force=force)
     ctx.overrides = {k: _Raw(v) for k, v in fast(**overrides).items()}
-    return run_sft(ctx, ctx.config(SftConfig, "sft"), base="pretrain", eval_data="sft_eval")
+    return run_sft(ctx, ctx.config(SftConfig, "sft"), base="pretrain", eval_data=eval_data)
+
+
+def sums_to(total: int, n: int, start: int = 0) -> list[dict]:
+    """SFT rows (prompt/response and messages alternately) whose answer is `total`:
+    "What is a+b?" with a + b = total."""
+    rows = []
+    for i in range(n):
+        prompt, answer = f"What is {10 + i}+{total - 10 - i}?", str(total)
+        row = {"id": f"t{total}-{start + i}", "answer": answer, "messages": None, "prompt": None,
+               "response": None}
+        if i % 2:
+            row["messages"] = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        else:
+            row.update(prompt=prompt, response=answer)
+        rows.append(row)
+    return rows
 
 
 def test_labelled_logps_equal_the_full_logits_formula(tok):
@@ -59,21 +75,26 @@ def test_labelled_logps_equal_the_full_logits_formula(tok):
 
 
 def test_sft_run_lowers_the_loss_changes_weights_and_records_accuracy(make_ctx, setup):
+    """Every training answer is 42: the tuned model answers 42 to anything, so it is right on
+    exactly the held-out rows whose answer is 42 (half of them), and the untuned one on none."""
     ws = setup
+    write_dataset(ws, "sums_42", sums_to(42, 24))
+    write_dataset(ws, "sums_eval", sums_to(42, 4, start=100) + sums_to(41, 4, start=100))
     before, _ = load_model(ws / "pretrain")
-    b = run(make_ctx, ws)
+    settings = dict(train="sums_42", eval_data="sums_eval", lr=5e-2, min_lr=5e-3, max_steps=24)
+    b = run(make_ctx, ws, **settings)
     manifest = json.loads((ws / "sft" / "manifest.json").read_text())
     stats = manifest["stats"]
-    assert stats["steps"] == 12 and stats["eval_records"] == 8
-    assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
+    assert stats["steps"] == 24 and stats["eval_records"] == 8
+    assert stats["base_accuracy"] == 0.0 and stats["accuracy"] == 0.5
     losses = [json.loads(line)["loss"] for line in (ws / "sft" / "metrics.jsonl").open()]
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
     after, step_dir = load_model(ws / "sft")
     changed = [not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters())]
     assert all(changed)
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
-    assert run(make_ctx, ws).up_to_date  # same inputs and config: nothing to do
-    assert b.stats["examples"] == 48 and b.stats["truncated"] == 0
+    assert run(make_ctx, ws, **settings).up_to_date  # same inputs and config: nothing to do
+    assert b.stats["examples"] == 24 and b.stats["truncated"] == 0
 
 
 def test_force_starts_a_fresh_run_instead_of_resuming(make_ctx, setup):
