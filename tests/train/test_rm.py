@@ -55,7 +55,15 @@ def test_a_saved_reward_model_loads_back_in_eval_mode(tok, tmp_path):
         load_reward_model(policy)
 
 
-def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
+def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok, monkeypatch):
+    started = []  # the reward model's weights as run_rm builds it (its score head is random)
+    build = RewardModel.__init__
+
+    def remember_start(self, trunk):
+        build(self, trunk)
+        started.append({k: v.detach().clone() for k, v in self.state_dict().items()})
+
+    monkeypatch.setattr(RewardModel, "__init__", remember_start)
     ws = tmp_path / "ws"
     write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
     write_dataset(ws, "pref_train", separable_pairs(64))
@@ -76,10 +84,10 @@ def test_rm_run_raises_pairwise_accuracy(make_ctx, tmp_path, tok):
     assert b.stats["base_accuracy"] < 0.8 and b.stats["accuracy"] >= 0.9  # held-out pairs
     config = json.loads(next((ws / "rm").glob("step-*/config.json")).read_text())
     assert config["llmkit_head"] == "reward"
-    trained = load_reward_model(ws / "rm")
-    start = tiny_model(tok.vocab_size)
-    assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight,
-                           start.model.layers[0].mlp.up_proj.weight)
+    trained = load_reward_model(ws / "rm").state_dict()
+    assert started[0].keys() == trained.keys()  # every parameter trains: no lm_head in a reward model
+    unchanged = [k for k, v in started[0].items() if torch.equal(v, trained[k])]
+    assert not unchanged, unchanged
 
 
 def test_make_fragment_runs_rm_on_its_inputs(tmp_path):
