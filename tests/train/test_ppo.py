@@ -229,10 +229,13 @@ def tiny_setup(algo="ppo", max_steps=20, **overrides):
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     task, cfg = tiny_setup(algo)
-    before = {k: v.clone() for k, v in task.model.policy.state_dict().items()}
+    before = {k: v.detach().clone() for k, v in task.model.named_parameters()}
     Engine(tmp_path / "run", cfg.train_config(), task).fit()
-    after = task.model.policy.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    after = dict(task.model.named_parameters())
+    assert all(p.requires_grad for p in after.values())  # nothing frozen (the head is tied)
+    assert any(k.startswith("value_head.") for k in before) == (algo == "ppo")
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert not unchanged, unchanged
     history = task.reward_history
     assert len(history) == 20 * 8 // (cfg.rollout_size * cfg.ppo_epochs)
     assert sum(history[-2:]) / 2 > sum(history[:2]) / 2 + 0.1, history
