@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True)
+@stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True, rows=True)
 def tokenize(
     ctx,
     tokenizer: Annotated[str, typer.Option(help="Tokenizer artifact name or path.")] = "tokenizer",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -58,6 +59,7 @@ class TokenizeConfig:
     split_seed: int = 0          # salt of that hash: another value picks another val set
     batch_rows: int = 1024       # documents read from parquet at a time
     task_bytes: int = 1 << 20    # text per worker task (memory: a few tasks per worker)
+    allow_empty: bool = False    # write shards of no token instead of refusing them (exit 2)
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:
@@ -381,10 +383,7 @@ def plan_shards(datasets) -> list[tuple[Path, str]]:
     """(part file, source name for rows without one) of every input, in order."""
     from llmkit.data.io import dataset_files
 
-    shards = [(f, art.name) for art in datasets for f in dataset_files(art.path)]
-    if not shards:
-        raise UserError(f"tokenize: no parquet parts in {', '.join(str(a.path) for a in datasets)}")
-    return shards
+    return [(f, art.name) for art in datasets for f in dataset_files(art.path)]  # [] if all empty
 
 
 def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
@@ -420,8 +419,16 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
     with b:
         run_shards(b.start_work(len(shards), "shards"))
         b.stats.update(_assemble(b.work_dir, b.dir, len(shards), tok))
+        if not b.stats["tokens"] and not cfg.allow_empty:
+            raise UserError(f"tokenize: {', '.join(d.name for d in datasets)} gave no token "
+                            f"({b.stats['docs']} documents); nothing was written. Check the "
+                            "inputs, or accept empty shards with --allow-empty")
         tok.save(b.dir / TOKENIZER_DIR)
     st = b.stats
+    if cfg.val_fraction and st["tokens"] and not st["splits"]["val"]["tokens"]:
+        print(f"warning: tokenize: the val split is empty (val_fraction={cfg.val_fraction} of "
+              f"{st['docs']} documents drew none): training will measure no validation loss; "
+              "raise --set val_fraction=…", file=sys.stderr, flush=True)
     print_summary(f"{b.name} done", [
         ("documents", st["docs"]), ("tokens", st["tokens"]),
         ("train tokens", st["splits"]["train"]["tokens"]),

@@ -178,3 +178,23 @@ def test_a_shard_folder_that_cannot_be_replaced_is_an_error_naming_it(ws):
     r = CliRunner().invoke(build_app(), ["tokenize", *map(str, common)])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert str(work / "shard-00001") in r.output and f"delete {work}" in r.output
+
+
+def test_an_empty_input_is_refused_down_the_pipeline_unless_allowed(ws, tmp_path):
+    ws, _ = ws
+    data = write_jsonl(tmp_path / "none.jsonl", [{"id": "x", "body": "no text field"}])
+    run = lambda *a: CliRunner().invoke(build_app(), [str(x) for x in a])  # noqa: E731
+    assert run("ingest", data, "-w", ws, "--out", "none", "--allow-empty").exit_code == 0
+    refused = run("dedup", "-w", ws, "--in", "none", "--out", "none_dedup")
+    assert refused.exit_code == 2 and "dedup: no rows in none" in refused.output
+    assert not (ws / "none_dedup").exists()
+    assert run("dedup", "-w", ws, "--in", "none", "--out", "none_dedup", "--allow-empty").exit_code == 0
+    refused = run("tokenize", "-w", ws, "--in", "none_dedup", "--out", "none_tokens")
+    assert refused.exit_code == 2 and "none_dedup gave no token (0 documents)" in refused.output
+    assert not (ws / "none_tokens").exists()
+
+
+def test_an_empty_validation_split_is_said_loudly(ws):
+    ws, _ = ws
+    r = llmkit("tokenize", "-w", ws, "--in", "b", "--out", "tokens_tiny_val", "--set", "val_fraction=0.0001")
+    assert "the val split is empty" in r.output

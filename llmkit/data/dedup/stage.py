@@ -39,6 +39,7 @@ class DedupConfig:
     simhash: SimHashConfig = field(default_factory=SimHashConfig)  # method=simhash
     minhash: MinHashConfig = field(default_factory=MinHashConfig)  # method=minhash
     batch_rows: int = 512   # documents per batch (memory ∝ batch_rows × document size)
+    allow_empty: bool = False  # write an empty output instead of refusing it (exit 2)
 
     def __post_init__(self):
         if self.batch_rows < 1:
@@ -47,6 +48,8 @@ class DedupConfig:
 
 def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     """Run (or resume) the dedup stage; returns the Builder, or None for a partial run."""
+    from llmkit.data.pipeline import require_rows
+
     _arrow_allocator_that_returns_memory()
     if phase is not None and phase not in PHASES:
         raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
@@ -76,6 +79,7 @@ def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
         for p in PHASES:
             run_tasks(plan, p, plan.pending(p), ctx.workers)
         b.stats.update(plan.assemble(b.dir))
+        require_rows("dedup", b.stats, cfg.allow_empty, source=src.name)
     _summary(b)
     return b
 
