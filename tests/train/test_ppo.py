@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import json
 import math
 
@@ -8,7 +9,8 @@ import torch
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import ModelConfig, Transformer, left_pad
 from llmkit.train.engine import Engine
-from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, PPOConfig, PPOTask, Prompt,
+from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, build_actor_critic, mixed_scorer,
+                              select_rows, PPOConfig, PPOTask, Prompt,
                               RunningMoments, Samples, clip_scores, clipped_policy_loss,
                               clipped_value_loss, entropy_from_logits, gae,
                               group_relative_advantages, kl_estimate, logprobs_of,
@@ -209,10 +211,11 @@ def fraction_of_target(samples: Samples) -> torch.Tensor:
     return hits.sum(-1).float() / samples.response_mask.sum(-1).clamp(min=1)
 
 
-def tiny_setup(algo="ppo", max_steps=20, **overrides):
+def tiny_setup(algo="ppo", max_steps=20, scorer=fraction_of_target, tie_embeddings=True, **overrides):
     torch.manual_seed(0)
     policy = Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
-                                     n_kv_heads=1, intermediate_size=64, max_seq_len=16))
+                                     n_kv_heads=1, intermediate_size=64, max_seq_len=16,
+                                     tie_embeddings=tie_embeddings))
     policy.init_weights(seed=0)
     reference = copy.deepcopy(policy)
     settings = dict(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
@@ -220,8 +223,8 @@ def tiny_setup(algo="ppo", max_steps=20, **overrides):
                     micro_batch_size=8, lr=2e-2, min_lr=2e-2, peak_flops=1e9)
     cfg = PPOConfig(**{**settings, **overrides})
     prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
-    model = ActorCritic(policy, with_value=algo == "ppo")
-    task = PPOTask(model, reference, prompts, fraction_of_target, cfg, stop_ids=[], pad_id=0,
+    model = build_actor_critic(policy, cfg)
+    task = PPOTask(model, reference, prompts, scorer, cfg, stop_ids=[], pad_id=0,
                    decode=lambda ids: " ".join(map(str, ids)))
     return task, cfg
 
@@ -289,6 +292,107 @@ def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path):
     assert resumed.reward_history == straight.reward_history
     for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(p, q)
+
+
+# ---- the options, in the loop -------------------------------------------------------------------
+
+
+def test_adaptive_kl_steers_beta_once_per_rollout_in_the_loop(tmp_path):
+    # 16 responses per rollout, horizon 16: β ← β·(1 + clip(KL / target − 1, ±0.2)) each rollout
+    task, cfg = tiny_setup(max_steps=12, adaptive_kl=True, kl_target=0.05, kl_horizon=16)
+    Engine(tmp_path / "run", cfg.train_config(), task).fit()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    per_rollout = {r["rollouts"]: (r["kl"], r["kl_coef"]) for r in records}
+    assert sorted(per_rollout) == [1.0, 2.0, 3.0]  # 4 optimizer steps per rollout
+    kls, betas = zip(*(per_rollout[k] for k in sorted(per_rollout)))
+    assert betas[0] == cfg.kl_coef and kls[0] == pytest.approx(0.0, abs=1e-6)  # policy = reference
+    beta = cfg.kl_coef
+    for kl, logged in zip(kls, betas):
+        assert logged == pytest.approx(beta, rel=1e-9)
+        beta *= 1 + min(max(kl / cfg.kl_target - 1, -0.2), 0.2) * 16 / 16
+    assert task.kl_ctl.value == pytest.approx(beta, rel=1e-9)
+    assert len(set(betas)) == 3  # it moved every rollout
+    fixed, _ = tiny_setup(max_steps=4)
+    Engine(tmp_path / "fixed", cfg.train_config(), fixed).fit()
+    assert fixed.kl_ctl.value == 0.01
+
+
+def test_normalize_reward_scales_scores_by_the_moments_of_every_score_seen():
+    batches = iter([torch.arange(16.0), 10 + 2 * torch.arange(16.0)])
+    task, _ = tiny_setup(scorer=lambda samples: next(batches), normalize_reward=True, reward_clip=None,
+                         kl_coef=0.0, gamma=1.0, lam=1.0, whiten_advantages=False)
+    task.make_rollout(task.model)
+    rollout = task.make_rollout(task.model)
+    seen = torch.cat([torch.arange(16.0), 10 + 2 * torch.arange(16.0)]).double()
+    expected = (10 + 2 * torch.arange(16.0).double() - seen.mean()) / (seen.std(unbiased=False) + 1e-8)
+    # no KL penalty, γ = λ = 1, values 0 (a new head): every token's return is the sequence's score
+    assert rollout["returns"][:, 0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert rollout["returns"][:, -1].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert task.score_moments.count == 32 and task.reward_history[-1] == pytest.approx(25.0)  # raw
+
+
+def test_entropy_coef_subtracts_the_entropy_bonus_and_its_gradient():
+    task, cfg = tiny_setup()
+    batch = select_rows(task.make_rollout(task.model), torch.arange(8))
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    plain, metrics = task.loss(task.model, batch)
+    task.cfg = dataclasses.replace(cfg, entropy_coef=0.5)
+    bonus, _ = task.loss(task.model, batch)
+    logits, _ = task.model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+    p = torch.softmax(logits.double(), -1)
+    mask = batch["response_mask"]
+    entropy = ((-(p * p.log()).sum(-1)) * mask).sum() / mask.sum()  # temperature 1
+    assert metrics["entropy"].item() == pytest.approx(entropy.item(), rel=1e-5)
+    assert bonus.item() == pytest.approx(plain.item() - 0.5 * entropy.item(), rel=1e-5)
+    got = torch.autograd.grad(bonus - plain, params, allow_unused=True)
+    want = torch.autograd.grad(-0.5 * entropy.float(), params, allow_unused=True)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None or g.abs().max() == 0
+        else:
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+    assert any(w is not None and w.abs().max() > 0 for w in want)
+
+
+def test_separate_value_model_trains_its_own_trunk_and_leaves_the_policy_alone(tmp_path):
+    from llmkit.train.rm import RewardModel
+
+    torch.manual_seed(1)
+    rm = RewardModel(Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
+                                             n_kv_heads=1, intermediate_size=64, max_seq_len=16,
+                                             tie_embeddings=False)))
+    policy = tiny_setup(tie_embeddings=False)[0].model.policy
+    started = build_actor_critic(policy, PPOConfig(value_model="separate", micro_batch_size=8), rm)
+    # InstructGPT's start: the value model is a copy of the reward model, head included
+    assert started.value_trunk is not rm.trunk
+    for name, value in rm.state_dict().items():
+        mine = started.value_head.weight if name == "score.weight" else started.value_trunk.state_dict()[name]
+        assert torch.equal(mine, value), name
+    ids = torch.randint(1, 12, (2, 9))
+    _, values = started(ids, torch.ones_like(ids), 3)
+    values.sum().backward()  # the value loss: no gradient reaches the policy
+    assert all(p.grad is None for p in started.policy.parameters())
+
+    task, cfg = tiny_setup(value_model="separate", tie_embeddings=False, max_steps=8)
+    before = {k: v.detach().clone() for k, v in task.model.named_parameters()}
+    Engine(tmp_path / "run", cfg.train_config(), task).fit()
+    after = dict(task.model.named_parameters())
+    frozen = sorted(k for k, v in after.items() if not v.requires_grad)
+    assert frozen == ["value_trunk.lm_head.weight"]  # a value trunk never predicts tokens
+    unchanged = sorted(k for k in before if torch.equal(before[k], after[k]))
+    assert unchanged == frozen
+
+
+def test_mixed_scorer_adds_the_weighted_verifiable_reward():
+    samples = Samples(torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.long), 2,
+                      torch.ones(3, 2, dtype=torch.long), ["42", "41", " 42 "], ["42", "42", "42"])
+
+    class FixedRewardModel(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return torch.tensor([0.5, -1.0, 2.0])
+
+    assert mixed_scorer(FixedRewardModel(), 2.0)(samples).tolist() == [2.5, -1.0, 4.0]
+    assert mixed_scorer(FixedRewardModel(), 2.0, partial=True)(samples).tolist() == [2.5, 0.0, 4.0]
 
 
 # ---- the make fragment ----------------------------------------------------------------------------
