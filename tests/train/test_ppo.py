@@ -17,8 +17,8 @@ from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, build_actor_cri
                               masked_mean, response_mask_of, run_ppo, token_rewards, verify_scorer,
                               whiten)
 from tests.make_fragments import make_command, make_dry_run
-from tests.train.posttrain_fixtures import (make_tokenizer, preference_rows, tiny_model,
-                                            write_checkpoint_run, write_dataset)
+from tests.train.posttrain_fixtures import (make_tokenizer, memorizing_model, preference_rows,
+                                            tiny_model, write_checkpoint_run, write_dataset)
 
 
 # ---- pure functions against hand-computed cases ------------------------------------------------
@@ -444,32 +444,61 @@ def stage_ws(tmp_path, tok):
     return ws
 
 
-def run_stage(make_ctx, reward_model=None, **overrides):
+def run_stage(make_ctx, reward_model=None, policy="sft", eval_data="prompts_eval", out=None, **overrides):
     from llmkit.config import _Raw
 
     base = dict(max_steps=2, prompts_per_rollout=4, micro_batch_size=4, ppo_epochs=1,
                 max_new_tokens=4, seq_len=64, eval_records=4, lr=1e-3, min_lr=1e-3)
-    ctx = make_ctx(inputs=["prompts_train"])
+    ctx = make_ctx(inputs=["prompts_train"], **({"out": out} if out else {}))
     ctx.overrides = {k: _Raw(str(v)) for k, v in {**base, **overrides}.items()}
-    return run_ppo(ctx, ctx.config(PPOConfig, "ppo"), policy="sft", reward_model=reward_model,
-                   eval_data="prompts_eval")
+    return run_ppo(ctx, ctx.config(PPOConfig, "ppo"), policy=policy, reward_model=reward_model,
+                   eval_data=eval_data)
 
 
-def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_ctx, stage_ws):
+@pytest.fixture(scope="module")
+def answers_42(tok):
+    """A policy that learnt by heart to answer 42 to "What is a+b?" whatever a and b are."""
+    chats = [tok.encode_chat([{"role": "user", "content": f"What is {a}+{42 - a}?"},
+                              {"role": "assistant", "content": "42"}])[0] for a in range(10, 18)]
+    return memorizing_model(tok, chats, steps=40)
+
+
+def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_ctx, stage_ws, tok,
+                                                                         answers_42):
+    """The policy answers 42 to every sum; half the held-out sums are 42 and the others 41 and 40
+    (similarity 0.5 each), and two small steps do not change a greedy answer."""
     from llmkit.api import load_model
 
-    before, _ = load_model(stage_ws / "sft")
-    b = run_stage(make_ctx, reward_model="rm")
+    write_checkpoint_run(stage_ws, "sft42", answers_42, tok)
+    write_dataset(stage_ws, "sums_eval", [{"id": f"e{i}", "prompt": f"What is {a}+{b}?", "answer": str(a + b)}
+                                          for i, (a, b) in enumerate([(30, 12), (25, 17), (30, 11), (25, 15)])])
+    before, _ = load_model(stage_ws / "sft42")
+    b = run_stage(make_ctx, reward_model="rm", policy="sft42", eval_data="sums_eval")
     stats = json.loads((stage_ws / "ppo" / "manifest.json").read_text())["stats"]
     assert stats["reward"] == "model" and stats["rollouts"] == 2 and stats["steps"] == 2
     assert stats["reward_start"] is not None and stats["reward_end"] is not None
-    assert 0.0 <= stats["base_accuracy"] <= 1.0 and 0.0 <= stats["accuracy"] <= 1.0
+    assert stats["base_accuracy"] == stats["accuracy"] == 0.5
+    assert stats["base_similarity"] == stats["similarity"] == 0.75
     after, step_dir = load_model(stage_ws / "ppo")  # a plain policy: no value head inside
-    assert any(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
+    assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
     records = [json.loads(line) for line in (stage_ws / "ppo" / "metrics.jsonl").open()]
     assert records[0]["kl"] == pytest.approx(0.0, abs=1e-5)
-    assert run_stage(make_ctx, reward_model="rm").up_to_date and b.stats["train_prompts"] == 16
+    assert run_stage(make_ctx, reward_model="rm", policy="sft42", eval_data="sums_eval").up_to_date
+    assert b.stats["train_prompts"] == 16
+
+
+def test_stage_reward_mix_adds_the_weighted_verifiable_reward(make_ctx, stage_ws, monkeypatch):
+    import llmkit.rewards
+
+    # every response verifies: the same first rollout scores exactly verify_weight more under mix
+    monkeypatch.setattr(llmkit.rewards, "verify_rewards", lambda responses, answers, partial=False:
+                        [1.0] * len(responses))
+    by_model = run_stage(make_ctx, reward_model="rm", reward="model", max_steps=1, eval_records=0)
+    mixed = run_stage(make_ctx, reward_model="rm", reward="mix", verify_weight=0.5, max_steps=1,
+                      eval_records=0, out="ppo_mix")
+    assert (by_model.stats["reward"], mixed.stats["reward"]) == ("model", "mix")
+    assert mixed.stats["reward_start"] == pytest.approx(by_model.stats["reward_start"] + 0.5, abs=1e-6)
 
 
 def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
