@@ -86,16 +86,20 @@ def scratch_data(root: Path) -> None:
 
 
 def run(line: str) -> str:
-    """One README line: llmkit in this process; anything else (a launcher) in a shell, with the
-    virtualenv's llmkit first on PATH."""
-    argv = shlex.split(line, comments=True)
+    """One README line: llmkit in this process; a launcher (`torchrun … $(which llmkit) …`) as a
+    subprocess with the virtualenv's llmkit, its llmkit arguments made tiny the same way."""
+    bin_dir = Path(sys.executable).parent
+    llmkit = str(bin_dir / "llmkit")
+    argv = shlex.split(line.replace("$(which llmkit)", llmkit), comments=True)
     if argv[0] == "llmkit":
         result = CliRunner().invoke(build_app(), tiny(argv)[1:])
         assert result.exit_code == 0, f"README: `{line}` exited {result.exit_code}:\n{result.output}"
         return result.output
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    launched = line.replace("pretrain", "pretrain " + " ".join(tiny(["llmkit", "pretrain"])[2:]))
-    done = subprocess.run(launched, shell=True, env=env, capture_output=True, text=True, timeout=600)
+    at = argv.index(llmkit)
+    launcher, command = argv[:at], tiny(["llmkit", *argv[at + 1:]])
+    argv = [str(bin_dir / launcher[0]), *launcher[1:], llmkit, *command[1:]]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"README: `{line}` exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done.stdout
 
