@@ -507,11 +507,15 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
     assert b.stats["reward_start"] == 0.0  # an untrained model does not add up
 
 
-def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, stage_ws):
-    b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, partial_credit=True)
+def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, stage_ws, tok, answers_42):
+    write_checkpoint_run(stage_ws, "sft42", answers_42, tok)
+    write_dataset(stage_ws, "sums_eval", [{"id": f"e{i}", "prompt": f"What is {a}+{b}?", "answer": str(a + b)}
+                                          for i, (a, b) in enumerate([(30, 12), (25, 17), (30, 11), (23, 22)])])
+    b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, partial_credit=True,
+                  policy="sft42", eval_data="sums_eval")
     for when in ("base_", ""):
-        # a right reply scores 1 both ways, a wrong one at least 0 in similarity
-        assert 0.0 <= b.stats[f"{when}accuracy"] <= b.stats[f"{when}similarity"] <= 1.0
+        # "42" against 42, 42, 41 and 45: right twice, and half right (one digit of two) twice
+        assert (b.stats[f"{when}accuracy"], b.stats[f"{when}similarity"]) == (0.5, 0.75)
 
 
 def test_verify_scorer_gives_partial_credit_when_asked():
