@@ -50,7 +50,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches accumulated into one optimizer step
     lr: float = 3e-4  # peak learning rate, reached at the end of warmup
     min_lr: float = 3e-5  # learning rate at the end of the cosine decay
-    warmup_steps: int = 100  # linear warmup from 0 to lr
+    warmup_steps: int | None = None  # linear warmup from 0 to lr; None = 100 steps, or 10% of a shorter run
     weight_decay: float = 0.1  # AdamW decay of matrices (norms and biases are not decayed)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW moment coefficients
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
@@ -78,8 +78,13 @@ class TrainConfig:
         "eval_every", "eval_batches", "log_every", "max_bad_steps", "resume_from", "peak_flops",
         "compile", "activation_checkpointing"})
 
+    AUTO_WARMUP: ClassVar[int] = 100  # the warmup that warmup_steps=None gives a long enough run
+
     def __post_init__(self):
         self.betas = tuple(self.betas)
+        if self.warmup_steps is None:  # left at its default: never longer than the run itself
+            auto = type(self).AUTO_WARMUP
+            self.warmup_steps = auto if auto <= self.max_steps else self.max_steps // 10
         positive = ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "log_every",
                     "max_bad_steps")
         for name in positive:
