@@ -9,8 +9,8 @@ import torch
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import ModelConfig, Transformer, left_pad
 from llmkit.train.engine import Engine
-from llmkit.train.ppo import (ActorCritic, AdaptiveKLController, build_actor_critic, mixed_scorer,
-                              select_rows, PPOConfig, PPOTask, Prompt,
+from llmkit.train.ppo import (AdaptiveKLController, PPOConfig, PPOTask, Prompt, build_actor_critic,
+                              mixed_scorer, select_rows,
                               RunningMoments, Samples, clip_scores, clipped_policy_loss,
                               clipped_value_loss, entropy_from_logits, gae,
                               group_relative_advantages, kl_estimate, logprobs_of,

@@ -223,7 +223,7 @@ def test_a_corpus_without_a_validation_split_is_said_loudly(ws):
     assert "none (no validation split)" in out
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_130(ws, tmp_path):
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(ws):
     """SIGINT (Ctrl-C) finishes the step in progress, saves it, and exits 130 saying where the
     checkpoint is, without a traceback."""
     import os
@@ -236,7 +236,10 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(ws, tmp_path):
             for a in ("--set", s)]
     cmd = [sys.executable, "-m", "llmkit", "pretrain", "-w", str(ws), "--out", "interrupted", *sets]
     run = ws / "interrupted"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a fresh process group: not the one earlier in-process runs left in this environment
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                             "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 120
         while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
