@@ -71,7 +71,7 @@ def test_first_step_loss_is_ln2_and_margins_grow(make_ctx, ws, tok):
     assert records[-1]["rewards/margins"] > records[0]["rewards/margins"] + 0.05
     assert records[-1]["rewards/accuracy"] > 0.5 and records[-1]["loss"] < math.log(2)
     assert {"rewards/chosen", "rewards/rejected", "logps/chosen"} <= set(records[0])
-    assert 0.0 <= b.stats["base_accuracy"] <= 1.0 and "accuracy" in b.stats
+    assert b.stats["base_accuracy"] == 0.0 and "accuracy" in b.stats  # an untrained model does not add up
     before = tiny_model(tok.vocab_size)
     after, _ = load_model(ws / "dpo")
     assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
