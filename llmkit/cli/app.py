@@ -7,8 +7,10 @@ import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 import llmkit
+from llmkit.recipes import STAGE_CONFIGS
 
 # command name -> "module:function"; every stage of DESIGN.md, in pipeline order
 COMMANDS = {
@@ -32,6 +34,41 @@ COMMANDS = {
 }
 
 
+# commands that are not stages: they read the stages' settings or the workspace
+HELPERS = {
+    "config": "llmkit.cli.config:config",
+}
+
+
+class StageHelp(TyperCommand):
+    """A command whose --help ends with the keys of its stage's config (`section`)."""
+
+    section = ""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        super().format_epilog(ctx, formatter)
+        formatter.write("\n" + config_keys_help(self.section))
+
+
+def config_keys_help(section: str, longest_default: int = 40) -> str:
+    """The keys of a stage's config, one a line: `key: type = default  # comment`, nested
+    sections as `model.n_layers`. Read from the config class's source, so torch is not imported."""
+    from llmkit.config import documented_keys
+
+    rows = []
+    for doc in documented_keys(STAGE_CONFIGS[section]):
+        default = doc.default
+        if len(default) > longest_default and default[0] in "[{":
+            default = default[:longest_default].rsplit(", ", 1)[0] + ", …" + default[-1]
+        rows.append((f"{doc.key}: {doc.type}" + ("" if doc.section else f" = {default}"),
+                     doc.comment))
+    width = min(max(len(left) for left, _ in rows), 52)
+    lines = [f"Config keys (--set KEY=VALUE, or the recipe's `{section}:` section;",
+             f"`llmkit config {section}` prints the resolved values):"]
+    lines += [f"  {left:<{width}}  # {comment}" if comment else f"  {left}" for left, comment in rows]
+    return "\n".join(lines) + "\n"
+
+
 def show_version(value: bool) -> None:
     if value:
         print(f"llmkit {llmkit.__version__}")
@@ -50,7 +87,7 @@ def build_app() -> typer.Typer:
             help="Print the version and exit.")] = False) -> None:
         pass
 
-    for name, target in COMMANDS.items():
+    for name, target in {**COMMANDS, **HELPERS}.items():
         module, func = target.split(":")
         try:
             fn = getattr(importlib.import_module(module), func)
@@ -58,7 +95,8 @@ def build_app() -> typer.Typer:
             if e.name != module:
                 raise
             continue  # stage not built yet
-        app.command(name, help=fn.__doc__)(fn)
+        cls = type(f"{func}_help", (StageHelp,), {"section": name}) if name in STAGE_CONFIGS else None
+        app.command(name, help=fn.__doc__, cls=cls)(fn)
     return app
 
 
