@@ -150,7 +150,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
 # resume_from naming an older step, rewinds it there (the later checkpoints are replaced).
 
 RUN_RECORD = "run.json"  # in a run dir: the settings and inputs it was last started with
-LEGACY_RUN_FINGERPRINT = "run_fingerprint"  # what llmkit <= 0.4 kept instead of run.json
+LEGACY_RUN_FINGERPRINT = "run_fingerprint"  # what earlier versions kept instead of run.json
 
 
 @dataclasses.dataclass
@@ -233,7 +233,7 @@ def start_run(b, plan: RunPlan) -> None:
             shutil.rmtree(p)
         write_atomic(b.dir / LATEST, step_dir_name(plan.step) + "\n")
         print(f"{b.name}: rewound to step {plan.step}; removed {', '.join(p.name for p in plan.rewound)}")
-    elif plan.changes:
+    if plan.changes:
         history = [*history, plan.change_record]
         with open(b.dir / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": "config_change", **plan.change_record}) + "\n")
