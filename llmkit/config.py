@@ -548,6 +548,7 @@ def _constant(mod: _Module, expr, depth: int = 0):
         return _CALLABLE[expr.func.id](*map(again, expr.args))
     ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow,
+           ast.Mod: operator.mod, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
            ast.USub: operator.neg, ast.UAdd: operator.pos}
     if isinstance(expr, ast.BinOp) and type(expr.op) in ops:
         return ops[type(expr.op)](again(expr.left), again(expr.right))

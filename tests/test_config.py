@@ -106,3 +106,110 @@ def test_two_pairs_in_one_set_value_are_refused():
     # a value that merely holds `word=` is a value; so is the same text from a recipe
     assert resolve_config(Dedup, parse_overrides(["method=a b=c"])).method == "a b=c"
     assert resolve_config(Dedup, {"method": "x threshold=1"}).method == "x threshold=1"
+
+
+# -- the keys of a config, read from its source (what --help lists) --------------------------------
+
+@dataclass
+class Documented(Cfg):
+    steps: int = 20  # optimizer steps (the subclass's default and comment)
+    window: int = 2**10  # tokens a window holds; this comment goes on
+    #                      on a line of its own, aligned under it
+    # --- a heading, not part of the comment above
+    tags: list[str] = field(
+        default_factory=lambda: list(STOP_WORDS))  # words to skip
+    shingles: Optional[Shingles] = None  # an optional section: its keys are listed too
+
+
+STOP_WORDS = ("the", "a")
+
+
+def test_documented_keys_are_read_from_the_source_bases_first():
+    from llmkit.config import documented_keys
+
+    docs = {d.key: d for d in documented_keys("tests.test_config:Documented")}
+    assert list(docs) == dotted_keys(Documented)  # base fields first; `steps` keeps its place
+    assert (docs["steps"].default, docs["steps"].comment) == ("20", "optimizer steps (the subclass's default and comment)")
+    assert docs["window"].default == "1024"
+    assert docs["window"].comment == "tokens a window holds; this comment goes on on a line of its own, aligned under it"
+    assert (docs["tags"].type, docs["tags"].default, docs["tags"].comment) == ("list[str]", "[the, a]", "words to skip")
+    assert docs["name"].type == "Optional[str]" and docs["name"].default == "null"
+    assert docs["model"].section and docs["model.norm"].default == "rmsnorm"
+    assert docs["shingles"].section and docs["shingles.ngram"].default == "5"
+
+
+def test_documented_keys_of_every_stage_match_its_config_class():
+    """The source reading (what `--help` shows without importing torch) equals the imported
+    dataclasses: the same keys in the same order, and every constant default equal."""
+    import dataclasses
+
+    from llmkit.config import documented_keys, yaml_value
+    from llmkit.recipes import STAGE_CONFIGS, config_class
+
+    for section, target in STAGE_CONFIGS.items():
+        cls = config_class(section)
+        docs = documented_keys(target)
+        assert [d.key for d in docs] == dotted_keys(cls), section
+        for doc in docs:
+            *parents, leaf = doc.key.split(".")
+            owner = cls
+            for p in parents:
+                owner = _section_type(owner, p)
+            f = next(f for f in dataclasses.fields(owner) if f.name == leaf)
+            declared = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if not doc.section and not doc.default.endswith(")"):
+                assert doc.default == yaml_value(declared), (section, doc.key)
+
+
+def _section_type(cls, name):
+    import typing
+
+    from llmkit.config import _dataclass_in
+
+    return _dataclass_in(typing.get_type_hints(cls)[name])
+
+
+def test_printed_config_resolves_back_to_the_same_config_for_every_stage():
+    """`llmkit config`'s YAML (values marked with their source), read back as a recipe section,
+    resolves to the config it printed."""
+    import yaml
+
+    from llmkit.config import config_yaml, value_sources
+    from llmkit.recipes import STAGE_CONFIGS, config_class
+
+    for section in STAGE_CONFIGS:
+        cls = config_class(section)
+        cfg = resolve_config(cls)
+        printed = config_yaml(cfg, section, value_sources(cls, {}))
+        assert resolve_config(cls, yaml.safe_load(printed)[section]) == cfg, section
+
+
+def test_value_sources_name_the_last_layer_that_set_each_key():
+    from llmkit.config import config_yaml, value_sources
+
+    recipe = {"lr": 0.5, "steps": 3, "model": {"norm": "layernorm"}}
+    overrides = parse_overrides(["steps=7", "model.n_layers=4"])
+    sources = value_sources(Cfg, {"recipe": recipe, "set": overrides})
+    assert sources == {"lr": "recipe", "steps": "set", "model.norm": "recipe", "model.n_layers": "set"}
+    text = config_yaml(resolve_config(Cfg, recipe, overrides), "stage", sources)
+    assert text.splitlines() == [
+        "stage:", "  lr: 0.5  # recipe", "  steps: 7  # set", "  name: null  # default",
+        "  flags: [a]  # default", "  use_x: false  # default", "  model:",
+        "    n_layers: 4  # set", "    norm: layernorm  # recipe"]
+
+
+# -- warmup left at its default never makes a short run invalid -----------------------------------
+
+def test_default_warmup_is_a_share_of_a_run_shorter_than_it():
+    from llmkit.train.engine import TrainConfig
+    from llmkit.train.pretrain import PretrainConfig
+
+    assert TrainConfig().warmup_steps == 100 and TrainConfig(max_steps=100).warmup_steps == 100
+    assert TrainConfig(max_steps=20).warmup_steps == 2 and TrainConfig(max_steps=5).warmup_steps == 0
+    cfg = resolve_config(PretrainConfig, parse_overrides(["max_steps=20"]))
+    assert cfg.warmup_steps == 2 and cfg.train_config().warmup_steps == 2
+    assert resolve_config(PretrainConfig, parse_overrides(["max_steps=20", "warmup_steps=none"])).warmup_steps == 2
+    with pytest.raises(ConfigError, match=r"warmup_steps \(30\) exceeds max_steps \(20\)"):
+        resolve_config(PretrainConfig, parse_overrides(["max_steps=20", "warmup_steps=30"]))
+    # the fingerprinted config of a run with the default warmup is what it was before `None`
+    assert config_to_dict(PretrainConfig())["warmup_steps"] == 100

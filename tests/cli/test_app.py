@@ -31,6 +31,44 @@ def test_command_table_lists_every_stage_of_the_design():
                               "export", "import", "report", "status"]
 
 
+def test_helper_commands_come_after_the_stages():
+    from llmkit.cli.app import HELPERS
+
+    assert list(HELPERS) == ["config"]
+    names = [c.name for c in build_app().registered_commands]
+    assert names == [*COMMANDS, *HELPERS]
+
+
+@pytest.mark.parametrize("stage", [c for c in COMMANDS if c != "status"])
+def test_stage_help_ends_with_every_key_of_its_config(stage):
+    """Every field of the stage's config class (nested sections' too), with its type, default
+    and the comment beside it in the source."""
+    from llmkit.config import documented_keys, dotted_keys
+    from llmkit.recipes import STAGE_CONFIGS, config_class
+
+    r = runner.invoke(build_app(), [stage, "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    head, sep, tail = r.output.partition("Config keys")
+    assert sep and "--help" in head
+    shown = [line.split(":", 1)[0].strip() for line in tail.splitlines()[2:] if line.strip()]
+    assert shown == dotted_keys(config_class(stage))
+    docs = {d.key: d for d in documented_keys(STAGE_CONFIGS[stage])}
+    for line in tail.splitlines()[2:]:
+        doc = docs[line.split(":", 1)[0].strip()]
+        assert line.strip().startswith(f"{doc.key}: {doc.type}")
+        assert line.rstrip().endswith(f"# {doc.comment}" if doc.comment else doc.type if doc.section else "")
+        if not doc.section and len(doc.default) <= 40:
+            assert f" = {doc.default}" in line
+
+
+def test_pretrain_help_shows_model_keys_with_type_default_and_comment():
+    r = runner.invoke(build_app(), ["pretrain", "--help"], terminal_width=200)
+    lines = [" ".join(line.split()) for line in r.output.splitlines()]
+    assert "model.n_layers: int | None = null # transformer blocks" in lines
+    assert "max_steps: int = 1000 # optimizer steps of the whole run" in lines
+    assert any(line.startswith("warmup_steps: int | None = null # linear warmup") for line in lines)
+
+
 def test_unknown_set_key_exits_2_naming_the_closest_key(tmp_path):
     p = write_jsonl(tmp_path / "d.jsonl", [{"text": "x"}])
     r = runner.invoke(build_app(), ["ingest", str(p), "-w", str(tmp_path / "ws"),
