@@ -219,41 +219,99 @@ def _tb_tag(key: str) -> str:
 
 
 class ConsoleLine:
-    """One live status line on a terminal (rich), plain lines otherwise."""
+    """Where a run stands, on stderr. On a terminal: one live line (rich) redrawn at each logged
+    step — a bar, step / max_steps, loss, tokens/s and the time left — with validation results
+    kept above it. Elsewhere (CI, a pipe, a file): one plain line per logged step, as before.
 
-    def __init__(self, enabled: bool = True):
+    `max_steps` (the run's) gives the bar and the ETA; without it the live line shows the step
+    alone. `clock` is injectable for tests."""
+
+    def __init__(self, enabled: bool = True, max_steps: int | None = None, clock=time.monotonic,
+                 stream=None):
         self.enabled = enabled
+        self.max_steps = max_steps
+        self.clock = clock
+        self.stream = stream  # default: sys.stderr at the time of writing
         self._live = None
+        self._first: tuple[int, float] | None = None  # (step, time) of the first line shown
 
     def show(self, record: dict) -> None:
         if not self.enabled:
             return
-        text = format_record(record)
-        if sys.stderr.isatty():
-            if self._live is None:
-                from rich.console import Console
-                from rich.live import Live
+        stream = self.stream or sys.stderr
+        if not stream.isatty():
+            print(format_record(record), file=stream, flush=True)
+            return
+        now = self.clock()
+        if self._first is None:
+            self._first = (record["step"], now - record.get("step_s", 0.0))
+        if self._live is None:
+            from rich.console import Console
+            from rich.live import Live
 
-                self._live = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
-                self._live.start()
-            self._live.update(text, refresh=True)
-            if any(k.startswith("val_") for k in record):
-                self._live.console.print(text)
-        else:
-            print(text, file=sys.stderr, flush=True)
+            self._live = Live(console=Console(file=stream), auto_refresh=False, transient=False)
+            self._live.start()
+        self._live.update(self._renderable(record, now), refresh=True)
+        if any(k.startswith("val_") for k in record):
+            self._live.console.print(format_record(record), highlight=False)
+
+    def eta_s(self, step: int, now: float) -> float | None:
+        """Seconds left at the mean pace since the first line shown (resumed runs included)."""
+        if self.max_steps is None or self._first is None:
+            return None
+        first_step, first_time = self._first
+        done = step - first_step + 1
+        if done <= 0 or now <= first_time:
+            return None
+        return (self.max_steps - step) * (now - first_time) / done
+
+    def _renderable(self, record: dict, now: float):
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        text = live_text(record, self.max_steps, self.eta_s(record["step"], now))
+        if self.max_steps is None:
+            return text
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(ProgressBar(total=self.max_steps, completed=record["step"], width=24), text)
+        return grid
 
     def note(self, message: str) -> None:
         if not self.enabled:
             return
         if self._live is not None:
-            self._live.console.print(message)
+            self._live.console.print(message, highlight=False)
         else:
-            print(message, file=sys.stderr, flush=True)
+            print(message, file=self.stream or sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+def live_text(record: dict, max_steps: int | None, eta_s: float | None) -> str:
+    """`step 120/1000 | loss 3.214 | 12,345 tok/s | ETA 4m12s` (the parts the record has)."""
+    parts = [f"step {record['step']}" + (f"/{max_steps}" if max_steps else "")]
+    if record.get("loss") is not None:
+        parts.append(f"loss {record['loss']:.4g}")
+    if record.get("tokens_per_s") is not None:
+        parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+    if eta_s is not None:
+        parts.append(f"ETA {duration(eta_s)}")
+    return " | ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """`45s`, `4m12s`, `2h05m`, `3d04h`."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 _SHOWN = ("loss", "val_loss", "val_ppl", "lr", "grad_norm", "tokens_per_s", "mfu", "skipped_steps")
