@@ -16,7 +16,7 @@ from llmkit.train.distributed import free_port
 from llmkit.train.metrics import read_metrics
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, preference_rows,
                                             tiny_model, write_checkpoint_run, write_dataset)
-from tests.train.test_pretrain import TINY, llmkit, ws as tokens_ws  # noqa: F401 (a fixture)
+from tests.train.test_pretrain import TINY, llmkit, token_workspace
 
 pytestmark = pytest.mark.slow
 LLMKIT = str(Path(sys.executable).parent / "llmkit")
@@ -33,6 +33,11 @@ def launch(launcher: str, stage: str, ws: Path, *args: str) -> subprocess.Comple
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
+
+
+@pytest.fixture(scope="module")
+def tokens_ws(tmp_path_factory):
+    return token_workspace(tmp_path_factory.mktemp("tokens"))
 
 
 def sets(*pairs: str) -> list[str]:

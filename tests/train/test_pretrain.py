@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,10 +33,8 @@ def pretrain(ws, *settings, expect=0, extra=()):
     return llmkit("pretrain", "-w", ws, *extra, *sets, expect=expect)
 
 
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
+def token_workspace(tmp: Path) -> Path:
     """Token shards of two sources (prose, code) with a val split, and their tokenizer."""
-    tmp = tmp_path_factory.mktemp("pretrain")
     docs = small_corpus(160)
     rows = [{"id": f"d{i}", "text": t, "source": "code" if i % 4 == 1 else "prose"}
             for i, t in enumerate(docs)]
@@ -44,6 +43,11 @@ def ws(tmp_path_factory):
     llmkit("tokenizer", "-w", ws, "--in", "dedup", "--set", "vocab_size=400")
     llmkit("tokenize", "-w", ws, "--in", "dedup", "--set", "val_fraction=0.1")
     return ws
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return token_workspace(tmp_path_factory.mktemp("pretrain"))
 
 
 @pytest.fixture(scope="module")
