@@ -1,25 +1,33 @@
-"""`llmkit status`: every artifact of a workspace — done, stale or incomplete — and the work
-that stages left behind (killed, or split across --rank tasks): partial or damaged."""
+"""`llmkit status`: every artifact of a workspace — done, stale, incomplete or missing — in
+pipeline order (an artifact after the inputs it was built from), the work that stages left behind
+(killed, or split across --rank tasks): partial or damaged, and the commands that would bring
+the workspace up to date."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed
+from llmkit.workspace import BUILT_BY, MANIFEST, WORK_INFO, resolve_input, sealed
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
+NEEDS_REBUILD = ("stale", "incomplete", "missing")
 
 
 @dataclass
 class ArtifactStatus:
     name: str
     stage: str
-    state: str          # done | stale | incomplete | partial | damaged
+    state: str          # done | stale | incomplete | missing | partial | damaged
     size: str           # rows or steps or bytes, whatever the artifact counts
     age_s: float | None
+    inputs: list[str] = field(default_factory=list)  # the artifacts it was built from (names)
+    rebuild: str | None = None  # the command that rebuilds it, when it needs rebuilding
+    why: str = ""       # what makes it stale: the input that changed, or the stale one upstream
 
 
 def _current_fingerprint(path: Path) -> str | None:
@@ -38,9 +46,9 @@ def artifact_status(path: Path, root: Path) -> ArtifactStatus:
     try:
         m = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
-        return _unfinished_status(path, name)
-    stale = any(_current_fingerprint(resolve_input(root, i["path"])) != i["fingerprint"]
-                for i in m.get("inputs", []))
+        return _unfinished_status(path, name, root)
+    changed = [i["path"] for i in m.get("inputs", [])
+               if _current_fingerprint(resolve_input(root, i["path"])) != i["fingerprint"]]
     stats = m.get("stats", {})
     if "rows_out" in stats:
         size = f"{stats['rows_out']:,} rows"
@@ -51,24 +59,70 @@ def artifact_status(path: Path, root: Path) -> ArtifactStatus:
     else:
         size = ""
     age = time.time() - (path / MANIFEST).stat().st_mtime
-    return ArtifactStatus(name, m.get("stage", "?"), "stale" if stale else "done", size, age)
+    stage = m.get("stage", "?")
+    inputs = [_name_in(root, resolve_input(root, i["path"])) for i in m.get("inputs", [])]
+    row = ArtifactStatus(name, stage, "stale" if changed else "done", size, age,
+                         [i for i in inputs if i is not None])
+    row.rebuild = _command_of(m.get("environment", {}).get("argv"), stage, name, root)
+    if changed:
+        first = resolve_input(root, changed[0])
+        row.why = f"{_name_in(root, first) or first} {'changed' if first.exists() else 'is missing'}"
+    return row
 
 
-def _unfinished_status(path: Path, name: str) -> ArtifactStatus:
+def _name_in(root: Path, path: Path) -> str | None:
+    """An input's artifact name (its path under the workspace root), or None for a file or
+    folder outside it (ingest's raw files)."""
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)))
+    except ValueError:
+        return None
+
+
+def _command_of(argv: list[str] | None, stage: str, name: str, root: Path) -> str:
+    """The command that built an artifact, as its manifest recorded it (run again, it rebuilds
+    what changed); without one, `llmkit STAGE [--out NAME]`. Pointed at this workspace."""
+    args = list(argv or [])[1:]
+    args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
+    if not args or args[0] != stage or Path((argv or ["?"])[0]).name not in ("llmkit", "__main__.py"):
+        default_name = next((n for n, s in BUILT_BY.items() if s == stage), stage)
+        args = stage.split() + (["PATH..."] if stage.startswith("ingest") else []) + \
+            (["--out", name] if name != default_name else [])
+    out, skip = [], False
+    for a in args:  # the workspace as this status reads it
+        if skip:
+            skip = False
+        elif a in ("-w", "--workspace"):
+            skip = True
+        elif not a.startswith("--workspace="):
+            out.append(a)
+    if Path(root) != Path("workspace") or os.environ.get("LLMKIT_WORKSPACE"):
+        out += ["-w", str(root)]
+    return shlex.join(["llmkit", *out])
+
+
+def _unfinished_status(path: Path, name: str, root: Path) -> ArtifactStatus:
     """A folder without a manifest: a report (which has none), or an incomplete artifact;
     for a stopped training run, its newest complete step (where a rerun resumes)."""
     if (path / REPORT).is_file():
         plots = len(list(path.glob("*.png")))
         return ArtifactStatus(name, "report", "done", f"{plots} plots",
                               time.time() - (path / REPORT).stat().st_mtime)
-    from llmkit.train.checkpoint import is_complete, step_dirs, step_of
+    from llmkit.train.checkpoint import RUN_RECORD, is_complete, step_dirs, step_of
 
+    try:  # a training run records its inputs when it starts
+        recorded = json.loads((path / RUN_RECORD).read_text())["inputs"]
+        inputs = [_name_in(root, resolve_input(root, i["path"])) for i in recorded]
+    except (OSError, ValueError, KeyError, TypeError):
+        inputs = []
+    stage = BUILT_BY.get(path.name, "?")
+    rebuild = _command_of(None, stage, name, root) if stage != "?" else None
     complete = [p for p in step_dirs(path) if is_complete(p)]
     if complete:
-        return ArtifactStatus(name, "?", "incomplete",
-                              f"step {step_of(complete[-1]):,} complete",
-                              time.time() - complete[-1].stat().st_mtime)
-    return ArtifactStatus(name, "?", "incomplete", "", None)
+        return ArtifactStatus(name, "?", "incomplete", f"step {step_of(complete[-1]):,} complete",
+                              time.time() - complete[-1].stat().st_mtime,
+                              [i for i in inputs if i], rebuild, "resumes from its last step")
+    return ArtifactStatus(name, "?", "incomplete", "", None, [i for i in inputs if i], rebuild)
 
 
 def work_status(work: Path) -> ArtifactStatus:
@@ -91,8 +145,49 @@ def work_status(work: Path) -> ArtifactStatus:
 
 
 def workspace_status(ws) -> list[ArtifactStatus]:
-    return ([artifact_status(p, ws.root) for p in ws.artifacts()]
-            + [work_status(w) for w in ws.work_dirs()])
+    """Every artifact, work dir and missing input of the workspace, inputs before what is built
+    from them (then in pipeline order); an artifact built from one that needs rebuilding needs
+    it too (stale)."""
+    rows = [artifact_status(p, ws.root) for p in ws.artifacts()] + \
+        [work_status(w) for w in ws.work_dirs()]
+    by_name = {r.name: r for r in rows}
+    for r in list(rows):
+        for name in r.inputs:
+            if name not in by_name:  # deleted since it was used
+                stage = BUILT_BY.get(name, "?")
+                by_name[name] = ArtifactStatus(
+                    name, stage.split()[0] if stage != "?" else "?", "missing", "", None,
+                    rebuild=_command_of(None, stage, name, ws.root) if stage != "?" else None)
+                rows.append(by_name[name])
+    rows = pipeline_order(rows)
+    for r in rows:  # inputs come first, so a stale input is known before its dependents
+        upstream = [i for i in r.inputs if by_name[i].state in NEEDS_REBUILD]
+        if r.state == "done" and upstream:
+            r.state, r.why = "stale", f"after {upstream[0]}"
+    return rows
+
+
+def pipeline_order(rows: list[ArtifactStatus]) -> list[ArtifactStatus]:
+    """Inputs before the artifacts built from them; otherwise by stage in pipeline order, then
+    by name (a stable topological order)."""
+    from llmkit.recipes import STAGE_CONFIGS
+
+    stages = list(STAGE_CONFIGS)
+    names = {r.name for r in rows}
+    waiting = {r.name: {i for i in r.inputs if i in names and i != r.name} for r in rows}
+
+    def rank(r):
+        stage = r.stage if r.stage in stages else BUILT_BY.get(r.name, "?").split()[0]
+        return (stages.index(stage) if stage in stages else len(stages), r.name)
+
+    out, done = [], set()
+    pending = sorted(rows, key=rank)
+    while pending:
+        ready = next((r for r in pending if waiting[r.name] <= done), pending[0])  # [0]: a cycle
+        pending.remove(ready)
+        out.append(ready)
+        done.add(ready.name)
+    return out
 
 
 def human_age(seconds: float | None) -> str:

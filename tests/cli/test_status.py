@@ -22,7 +22,7 @@ def status(*args) -> dict[str, list[str]]:
     """`llmkit status` as {artifact: [stage, state, size...]} (plain output, not a terminal)."""
     r = CliRunner().invoke(build_app(), ["status", *map(str, args)])
     assert r.exit_code == 0, r.output
-    rows = r.output.splitlines()[1:]
+    rows = r.output.split("\n\n")[0].splitlines()[1:]  # the table, before the commands
     return {line[:20].strip(): line[20:].split() for line in rows if line[:20].strip()}
 
 
@@ -61,3 +61,63 @@ def test_an_empty_workspace_is_named_as_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(build_app(), ["status", "-w", "workspace"])
     assert r.exit_code == 0 and "workspace ./workspace has no artifacts yet" in r.output
+
+
+def build_as(ws, name, argv, monkeypatch, **kw):
+    """`build`, as the command `argv` would have (the manifest records sys.argv)."""
+    monkeypatch.setattr("sys.argv", argv)
+    return build(ws, name, **kw)
+
+
+def output(*args) -> str:
+    r = CliRunner().invoke(build_app(), ["status", *map(str, args)])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_artifacts_are_listed_inputs_first_and_stale_ones_come_with_the_commands(tmp_path, monkeypatch):
+    """Names in reverse alphabetical order of the pipeline: the order is the manifests' inputs'."""
+    ws = Workspace(tmp_path / "ws")
+    llmkit = "/venv/bin/llmkit"
+    build_as(ws, "zeta", [llmkit, "t", "--out", "zeta"], monkeypatch)
+    build_as(ws, "beta", [llmkit, "t", "--in", "zeta", "--out", "beta", "-w", "elsewhere"],
+             monkeypatch, inputs=[ws.artifact("zeta")])
+    build_as(ws, "alpha", [llmkit, "t", "--in", "beta", "--out", "alpha"], monkeypatch,
+             inputs=[ws.artifact("beta")])
+    build_as(ws, "other", ["pytest"], monkeypatch)  # not built by llmkit's command line
+    assert list(status("-w", ws.root)) == ["other", "zeta", "beta", "alpha"]
+    assert "to rebuild" not in output("-w", ws.root)
+
+    build_as(ws, "zeta", [llmkit, "t", "--out", "zeta"], monkeypatch, x=2)  # zeta changes
+    rows = status("-w", ws.root)
+    assert {name: row[1] for name, row in rows.items()} == {
+        "other": "done", "zeta": "done", "beta": "stale", "alpha": "stale"}
+    todo = output("-w", ws.root).split("to rebuild, run in this order:\n")[1].splitlines()
+    assert todo == [f"  llmkit t --in zeta --out beta -w {ws.root}  # beta stale: zeta changed",
+                    f"  llmkit t --in beta --out alpha -w {ws.root}  # alpha stale: after beta"]
+
+
+def test_a_deleted_input_is_missing_before_what_was_built_from_it(tmp_path, monkeypatch):
+    import shutil
+
+    ws = Workspace(tmp_path / "ws")
+    build(ws, "clean")
+    build(ws, "tokens", inputs=[ws.artifact("clean")])
+    shutil.rmtree(ws.root / "clean")
+    rows = status("-w", ws.root)
+    assert list(rows) == ["clean", "tokens"]
+    assert rows["clean"][:2] == ["clean", "missing"] and rows["tokens"][1] == "stale"
+    todo = output("-w", ws.root).split("to rebuild, run in this order:\n")[1].splitlines()
+    assert todo[0] == f"  llmkit clean -w {ws.root}  # clean missing"
+    assert todo[1].endswith("# tokens stale: clean is missing")
+
+
+def test_pipeline_order_breaks_ties_by_stage():
+    from llmkit.status import ArtifactStatus, pipeline_order
+
+    rows = [ArtifactStatus(n, s, "done", "", None, inputs) for n, s, inputs in [
+        ("a_sft", "sft", ["b_pretrain", "sft_train"]), ("sft_train", "ingest", []),
+        ("b_pretrain", "pretrain", ["tokens"]), ("tokens", "tokenize", ["raw"]),
+        ("raw", "ingest", []), ("report/x", "report", [])]]
+    assert [r.name for r in pipeline_order(rows)] == [
+        "raw", "sft_train", "tokens", "b_pretrain", "a_sft", "report/x"]
