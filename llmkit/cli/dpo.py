@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.cli.dry_run import DryRun
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -15,8 +16,14 @@ def dpo(
     eval_: Annotated[Optional[str], typer.Option(
         "--eval", help="Held-out preference dataset, scored by exact match before/after "
                        "(default: a share of --in).")] = None,
+    dry_run: DryRun = False,
 ):
     """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free) on pairs (--in, default pref_train) -> `dpo`."""
     from llmkit.train.dpo import DpoConfig, run_dpo
 
-    run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base=from_, ref=ref, eval_data=eval_)
+    cfg = ctx.config(DpoConfig, "dpo")
+    if dry_run:
+        from llmkit.cli.dry_run import plan_dpo
+
+        return plan_dpo(ctx, cfg, from_, ref, eval_)
+    run_dpo(ctx, cfg, base=from_, ref=ref, eval_data=eval_)

@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.cli.dry_run import DryRun
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -16,9 +17,14 @@ def ppo(
     eval_: Annotated[Optional[str], typer.Option(
         "--eval", help="Held-out prompt dataset for exact match before/after (default: a share "
                        "of --in).")] = None,
+    dry_run: DryRun = False,
 ):
     """PPO / GRPO of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
     from llmkit.train.ppo import PPOConfig, run_ppo
 
     cfg = ctx.config(PPOConfig, "ppo")
+    if dry_run:
+        from llmkit.cli.dry_run import plan_ppo
+
+        return plan_ppo(ctx, cfg, from_, reward, eval_)
     run_ppo(ctx, cfg, policy=from_, reward_model=reward, eval_data=eval_)

@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.cli.dry_run import DryRun
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -11,8 +12,14 @@ def pretrain(
     from_: Annotated[Optional[str], typer.Option(
         "--from", help="Start from this checkpoint run (its latest step) or step folder: its "
                        "weights and architecture, with a fresh optimizer and schedule.")] = None,
+    dry_run: DryRun = False,
 ):
     """Pretrain a causal LM on token shards (--in, default tokens) -> checkpoint run `pretrain`."""
     from llmkit.train.pretrain import PretrainConfig, run_pretrain
 
-    run_pretrain(ctx, ctx.config(PretrainConfig, "pretrain"), from_=from_)
+    cfg = ctx.config(PretrainConfig, "pretrain")
+    if dry_run:
+        from llmkit.cli.dry_run import plan_pretrain
+
+        return plan_pretrain(ctx, cfg, from_)
+    run_pretrain(ctx, cfg, from_=from_)

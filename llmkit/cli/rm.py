@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.cli.dry_run import DryRun
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -14,8 +15,14 @@ def rm(
     eval_: Annotated[Optional[str], typer.Option(
         "--eval", help="Held-out preference dataset for pairwise accuracy (default: a share "
                        "of --in).")] = None,
+    dry_run: DryRun = False,
 ):
     """Reward model on preference pairs (--in, default pref_train), Bradley-Terry loss -> `rm`."""
     from llmkit.train.rm import RmConfig, run_rm
 
-    run_rm(ctx, ctx.config(RmConfig, "rm"), base=from_, eval_data=eval_)
+    cfg = ctx.config(RmConfig, "rm")
+    if dry_run:
+        from llmkit.cli.dry_run import plan_rm
+
+        return plan_rm(ctx, cfg, from_, eval_)
+    run_rm(ctx, cfg, base=from_, eval_data=eval_)

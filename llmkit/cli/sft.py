@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.cli.dry_run import DryRun
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -13,8 +14,14 @@ def sft(
     eval_: Annotated[Optional[str], typer.Option(
         "--eval", help="Held-out SFT dataset scored by exact match before/after (default: a "
                        "share of --in).")] = None,
+    dry_run: DryRun = False,
 ):
     """Supervised fine-tuning on chats (--in, default sft_train), loss on assistant turns -> `sft`."""
     from llmkit.train.sft import SftConfig, run_sft
 
-    run_sft(ctx, ctx.config(SftConfig, "sft"), base=from_, eval_data=eval_)
+    cfg = ctx.config(SftConfig, "sft")
+    if dry_run:
+        from llmkit.cli.dry_run import plan_sft
+
+        return plan_sft(ctx, cfg, from_, eval_)
+    run_sft(ctx, cfg, base=from_, eval_data=eval_)

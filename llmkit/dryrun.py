@@ -1,0 +1,230 @@
+"""What a training run would do, worked out before it starts (`llmkit <stage> --dry-run`):
+parameters, batch shape, steps, tokens, memory per device and checkpoint size.
+
+Pure arithmetic on the model's shape and the run's settings — nothing here imports torch or
+touches a file — so every figure is unit-tested against a formula, and the memory estimate
+against a measured run (tests/cli/test_dry_run.py).
+
+Memory per device is the sum of what a training step holds at its peak:
+- weights, gradients and optimizer state: per parameter 4 + 4 + 8 bytes in fp32 (AdamW's two
+  moments); 2 + 2 + 12 in bf16/fp16 (DeepSpeed keeps an fp32 master copy beside the moments),
+  as in the ZeRO paper. ZeRO stage 1 splits the optimizer state over the processes, stage 2 the
+  gradients too, stage 3 the weights too; offloading moves them to CPU memory instead.
+- activations: what forward keeps for backward, per token and block 8·hidden + 2·kv_width +
+  4·intermediate values (inputs of the norms and projections, q/k/v after RoPE, the attention
+  output, SwiGLU's gate, up and product), measured with torch's saved-tensor hooks for this
+  model; with activation checkpointing only each block's input is kept and one block is
+  recomputed at a time. A dense attention mask (packed or padded batches where attention runs
+  without FlexAttention: on CPU) adds a float [batch, 1, seq, seq] mask per block.
+- the loss: logits are float32 [positions, vocab]. Pretraining computes them 1,024 positions at
+  a time (the chunked loss: backward recomputes each chunk), so only one chunk's logits, their
+  softmax and gradient exist at once; the other trainers project only the labelled positions,
+  counted here as every position of the micro-batch (an upper bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GiB = 2**30
+MiB = 2**20
+LOSS_CHUNK = 1024  # positions per chunk of the pretraining loss (Transformer.loss_chunk_size)
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The fields of `llmkit.model.ModelConfig` that size a model."""
+
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+    tie_embeddings: bool = True
+    n_experts: int = 0
+    experts_top_k: int = 2
+
+    @classmethod
+    def of(cls, config) -> "Shape":
+        """From a ModelConfig, or a dict of its fields (a checkpoint's config.json)."""
+        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+        names = cls.__dataclass_fields__
+        return cls(**{k: get(k) for k in names if get(k) is not None})
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_heads * (self.hidden_size // self.n_heads)
+
+
+def parameters(m: Shape) -> int:
+    """Parameters of `llmkit.model.Transformer` of this shape (a tied head counted once)."""
+    h, kv = m.hidden_size, m.kv_width
+    attention = 2 * h * h + 2 * h * kv  # q, o; k, v
+    mlp = 3 * h * m.intermediate_size
+    if m.n_experts:
+        mlp = m.n_experts * mlp + h * m.n_experts  # experts and the router
+    block = attention + mlp + 2 * h  # two norms
+    embeddings = m.vocab_size * h * (1 if m.tie_embeddings else 2)
+    return m.n_layers * block + embeddings + h  # + the final norm
+
+
+def head_parameters(m: Shape) -> int:
+    """The output head's own parameters (0 when tied to the embedding)."""
+    return 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
+
+
+@dataclass
+class Memory:
+    """Bytes per device at the peak of a training step (and what is offloaded to CPU memory)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    loss: int  # logits of the loss at their largest
+    frozen: int = 0  # models held but not trained (PPO's reference and reward model)
+    offloaded: int = 0  # optimizer state / weights in CPU memory instead (ZeRO offload)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.loss + self.frozen
+
+
+def state_bytes(trainable: int, frozen_params: int, precision: str, zero_stage: int, world_size: int,
+                offload_optimizer: bool = False, offload_params: bool = False) -> dict:
+    """Weights, gradients and optimizer state per device (and offloaded), in bytes."""
+    mixed = precision != "fp32"
+    width = BYTES[precision]
+    n = max(world_size, 1)
+    weights = trainable * width
+    gradients = trainable * width
+    optimizer = trainable * (12 if mixed else 8)
+    if zero_stage >= 1:
+        optimizer //= n
+    if zero_stage >= 2:
+        gradients //= n
+    if zero_stage >= 3:
+        weights //= n
+    offloaded = 0
+    if offload_optimizer:
+        offloaded, optimizer = offloaded + optimizer, 0
+    if offload_params:
+        offloaded, weights = offloaded + weights, 0
+    return dict(weights=weights, gradients=gradients, optimizer=optimizer,
+                frozen=frozen_params * width, offloaded=offloaded)
+
+
+def activation_bytes(m: Shape, sequences: int, seq_len: int, precision: str = "fp32",
+                     checkpointing: bool = False, dense_mask: bool = False) -> int:
+    """What forward keeps for backward for `sequences` × `seq_len` tokens (see the module
+    docstring), in bytes."""
+    width = BYTES[precision]
+    tokens = sequences * seq_len
+    h, i = m.hidden_size, m.intermediate_size
+    mlp = 4 * i * (m.experts_top_k if m.n_experts else 1) + (m.n_experts or 0)
+    per_block = 8 * h + 2 * m.kv_width + mlp  # values per token
+    outside = 3 * h  # the embedding output, the final norm's input and output
+    if checkpointing:
+        values = tokens * (m.n_layers * h + per_block + outside)
+    else:
+        values = tokens * (m.n_layers * per_block + outside)
+    mask = 0
+    if dense_mask:
+        blocks = 1 if checkpointing else m.n_layers
+        mask = sequences * seq_len * seq_len * (1 + 4 * blocks)  # bool rule, float mask per block
+    return values * width + mask
+
+
+def loss_bytes(m: Shape, positions: int, chunked: bool) -> int:
+    """The logits of the loss at their largest: float32 [positions, vocab] three times (logits,
+    their log-softmax, the gradient), for one chunk of LOSS_CHUNK positions when chunked."""
+    if chunked:
+        positions = min(positions, LOSS_CHUNK)
+    return 3 * positions * m.vocab_size * 4
+
+
+@dataclass
+class Plan:
+    """What a training run would do: the figures `--dry-run` prints."""
+
+    stage: str
+    total_parameters: int
+    trainable_parameters: int
+    unit: str  # what a step counts: tokens (pretrain), sequences (sft), pairs (rm, dpo), responses (ppo)
+    per_step: int  # units per optimizer step, all processes
+    tokens_per_step: int  # at most (full sequences)
+    max_steps: int
+    world_size: int
+    memory: Memory
+    checkpoint_bytes: int  # one step folder
+    keep_last: int
+    notes: list[str] = field(default_factory=list)  # facts about the data and the inputs
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_per_step * self.max_steps
+
+    def lines(self) -> list[str]:
+        mem = self.memory
+        unit = "" if self.unit == "tokens" else f" ({self.per_step:,} {self.unit})"
+        kept = self.keep_last or "every"
+        out = [
+            f"{self.stage} --dry-run: nothing is written",
+            f"parameters          {self.total_parameters:,} ({self.trainable_parameters:,} trainable)",
+            f"per step            {self.tokens_per_step:,} tokens{unit}, on {self.world_size} "
+            f"process{'es' if self.world_size > 1 else ''}",
+            f"steps               {self.max_steps:,}",
+            f"tokens in all       {self.tokens:,}",
+            f"memory per device   {human_bytes(mem.total)}",
+            f"  weights           {human_bytes(mem.weights)}",
+            f"  gradients         {human_bytes(mem.gradients)}",
+            f"  optimizer state   {human_bytes(mem.optimizer)}",
+            f"  activations       {human_bytes(mem.activations)}",
+            f"  loss logits       {human_bytes(mem.loss)}",
+        ]
+        if mem.frozen:
+            out.append(f"  frozen models     {human_bytes(mem.frozen)}")
+        if mem.offloaded:
+            out.append(f"  in CPU memory     {human_bytes(mem.offloaded)} (offloaded)")
+        out.append(f"checkpoint          {human_bytes(self.checkpoint_bytes)} per step folder "
+                   f"(keep_last {kept})")
+        return out + self.notes
+
+
+def checkpoint_bytes(saved_parameters: int, trainable: int, precision: str) -> int:
+    """One step folder: model.safetensors, and DeepSpeed's ds/ (the module's weights again and
+    the optimizer state: fp32 master copy and moments in mixed precision, moments in fp32)."""
+    width = BYTES[precision]
+    optimizer = trainable * (12 if precision != "fp32" else 8)
+    return saved_parameters * width + trainable * width + optimizer
+
+
+def plan(stage: str, shape: Shape, *, trainable: int, total: int, unit: str, per_step: int,
+         tokens_per_step: int, sequences: int, seq_len: int, cfg, world_size: int = 1,
+         frozen: int = 0, saved: int | None = None, chunked_loss: bool = False,
+         loss_positions: int | None = None, dense_mask: bool = False,
+         notes: list[str] | None = None) -> Plan:
+    """The Plan of a run: `sequences` × `seq_len` is one micro-batch's forward; `cfg` is the
+    stage's config (a TrainConfig: precision, ZeRO stage, offload, checkpointing, keep_last)."""
+    state = state_bytes(trainable, frozen, cfg.precision, cfg.zero_stage, world_size,
+                        cfg.offload_optimizer, cfg.offload_params)
+    memory = Memory(
+        weights=state["weights"], gradients=state["gradients"], optimizer=state["optimizer"],
+        activations=activation_bytes(shape, sequences, seq_len, cfg.precision,
+                                     cfg.activation_checkpointing, dense_mask),
+        loss=loss_bytes(shape, loss_positions if loss_positions is not None else sequences * seq_len,
+                        chunked_loss),
+        frozen=state["frozen"], offloaded=state["offloaded"])
+    return Plan(stage, total, trainable, unit, per_step, tokens_per_step, cfg.max_steps, world_size,
+                memory, checkpoint_bytes(trainable if saved is None else saved, trainable,
+                                         cfg.precision), cfg.keep_last, list(notes or []))
+
+
+def human_bytes(n: int) -> str:
+    if n >= GiB:
+        return f"{n / GiB:,.2f} GiB"
+    if n >= MiB:
+        return f"{n / MiB:,.1f} MiB"
+    return f"{n / 1024:,.1f} KiB"
