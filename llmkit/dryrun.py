@@ -12,10 +12,12 @@ Memory per device is the sum of what a training step holds at its peak:
   gradients too, stage 3 the weights too; offloading moves them to CPU memory instead.
 - activations: what forward keeps for backward, per token and block 8·hidden + 2·kv_width +
   4·intermediate values (inputs of the norms and projections, q/k/v after RoPE, the attention
-  output, SwiGLU's gate, up and product), measured with torch's saved-tensor hooks for this
-  model; with activation checkpointing only each block's input is kept and one block is
-  recomputed at a time. A dense attention mask (packed or padded batches where attention runs
-  without FlexAttention: on CPU) adds a float [batch, 1, seq, seq] mask per block.
+  output, SwiGLU's gate, up and product) and n_heads + 2 float32 statistics (attention's
+  log-sum-exp per head, the norms' 1/rms), as torch's saved-tensor hooks count them for this
+  model. With activation checkpointing only each block's input is kept, and backward recomputes
+  one block at a time (after the loss, so the larger of the two counts). A dense attention mask
+  (packed or padded batches where attention runs without FlexAttention: on CPU) adds a float
+  [batch, 1, seq, seq] mask per block.
 - the loss: logits are float32 [positions, vocab]. Pretraining computes them 1,024 positions at
   a time (the chunked loss: backward recomputes each chunk), so only one chunk's logits, their
   softmax and gradient exist at once; the other trainers project only the labelled positions,
@@ -82,14 +84,16 @@ class Memory:
     weights: int
     gradients: int
     optimizer: int
-    activations: int
-    loss: int  # logits of the loss at their largest
+    activations: int  # kept by forward for backward
+    loss: int  # logits of the loss at their largest (backward starts there, all activations held)
+    recompute: int = 0  # one block's activations, rebuilt in backward (activation checkpointing)
     frozen: int = 0  # models held but not trained (PPO's reference and reward model)
     offloaded: int = 0  # optimizer state / weights in CPU memory instead (ZeRO offload)
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.loss + self.frozen
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + max(self.loss, self.recompute) + self.frozen)
 
 
 def state_bytes(trainable: int, frozen_params: int, precision: str, zero_stage: int, world_size: int,
@@ -116,25 +120,29 @@ def state_bytes(trainable: int, frozen_params: int, precision: str, zero_stage: 
                 frozen=frozen_params * width, offloaded=offloaded)
 
 
-def activation_bytes(m: Shape, sequences: int, seq_len: int, precision: str = "fp32",
-                     checkpointing: bool = False, dense_mask: bool = False) -> int:
-    """What forward keeps for backward for `sequences` × `seq_len` tokens (see the module
-    docstring), in bytes."""
-    width = BYTES[precision]
-    tokens = sequences * seq_len
+def block_bytes(m: Shape, sequences: int, seq_len: int, precision: str = "fp32",
+                dense_mask: bool = False) -> int:
+    """What one block keeps for backward: per token 8·hidden + 2·kv_width + 4·intermediate
+    values (MoE: for each of the top-k experts) and n_heads + 2 float32 statistics, and a float
+    attention mask when it is dense."""
     h, i = m.hidden_size, m.intermediate_size
     mlp = 4 * i * (m.experts_top_k if m.n_experts else 1) + (m.n_experts or 0)
-    per_block = 8 * h + 2 * m.kv_width + mlp  # values per token
-    outside = 3 * h  # the embedding output, the final norm's input and output
+    mask = 4 * sequences * seq_len * seq_len if dense_mask else 0
+    stats = m.n_heads + 2  # attention's log-sum-exp per head, each norm's 1/rms (float32)
+    return sequences * seq_len * ((8 * h + 2 * m.kv_width + mlp) * BYTES[precision] + 4 * stats) + mask
+
+
+def activation_bytes(m: Shape, sequences: int, seq_len: int, precision: str = "fp32",
+                     checkpointing: bool = False, dense_mask: bool = False) -> int:
+    """What forward keeps for backward for `sequences` × `seq_len` tokens, in bytes: every block's
+    activations, or with checkpointing each block's input; and outside the blocks the embedding
+    output and the final norm's input and output (and the boolean attention rule, when dense)."""
+    tokens = sequences * seq_len
+    outside = tokens * 3 * m.hidden_size * BYTES[precision]
+    rule = sequences * seq_len * seq_len if dense_mask else 0
     if checkpointing:
-        values = tokens * (m.n_layers * h + per_block + outside)
-    else:
-        values = tokens * (m.n_layers * per_block + outside)
-    mask = 0
-    if dense_mask:
-        blocks = 1 if checkpointing else m.n_layers
-        mask = sequences * seq_len * seq_len * (1 + 4 * blocks)  # bool rule, float mask per block
-    return values * width + mask
+        return m.n_layers * tokens * m.hidden_size * BYTES[precision] + outside + rule
+    return m.n_layers * block_bytes(m, sequences, seq_len, precision, dense_mask) + outside + rule
 
 
 def loss_bytes(m: Shape, positions: int, chunked: bool) -> int:
@@ -184,6 +192,8 @@ class Plan:
             f"  activations       {human_bytes(mem.activations)}",
             f"  loss logits       {human_bytes(mem.loss)}",
         ]
+        if mem.recompute:
+            out.append(f"  recomputed block  {human_bytes(mem.recompute)} (in backward, after the loss)")
         if mem.frozen:
             out.append(f"  frozen models     {human_bytes(mem.frozen)}")
         if mem.offloaded:
@@ -214,6 +224,8 @@ def plan(stage: str, shape: Shape, *, trainable: int, total: int, unit: str, per
         weights=state["weights"], gradients=state["gradients"], optimizer=state["optimizer"],
         activations=activation_bytes(shape, sequences, seq_len, cfg.precision,
                                      cfg.activation_checkpointing, dense_mask),
+        recompute=(block_bytes(shape, sequences, seq_len, cfg.precision, dense_mask)
+                   if cfg.activation_checkpointing else 0),
         loss=loss_bytes(shape, loss_positions if loss_positions is not None else sequences * seq_len,
                         chunked_loss),
         frozen=state["frozen"], offloaded=state["offloaded"])
