@@ -371,6 +371,7 @@ class _Module:
         self.name = name
         self.package = name if spec.submodule_search_locations else name.rpartition(".")[0]
         self.source = Path(spec.origin).read_text(encoding="utf-8")
+        self.lines = [line.encode() for line in self.source.splitlines(keepends=True)]
         self.tree = ast.parse(self.source)
         tokens = [t for t in tokenize.generate_tokens(io.StringIO(self.source).readline)
                   if t.type == tokenize.COMMENT]
@@ -390,6 +391,16 @@ class _Module:
                 self.constants[node.targets[0].id] = node.value
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
                 self.constants[node.target.id] = node.value
+
+
+    def segment(self, node) -> str:
+        """The source text of `node` (ast.get_source_segment, without splitting the file per call:
+        ast's offsets are UTF-8 byte columns)."""
+        lines = self.lines[node.lineno - 1:node.end_lineno]
+        if len(lines) == 1:
+            return lines[0][node.col_offset:node.end_col_offset].decode()
+        return b"".join([lines[0][node.col_offset:], *lines[1:-1],
+                         lines[-1][:node.end_col_offset]]).decode()
 
 
 @functools.cache
@@ -431,7 +442,7 @@ def _field_nodes(mod: _Module, cls) -> dict:
             fields.update(_field_nodes(*found))
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            annotation = ast.get_source_segment(mod.source, node.annotation) or ""
+            annotation = mod.segment(node.annotation)
             if "ClassVar" not in annotation and "InitVar" not in annotation:
                 fields[node.target.id] = (mod, node)
     return fields
@@ -450,7 +461,7 @@ def _key_docs(mod: _Module, cls, prefix: str) -> list[KeyDoc]:
             value, factory = kwargs.get("default"), kwargs.get("default_factory")
         section = _section_class(fmod, node.annotation)
         comment = _comment_of(fmod, node)
-        annotation = ast.get_source_segment(fmod.source, node.annotation)
+        annotation = fmod.segment(node.annotation)
         if factory is not None:
             default = _shown(fmod, factory, call=True)
         elif value is not None:
@@ -507,7 +518,7 @@ def _shown(mod: _Module, expr, call: bool = False) -> str:
             value = value() if callable(value) else value
         return yaml_value(value)
     except (_NotConstant, TypeError, ValueError):
-        return ast.get_source_segment(mod.source, expr) or "?"
+        return mod.segment(expr)
 
 
 _CALLABLE = {"list": list, "tuple": tuple, "dict": dict, "set": set, "frozenset": frozenset,
