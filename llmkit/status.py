@@ -153,7 +153,7 @@ def workspace_status(ws) -> list[ArtifactStatus]:
     by_name = {r.name: r for r in rows}
     for r in list(rows):
         for name in r.inputs:
-            if name not in by_name:  # deleted since it was used
+            if name not in by_name and not (ws.root / name).exists():  # deleted since it was used
                 stage = BUILT_BY.get(name, "?")
                 by_name[name] = ArtifactStatus(
                     name, stage.split()[0] if stage != "?" else "?", "missing", "", None,
@@ -161,7 +161,7 @@ def workspace_status(ws) -> list[ArtifactStatus]:
                 rows.append(by_name[name])
     rows = pipeline_order(rows)
     for r in rows:  # inputs come first, so a stale input is known before its dependents
-        upstream = [i for i in r.inputs if by_name[i].state in NEEDS_REBUILD]
+        upstream = [i for i in r.inputs if i in by_name and by_name[i].state in NEEDS_REBUILD]
         if r.state == "done" and upstream:
             r.state, r.why = "stale", f"after {upstream[0]}"
     return rows
