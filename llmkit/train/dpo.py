@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 
@@ -28,7 +28,8 @@ class DpoConfig(GenerativeConfig):
     micro_batch_size: int = 8  # preference pairs per forward (2x sequences)
     lr: float = 1e-5  # DPO moves a tuned policy a little; tiny models take more (recipes set it)
     min_lr: float = 1e-6  # learning rate at the end of the cosine decay
-    warmup_steps: int = 10  # linear warmup steps
+    warmup_steps: int | None = None  # linear warmup steps; None = 10, or 10% of a shorter run
+    AUTO_WARMUP: ClassVar[int] = 10
     weight_decay: float = 0.0  # AdamW decay of matrices
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     loss_type: DpoLossType = "sigmoid"  # sigmoid | ipo | cdpo | robust | reference_free

@@ -304,7 +304,7 @@ class Engine:
         self.dist = setup_distributed()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.run_dir, enabled=self.dist.is_main)
-        self.console = ConsoleLine(enabled=self.dist.is_main)
+        self.console = ConsoleLine(enabled=self.dist.is_main, max_steps=self.cfg.max_steps)
         self._build()
         resumed = self._resume()
         if resumed is None:

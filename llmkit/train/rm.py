@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -108,7 +109,8 @@ class RmConfig(PostTrainConfig):
     micro_batch_size: int = 8  # preference pairs per forward (2x sequences)
     lr: float = 1e-4  # peak learning rate
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
-    warmup_steps: int = 10  # linear warmup steps
+    warmup_steps: int | None = None  # linear warmup steps; None = 10, or 10% of a shorter run
+    AUTO_WARMUP: ClassVar[int] = 10
     weight_decay: float = 0.0  # AdamW decay of matrices
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     center_coef: float = 0.0  # η of the centring term η·mean((r_c + r_r)²); ~0.01 keeps rewards near 0

@@ -17,6 +17,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.engine import Task, TrainConfig
@@ -60,7 +61,8 @@ class SftConfig(GenerativeConfig):
     max_steps: int = 300  # optimizer steps
     lr: float = 1e-4  # fine-tuning moves a trained model: a lower peak than pretraining
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
-    warmup_steps: int = 10  # linear warmup steps
+    warmup_steps: int | None = None  # linear warmup steps; None = 10, or 10% of a shorter run
+    AUTO_WARMUP: ClassVar[int] = 10
     weight_decay: float = 0.0  # AdamW decay of matrices
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     packing: bool = True  # several conversations per sequence, attention blocked between them

@@ -157,3 +157,8 @@ def test_zero3_with_accumulation_trains_like_zero0(make_ctx, setup):
         curves[stage] = [json.loads(line) for line in (ws / "sft" / "metrics.jsonl").open()]
     assert curves[3][0]["grad_norm"] == pytest.approx(curves[0][0]["grad_norm"], rel=1e-5)
     assert curves[3][1]["loss"] == pytest.approx(curves[0][1]["loss"], rel=1e-5)
+
+
+def test_a_short_run_with_the_default_warmup_trains(make_ctx, setup):
+    b = run(make_ctx, setup, max_steps=5, warmup_steps=None)
+    assert b.stats["steps"] == 5 and b.config["warmup_steps"] == 0  # 10% of 5 steps
