@@ -19,19 +19,18 @@ import codecs
 import difflib
 import glob
 import hashlib
-import io
 import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
+from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, decode_text, open_binary, read_jsonl
 from llmkit.errors import ConfigError, UserError
 from llmkit.tokenizer import language_of
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
 COMPRESSIONS = (".gz", ".zst")
-MAX_REMOVED_TEXT = 100_000  # keep quarantined raw text, but not a whole binary file
 
 
 @dataclass
@@ -81,19 +80,6 @@ def _format_of(path: Path, forced: str | None) -> str | None:
             "md": "txt", "csv": "csv", "parquet": "parquet"}.get(ext)
 
 
-def _open_binary(path: Path):
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        import gzip
-
-        return gzip.open(path, "rb")
-    if name.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
-    return open(path, "rb")
-
-
 def _stem(path: Path) -> str:
     name = path.name
     for c in COMPRESSIONS:
@@ -101,58 +87,28 @@ def _stem(path: Path) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-# -- readers: yield (location, record dict) or (location, Bad) ------------------------------
+# -- readers: yield (location, record dict) or (location, BadRecord) ------------------------
 
-@dataclass
-class Bad:
-    reason: str
-    raw: str = ""
-
-
-def _decode(data: bytes, encoding: str) -> str | Bad:
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError:
-        hint = "invalid_utf8" if encoding == "utf-8" else f"invalid_{encoding}"
-        return Bad(hint, data[:MAX_REMOVED_TEXT].decode(encoding, errors="replace"))
-
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with _open_binary(path) as f:
-        for n, line in enumerate(f, 1):
-            yield n, line
-
-
-def read_jsonl(path: Path, cfg: IngestConfig):
-    for n, line in _lines(path):
-        text = _decode(line, cfg.encoding)
-        loc = f"{path}:{n}"
-        if isinstance(text, Bad):
-            yield loc, text
-            continue
-        if not text.strip():
-            continue  # blank lines are not records
-        try:
-            yield loc, json.loads(text)
-        except ValueError:
-            yield loc, Bad("malformed_json", text)
+def read_jsonl_records(path: Path, cfg: IngestConfig):
+    for n, rec in read_jsonl(path, encoding=cfg.encoding, strict=False):
+        yield f"{path}:{n}", rec
 
 
 def read_json(path: Path, cfg: IngestConfig):
-    with _open_binary(path) as f:
-        text = _decode(f.read(), cfg.encoding)
-    if isinstance(text, Bad):
+    with open_binary(path) as f:
+        text = decode_text(f.read(), cfg.encoding)
+    if isinstance(text, BadRecord):
         yield f"{path}", text
         return
     try:
         data = json.loads(text)
     except ValueError as e:
-        yield f"{path}:{getattr(e, 'lineno', 1)}", Bad("malformed_json", text)
+        yield f"{path}:{getattr(e, 'lineno', 1)}", BadRecord("malformed_json", text)
         return
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
-        yield f"{path}", Bad("json_not_array", text)
+        yield f"{path}", BadRecord("json_not_array", text)
         return
     for i, rec in enumerate(data):
         yield f"{path}[{i}]", rec
@@ -160,25 +116,26 @@ def read_json(path: Path, cfg: IngestConfig):
 
 def read_txt(path: Path, cfg: IngestConfig):
     if cfg.per_line:
-        for n, line in _lines(path):
-            text = _decode(line, cfg.encoding)
-            if isinstance(text, Bad) or text.strip():
-                yield f"{path}:{n}", text if isinstance(text, Bad) else {
-                    cfg.text_field: text.rstrip("\r\n")}
+        with open_binary(path) as f:
+            for n, line in enumerate(f, 1):
+                text = decode_text(line, cfg.encoding)
+                if isinstance(text, BadRecord) or text.strip():
+                    yield f"{path}:{n}", text if isinstance(text, BadRecord) else {
+                        cfg.text_field: text.rstrip("\r\n")}
         return
-    with _open_binary(path) as f:
+    with open_binary(path) as f:
         data = f.read()
     if b"\x00" in data[:8192]:
-        yield str(path), Bad("binary_file", data[:200].decode("latin-1"))
+        yield str(path), BadRecord("binary_file", data[:200].decode("latin-1"))
         return
-    text = _decode(data, cfg.encoding)
-    yield str(path), text if isinstance(text, Bad) else {cfg.text_field: text}
+    text = decode_text(data, cfg.encoding)
+    yield str(path), text if isinstance(text, BadRecord) else {cfg.text_field: text}
 
 
 def read_csv(path: Path, cfg: IngestConfig):
     import csv
 
-    with _open_binary(path) as fb:
+    with open_binary(path) as fb:
         f = codecs.getreader(cfg.encoding)(fb, errors="strict")
         reader = csv.reader(f)
         try:
@@ -186,7 +143,7 @@ def read_csv(path: Path, cfg: IngestConfig):
         except StopIteration:
             return
         except (csv.Error, UnicodeDecodeError) as e:
-            yield f"{path}:1", Bad("malformed_csv", str(e))
+            yield f"{path}:1", BadRecord("malformed_csv", str(e))
             return
         while True:
             line = reader.line_num + 1
@@ -195,13 +152,13 @@ def read_csv(path: Path, cfg: IngestConfig):
             except StopIteration:
                 return
             except UnicodeDecodeError as e:
-                yield f"{path}:{line}", Bad("invalid_utf8", str(e))
+                yield f"{path}:{line}", BadRecord("invalid_utf8", str(e))
                 return  # the decoder cannot resynchronise mid-stream
             except csv.Error as e:
-                yield f"{path}:{line}", Bad("malformed_csv", str(e))
+                yield f"{path}:{line}", BadRecord("malformed_csv", str(e))
                 continue
             if len(row) != len(header):
-                yield f"{path}:{line}", Bad("malformed_csv", ",".join(row))
+                yield f"{path}:{line}", BadRecord("malformed_csv", ",".join(row))
                 continue
             yield f"{path}:{line}", dict(zip(header, row))
 
@@ -220,7 +177,7 @@ def read_parquet(path: Path, cfg: IngestConfig):
             n += 1
 
 
-READERS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv,
+READERS = {"jsonl": read_jsonl_records, "json": read_json, "txt": read_txt, "csv": read_csv,
            "parquet": read_parquet}
 
 
@@ -235,10 +192,10 @@ def read_records(path: Path, cfg: IngestConfig):
         if isinstance(e, FileNotFoundError):
             raise UserError(f"{path}: cannot read ({e})") from None
         # a truncated .gz/.zst: keep what was read, quarantine the rest as one row
-        yield f"{path}:end", Bad("truncated_file", str(e))
+        yield f"{path}:end", BadRecord("truncated_file", str(e))
     except Exception as e:
         if type(e).__name__ == "ZstdError":
-            yield f"{path}:end", Bad("truncated_file", str(e))
+            yield f"{path}:end", BadRecord("truncated_file", str(e))
         else:
             raise
 
@@ -374,10 +331,10 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                     bar.advance(1)
                     rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
                     rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
-                    rows = rec if isinstance(rec, Bad) else normalise(rec, cfg)
-                    if isinstance(rows, (Bad, str)):
-                        reason = rows.reason if isinstance(rows, Bad) else rows
-                        raw = rows.raw if isinstance(rows, Bad) else json.dumps(
+                    rows = rec if isinstance(rec, BadRecord) else normalise(rec, cfg)
+                    if isinstance(rows, (BadRecord, str)):
+                        reason = rows.reason if isinstance(rows, BadRecord) else rows
+                        raw = rows.raw if isinstance(rows, BadRecord) else json.dumps(
                             rec, ensure_ascii=False, default=str)
                         removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
                                      "reason": reason, "location": loc})

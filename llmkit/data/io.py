@@ -1,9 +1,15 @@
-"""Parquet datasets: `part-00000.parquet …` (zstd) read and written in record batches."""
+"""Dataset files: parquet parts (`part-00000.parquet …`, zstd) read and written in record
+batches, and the one JSONL reader (records with their line numbers)."""
 
 from __future__ import annotations
 
+import io
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from llmkit.errors import UserError
 
 PART = "part-{:05d}.parquet"
 BYTES_PER_GROUP = 64 << 20  # DESIGN: row groups of ~64 MB
@@ -106,3 +112,71 @@ def read_table(path: Path, columns: list[str] | None = None):
         return pa.table({c: pa.array([], pa.string()) for c in (columns or ["id", "text"])})
     return pa.concat_tables([pq.read_table(f, columns=columns) for f in files],
                             promote_options="default")
+
+
+# -- JSONL ----------------------------------------------------------------------------------
+
+MAX_REMOVED_TEXT = 100_000  # keep quarantined raw text, but not a whole binary file
+
+
+@dataclass
+class BadRecord:
+    """A record that could not be read: why (`invalid_utf8`, `malformed_json`, …), its raw
+    text (what could be decoded) and the parser's words."""
+    reason: str
+    raw: str = ""
+    detail: str = ""
+
+
+def open_binary(path: Path):
+    """A file opened for bytes, `.gz` / `.zst` decompressed as it is read."""
+    name = Path(path).name.lower()
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
+    return open(path, "rb")
+
+
+def decode_text(data: bytes, encoding: str) -> str | BadRecord:
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        hint = "invalid_utf8" if encoding == "utf-8" else f"invalid_{encoding}"
+        return BadRecord(hint, data[:MAX_REMOVED_TEXT].decode(encoding, errors="replace"), str(e))
+
+
+def read_jsonl(path: Path, *, encoding: str = "utf-8",
+               strict: bool = True) -> Iterator[tuple[int, object]]:
+    """(line number, record) for each non-blank line of a JSONL file (`.gz`/`.zst` too).
+
+    A line that is not `encoding` text or not JSON raises a UserError naming `file:line` when
+    `strict`; otherwise it comes as (line number, BadRecord), for a caller that quarantines
+    bad lines and goes on. A file that cannot be opened raises its OSError."""
+    with open_binary(path) as f:
+        for n, line in enumerate(f, 1):
+            record = _json_record(decode_text(line, encoding))
+            if record is _BLANK:
+                continue
+            if strict and isinstance(record, BadRecord):
+                what = "JSON" if record.reason == "malformed_json" else f"{encoding} text"
+                raise UserError(f"{path}:{n}: not valid {what} ({record.detail})")
+            yield n, record
+
+
+_BLANK = object()  # a blank line is not a record
+
+
+def _json_record(text: str | BadRecord):
+    if isinstance(text, BadRecord):
+        return text
+    if not text.strip():
+        return _BLANK
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        return BadRecord("malformed_json", text, str(e))
