@@ -6,7 +6,9 @@
 Importing llmkit is light: torch loads on the first `load`.
 """
 
-__version__ = "0.1.0"
+from llmkit.version import __version__
+
+__all__ = ["__version__", "load", "generate"]
 
 
 def load(name_or_path, device=None, workspace=None):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmkit import __version__
+from llmkit.version import __version__
 from llmkit.config import config_to_dict
 from llmkit.errors import UserError
 
