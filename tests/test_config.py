@@ -125,7 +125,7 @@ STOP_WORDS = ("the", "a")
 
 
 def test_documented_keys_are_read_from_the_source_bases_first():
-    from llmkit.config import documented_keys
+    from llmkit.keydocs import documented_keys
 
     docs = {d.key: d for d in documented_keys("tests.test_config:Documented")}
     assert list(docs) == dotted_keys(Documented)  # base fields first; `steps` keeps its place
@@ -143,7 +143,8 @@ def test_documented_keys_of_every_stage_match_its_config_class():
     dataclasses: the same keys in the same order, and every constant default equal."""
     import dataclasses
 
-    from llmkit.config import documented_keys, yaml_value
+    from llmkit.config import yaml_value
+    from llmkit.keydocs import documented_keys
     from llmkit.recipes import STAGE_CONFIGS, config_class
 
     for section, target in STAGE_CONFIGS.items():

@@ -53,7 +53,7 @@ class StageHelp(TyperCommand):
 def config_keys_help(section: str, longest_default: int = 40) -> str:
     """The keys of a stage's config, one a line: `key: type = default  # comment`, nested
     sections as `model.n_layers`. Read from the config class's source, so torch is not imported."""
-    from llmkit.config import documented_keys
+    from llmkit.keydocs import documented_keys
 
     rows = []
     for doc in documented_keys(STAGE_CONFIGS[section]):
