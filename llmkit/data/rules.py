@@ -19,9 +19,10 @@ n-gram).
 
 Speed. The rules share one `Doc`, whose measurements are computed once, on first use. Word
 counts, symbol and letter counts and the word hashes for the n-gram rules come from one
-compiled pass over the text's code points (numba; imported on first use), and the n-gram
-statistics from a second one; everything else is `str` methods and a few regular expressions
-that open with a character class or a literal, so that `re` can skip ahead.
+compiled pass over the text's code points, and the n-gram statistics from a second one
+(llmkit.data._rule_kernels, compiled ahead of time: see llmkit.aot); everything else is `str`
+methods and a few regular expressions that open with a character class or a literal, so that
+`re` can skip ahead.
 
 Thresholds are the published ones unless a field's comment in `CleanConfig` says otherwise:
 Gopher = Rae et al. 2021, "Scaling Language Models", appendix A; C4 = Raffel et al. 2020;
@@ -37,13 +38,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Han (BMP, extension A, compatibility, supplementary planes) and kana: written without spaces.
-# Hangul is not here: Korean separates words with spaces.
-CJK_RANGES = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x3041, 0x3096),
-              (0x30A1, 0x30FA), (0x30FC, 0x30FF), (0x20000, 0x3134F))
-CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
-CJK_CHAR = re.compile(f"[{CJK_CLASS}]")
-HAN_CHAR = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+from llmkit import aot
+from llmkit.cjk import (CJK_CHAR, CJK_CLASS, CJK_RANGES, COMMON_HAN, HAN_CHAR, HAN_RANGES,
+                        jieba_words)
+
 _TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")  # Doc.words of CJK text
 # Symbol words (no letter, digit or "_") of CJK text in " " + text + " ", for jieba's case
 # (the compiled pass counts them otherwise).
@@ -58,36 +56,6 @@ ELLIPSES = ("...", "…")
 # comma: a line of verse ends with "，" when its couplet continues on the next line.
 TERMINAL_PUNCTUATION = (".", "!", "?", "…", '"', "'", "”", "’", ")", "。", "！", "？", "；",
                         "」", "』", "）", "】", "》", "，")
-
-# The 1,000 most frequent Han characters, ranked by jieba's dictionary (a character's frequency
-# is the summed frequency of the dictionary words containing it). Real Chinese, classical
-# poetry included, draws 45-95 % of its characters from them; uniformly random characters
-# (mojibake, spam, gibberish) draw about 5 %. This is the CJK counterpart of Gopher's stop
-# words: a word list cannot work, since 300 random characters contain one or two of any
-# 100-character stop list by chance.
-COMMON_HAN = frozenset(
-    "一是人了不在有大中国和为这上他个地年来我会以到时要出的生学说道民家子也成行下们于后就发自之对得主长可"
-    "过天作分方用多你着部能市等业全里工公经本都而高政法面门动日进区事代那去心小同北定开产前其军还然起种所"
-    "如现理机体表力好外与文当两实重新三么只山水关明从化平建又制南内西没此将员名手最东头者月间无安看见各城"
-    "十相但已些正口通想度加第她合院物性战由位常点海意场武使次二向治因立数样身情入原问把路被并利石老教万知"
-    "级量任江及应省资委务元美特期世湖回系比气汉总展电科金先声提品设或义王社很统处四首共马形己儿司太目基领"
-    "队直计别女权话少流命至报米给打变果书清活几州华解议更称程今决张导术府才保交放管结师便走达族反再题色五"
-    "京河接条规县式白它改风光运信受什组听布百济党指论强做取技黄神选记斯真却职号界件花类何眼兵传带空干农边"
-    "据集联古广完质阳难增历史专官每住商即步认车台林必死游举线言皇土团收考求德叫近备研争非具李众连调感转笑"
-    "革该持始英克士尔让拉思根格造较际亲单朝红型价校约器字段周亚深候则功属积快图火千准究往极育装许参半令吃"
-    "观鱼精办像帝八复影告远群包整构料随划算象容示投势热值夫网望源息语股铁断派速怎需片爱律纪支早况病境证编"
-    "越局推满且列觉服双未居除乐企引标确织初青志率项飞球察节龙响药站施均消客失轻存低甚般击曾防请离落显罗营"
-    "足素视护副食创余照兴占巴虽洲村费易试星木黑左宝置跟央识维采六底宫房音环案批切斗富乡另倒若按查故突责严"
-    "桥模仅胜杀围席态破承招杨负层须父供续状域似依银范修找九致密终血旅钱赛独细效玉冲获习医演毛尽脸弹楼艺航"
-    "陆右协七攻镇检写苏宗章注阿抗弟坐验封紧劳户优财养适陈喜卫排射哥油刻留急降念云微伤例景拿绝阶座刘刚害印"
-    "亿沙母酒助闻超审待压升送监策略限竟香配藏敌呢差仍兰温园树征善波哪词岛止预怕继皮执味份角草男普答益谁船"
-    "惊核街夏宣掌田久著画辑奇尼剑吧谈背免孩礼材愿洋春架筑括晚乱乎讲尚良友临激刀夜室既敢邦挥昌板胡欧福港叶"
-    "简苦担句岁荆贵娘守辖威宜衣帮块堂额错剧充欢够孙班呼阵销坚练脚退读测吴希宁换版异某顾曲楚典朱毒菜判救宋"
-    "茶洪含顺啊鲜败货矿端兄归冷忙买险康评肉吗厂永哈沉散遗停笔假输牛洞松渐顶训录否述毕督控丰献姑忽爷互亮纳"
-    "襄登咱钟伯臣雄季脑介鄂召饭暗扩祖齐短烈赶牌恩诉移诗础露届蒙静喝盘卖植授伊湾博痛减穿逐秘庭陵固禁票灵杂"
-    "姓泽吸侧庆妈遇追甲馆补唐炮沿殿刺怪彩俄旧警索岸轮妇载靠附毫怀软骨探雷旁罪枪牙迎序慢盛雨墙恶谷顿危稳熟"
-)
-
 
 
 class _once:
@@ -123,7 +91,7 @@ class Doc:
     @_once
     def words(self) -> list[str]:
         if self.jieba:
-            return _jieba_words(self.text)
+            return jieba_words(self.text)
         if self.text.isascii() or not CJK_CHAR.search(self.text):
             return self.text.split()
         return _TOKEN.findall(self.text)
@@ -136,8 +104,8 @@ class Doc:
             self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words, self.cfg)
             return counts
         codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
-        self.word_hashes, self.word_lengths, counts = _kernels()[0](codes, _char_classes(),
-                                                                    self.cfg._stop_hashes)
+        self.word_hashes, self.word_lengths, counts = kernels().word_stats(
+            codes, _char_classes(), self.cfg._stop_hashes)
         return WordCounts(*counts.tolist())
 
     @property
@@ -193,7 +161,7 @@ class Doc:
         if self.counts.words < cfg.ngram_min_words * scale:
             size = max(top_ns[-1], dup_ns[-1]) + 1
             return [0] * size, [0] * size, 0, scale
-        top, dup = _kernels()[1](self.word_hashes, self.word_lengths, top_ns, dup_ns)
+        top, dup = kernels().repetition_stats(self.word_hashes, self.word_lengths, top_ns, dup_ns)
         return top.tolist(), dup.tolist(), self.counts.word_chars, scale
 
 
@@ -239,122 +207,7 @@ def _ngram_sizes(n_top: int, n_dup: int, scale: float):
     return _NGRAM_SIZES[key]
 
 
-def repetition_stats(hashes, lengths, top_ns, dup_ns):
-    """Gopher's n-gram repetition measures over a document's words (given as hashes, lengths).
-
-    For each n in `top_ns`, top[n]: characters covered by the most frequent n-gram (count ×
-    length; 0 when no n-gram repeats). For each n in `dup_ns`, dup[n]: characters of the words
-    covered by n-grams that repeat an earlier one (the first occurrence is not counted, so a
-    text pasted twice scores one half). Characters are the words' own, spaces excluded.
-    """
-    size = hashes.shape[0]
-    max_n = max(top_ns.max(), dup_ns.max())
-    top = np.zeros(max_n + 1, np.int64)
-    dup = np.zeros(max_n + 1, np.int64)
-    want_top = np.zeros(max_n + 1, np.bool_)
-    want_top[top_ns] = True
-    want_dup = np.zeros(max_n + 1, np.bool_)
-    want_dup[dup_ns] = True
-    bits = 1
-    while (1 << bits) < 2 * size:
-        bits += 1
-    # An open-addressing table of n-gram -> count; a slot belongs to the current n when its
-    # stamp is n, so the table is never cleared between sizes.
-    keys = np.empty(1 << bits, np.uint64)
-    counts = np.empty(1 << bits, np.int64)
-    stamps = np.zeros(1 << bits, np.int64)
-    gram = hashes.copy()  # gram[i] = hash of the n-gram starting at word i
-    chars = lengths.copy()
-    covered = np.zeros(size + 1, np.int64)  # +1 where a repeat starts, -1 past its end
-    for n in range(2, max_n + 1):
-        m = size - n + 1
-        if m < 2:
-            break
-        for i in range(m):
-            gram[i] = gram[i] * np.uint64(1000003) + hashes[i + n - 1]
-            chars[i] += lengths[i + n - 1]
-        if not (want_top[n] or want_dup[n]):
-            continue
-        covered[:] = 0
-        best, repeats = 0, 0
-        for i in range(m):
-            g = gram[i]
-            slot = (g * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)
-            while stamps[slot] == n and keys[slot] != g:
-                slot = (slot + np.uint64(1)) & np.uint64((1 << bits) - 1)
-            if stamps[slot] != n:
-                stamps[slot], keys[slot], counts[slot] = n, g, 1
-                continue
-            counts[slot] += 1
-            repeats += 1
-            best = max(best, counts[slot] * chars[i])
-            covered[i] += 1
-            covered[i + n] -= 1
-        if repeats == 0:
-            break  # no n-gram repeats, so no longer one does: every later count is 0
-        top[n] = best
-        if want_dup[n]:
-            depth, total = 0, 0
-            for i in range(size):
-                depth += covered[i]
-                if depth > 0:
-                    total += lengths[i]
-            dup[n] = total
-    return top, dup
-
-
 SPACE, CJK, WORD, LETTER, HAN, COMMON = 1, 2, 4, 8, 16, 32  # bits of a character's class
-
-
-def word_stats(codes, classes, stop_hashes):
-    """Cut a text (as code points) into words like `Doc.words` and measure them.
-
-    Returns (hash of each word, length of each word, counts as in WordCounts). `classes[c]`
-    holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) / HAN / COMMON
-    (in COMMON_HAN) bits of c; `stop_hashes` are the `word_hash`es of the stop words.
-    """
-    size = codes.shape[0]
-    hashes = np.empty(size, np.uint64)
-    lengths = np.empty(size, np.int64)
-    counts = np.zeros(10, np.int64)
-    stop_seen = np.zeros(stop_hashes.shape[0], np.bool_)
-    words, i = 0, 0
-    while i < size:
-        kind = classes[codes[i]]
-        if kind & SPACE:
-            i += 1
-            continue
-        h, start, has_word, has_letter = np.uint64(14695981039346656037), i, False, False
-        while True:  # FNV-1a over the code points
-            h = (h ^ np.uint64(codes[i])) * np.uint64(1099511628211)
-            has_word |= (kind & WORD) != 0
-            has_letter |= (kind & LETTER) != 0
-            i += 1
-            if classes[codes[i - 1]] & CJK or i == size:
-                break
-            kind = classes[codes[i]]
-            if kind & (SPACE | CJK):
-                break
-        hashes[words], lengths[words] = h, i - start
-        words += 1
-        for k in range(stop_hashes.shape[0]):
-            if h == stop_hashes[k]:
-                stop_seen[k] = True
-        first = classes[codes[start]]
-        if first & CJK:
-            counts[4] += 1
-            counts[7] += (first & HAN) != 0
-            counts[8] += (first & COMMON) != 0
-        if not has_word:
-            counts[1] += 1
-            counts[2] += i - start
-        if not has_letter:
-            counts[3] += 1
-        counts[5] += i - start
-    counts[0] = words
-    counts[6] = words - counts[1]
-    counts[9] = stop_seen.sum()
-    return hashes[:words], lengths[:words], counts
 
 
 def word_hash(word: str) -> int:
@@ -365,19 +218,7 @@ def word_hash(word: str) -> int:
     return h
 
 
-_KERNELS = None
 _CLASSES = None
-
-
-def _kernels():
-    """The compiled (word_stats, repetition_stats); numba is imported on first use only."""
-    global _KERNELS
-    if _KERNELS is None:
-        import numba
-
-        _KERNELS = (numba.njit(cache=True, nogil=True)(word_stats),
-                    numba.njit(cache=True, nogil=True)(repetition_stats))
-    return _KERNELS
 
 
 def _char_classes():
@@ -393,23 +234,36 @@ def _char_classes():
         table[ord("_")] |= WORD
         for lo, hi in CJK_RANGES:
             table[lo:hi + 1] |= CJK
-        han = np.frombuffer("".join(HAN_CHAR.findall("".join(map(chr, range(0x3400, 0x10000)))))
-                            .encode("utf-32-le"), np.uint32)
-        table[han] |= HAN
-        table[0x20000:0x31350] |= HAN
+        for lo, hi in HAN_RANGES:
+            table[lo:hi + 1] |= HAN
         table[[ord(c) for c in COMMON_HAN]] |= COMMON
         table[0xD800:0xE000] = 0
         _CLASSES = table
     return _CLASSES
 
 
-def _jieba_words(text: str) -> list[str]:
-    import logging
+# -- the compiled passes --------------------------------------------------------------------
 
-    import jieba
+_KERNELS = None
+KERNEL_MODULE = "llmkit.data._rule_kernels"
+_SIGNATURES = {  # of the passes compiled ahead of time: the arrays Doc hands them
+    "word_stats": "Tuple((u8[::1], i8[::1], i8[::1]))(u4[::1], u1[::1], u8[::1])",
+    "repetition_stats": "UniTuple(i8[::1], 2)(u8[::1], i8[::1], i8[::1], i8[::1])",
+}
 
-    jieba.setLogLevel(logging.WARNING)
-    return [w for w in jieba.lcut(text) if not w.isspace()]
+
+def kernels():
+    """The passes of llmkit.data._rule_kernels: compiled ahead of time where that can be had,
+    else through numba's JIT (see llmkit.aot)."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = aot.load(KERNEL_MODULE, _SIGNATURES, what="the quality rules' passes",
+                            warm_up=_first_call)
+    return _KERNELS
+
+
+def _first_call(module) -> None:
+    module.word_stats(np.zeros(1, np.uint32), _char_classes(), np.zeros(0, np.uint64))
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:

@@ -160,7 +160,8 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
 def test_compiled_word_pass_agrees_with_python_string_methods(text):
     d = doc(text)
     codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-    hashes, lengths, counts = rules._kernels()[0](codes, rules._char_classes(), CFG._stop_hashes)
+    hashes, lengths, counts = rules.kernels().word_stats(codes, rules._char_classes(),
+                                                          CFG._stop_hashes)
     words = d.words
     assert lengths.tolist() == [len(w) for w in words]
     assert hashes.tolist() == [rules.word_hash(w) for w in words]
@@ -178,7 +179,7 @@ def test_compiled_word_pass_agrees_with_python_string_methods(text):
 def repetition(text):
     words = text.split()
     hashes = np.array([hash(w) for w in words], np.int64).view(np.uint64)
-    kernel = rules._kernels()[1]  # the compiled form the rules use
+    kernel = rules.kernels().repetition_stats  # the compiled form the rules use
     return kernel(hashes, np.array([len(w) for w in words]), np.array([2, 3]), np.array([5, 6]))
 
 
@@ -193,3 +194,10 @@ def test_repetition_stats_match_a_direct_count():
     assert dup[6] == 0
     top, dup = repetition("x a b c d e f a b c d e f")  # two overlapping repeated 5-grams
     assert dup[5] == dup[6] == 6
+
+
+def test_an_extension_b_character_is_han_for_the_rules():
+    text = "𠀀𠀁 中文"  # U+20000 and U+20001: CJK Extension B
+    for cfg in (CFG, CleanConfig(cjk_words="jieba")):
+        counts = doc(text, cfg).counts
+        assert (counts.han_chars, counts.cjk_chars) == (4, 4)
