@@ -62,7 +62,7 @@ def since(start: tuple[float, float]) -> tuple[float, float]:
 
 
 def train_config(steps: int, batch: int, **overrides):
-    from llmkit.train.engine import TrainConfig
+    from llmkit.train.config import TrainConfig
 
     return TrainConfig(max_steps=steps, micro_batch_size=batch, lr=3e-4, min_lr=3e-5,
                        warmup_steps=2, weight_decay=0.1, log_every=1, save_every=0, keep_last=1,
@@ -75,7 +75,7 @@ class TransformersLoop:
     def __init__(self, hf_model, train_cfg):
         import torch
 
-        from llmkit.train.engine import lr_at
+        from llmkit.train.config import lr_at
 
         self.model, self.cfg = hf_model, train_cfg
         decay = [p for p in hf_model.parameters() if p.dim() >= 2]
@@ -141,7 +141,8 @@ def compare_with_transformers(args) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llmkit.model import Transformer, model_config, to_hf_config, to_hf_state_dict
+    from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
+    from llmkit.model import Transformer, model_config
     from llmkit.train.metrics import measured_cpu_peak_flops
 
     def pair():

@@ -162,7 +162,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     Prompts longer than max_seq_len - max_new_tokens keep their last tokens."""
     import torch
 
-    from llmkit.model import generate
+    from llmkit.decoding import generate
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:

@@ -14,7 +14,7 @@ STAGE_CONFIGS = {
     "clean": "llmkit.data.clean:CleanConfig",
     "dedup": "llmkit.data.dedup.stage:DedupConfig",
     "ppl-filter": "llmkit.data.ppl_filter:PplFilterConfig",
-    "tokenizer": "llmkit.tokenizer:TokenizerConfig",
+    "tokenizer": "llmkit.tokenizer_training:TokenizerConfig",
     "tokenize": "llmkit.data.tokenize:TokenizeConfig",
     "pretrain": "llmkit.train.pretrain:PretrainConfig",
     "sft": "llmkit.train.sft:SftConfig",
@@ -23,8 +23,8 @@ STAGE_CONFIGS = {
     "ppo": "llmkit.train.ppo:PPOConfig",
     "eval": "llmkit.eval.stage:EvalConfig",
     "generate": "llmkit.api:GenerateConfig",
-    "export": "llmkit.hf:ExportConfig",
-    "import": "llmkit.hf:ImportConfig",
+    "export": "llmkit.hf.export:ExportConfig",
+    "import": "llmkit.hf.import_:ImportConfig",
     "report": "llmkit.report:ReportConfig",
 }
 

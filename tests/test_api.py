@@ -103,13 +103,13 @@ def test_sampling_depends_on_the_seed_only(tok, model):
 
 
 def test_completion_ends_at_the_first_stop_token(tok, model, monkeypatch):
-    import llmkit.model
+    import llmkit.decoding
 
     def fake_generate(model, ids, n, **kw):
         new = [tok.encode("46")[0], tok.end_of_turn_id, 7, tok.eos_id]
         return torch.cat([ids, torch.tensor([new] * len(ids))], dim=1)
 
-    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
     [record] = generate_texts(model, tok, ["What is 12+34?"], GenerateConfig(max_new_tokens=4, chat=True))
     assert record["completion"] == tok.decode(tok.encode("46")[:1]) and record["stopped"]
     assert record["new_tokens"] == 2
@@ -191,8 +191,8 @@ def test_generate_returns_the_completions(tok, model):
 
 @pytest.fixture
 def prompt_ids_seen(tok, monkeypatch):
-    """The prompt token ids `llmkit.model.generate` is asked to continue (it answers a stop token)."""
-    import llmkit.model
+    """The prompt token ids `llmkit.decoding.generate` is asked to continue (it answers a stop token)."""
+    import llmkit.decoding
 
     seen = []
 
@@ -200,7 +200,7 @@ def prompt_ids_seen(tok, monkeypatch):
         seen.append((ids[0].tolist(), eos_id))
         return torch.cat([ids, torch.full((len(ids), 1), eos_id)], dim=1)
 
-    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
     return seen
 
 

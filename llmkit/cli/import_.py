@@ -16,7 +16,7 @@ def import_(
 ):
     """Turn a transformers folder into a checkpoint run (--out NAME, default imported) to fine-tune."""
     from llmkit.api import find_in_workspace
-    from llmkit.hf import ImportConfig, run_import
+    from llmkit.hf.import_ import ImportConfig, run_import
 
     cfg = ctx.config(ImportConfig, "import")  # settings first: a wrong key is named before anything is read
     source = find_in_workspace(ctx.workspace, from_, "transformers folder",

@@ -55,7 +55,7 @@ def measure_generation(model, *, batch_size: int, prompt_tokens: int, new_tokens
     timed run: first the `repeats` time-to-first-token runs, then the `repeats` whole replies."""
     import torch
 
-    from llmkit.model import generate
+    from llmkit.decoding import generate
 
     cfg = model.config
     if prompt_tokens + new_tokens > cfg.max_seq_len:

@@ -158,7 +158,7 @@ def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
 def evaluate_generation(model, tokenizer, rows: list[dict], cfg: GenerationConfig, *, chat: bool,
                         device, name: str = "generation") -> tuple[dict, list[dict]]:
     """Metrics by language for one file, and the samples (prompt, references, reply, lang)."""
-    from llmkit.model import generate_replies
+    from llmkit.decoding import generate_replies
 
     refs = [references_of(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
     langs = [language_of(r, ref) for r, ref in zip(rows, refs)]

@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import Transformer, generate, left_pad
+from llmkit.decoding import generate, left_pad
+from llmkit.model import Transformer
 from llmkit.train.engine import Task
 from llmkit.train.sft import GenerativeConfig
 

@@ -185,7 +185,7 @@ def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=No
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int,
                      batch_size: int = 64) -> list[str]:
     """Greedy replies (text up to the first stop token) to each conversation's prompt."""
-    from llmkit.model import generate_replies as generate_tokens
+    from llmkit.decoding import generate_replies as generate_tokens
 
     prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0] for c in conversations]
     was_training = model.training

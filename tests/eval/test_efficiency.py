@@ -1,6 +1,6 @@
 import torch
 
-import llmkit.model
+import llmkit.decoding
 from llmkit.eval.efficiency import EfficiencyConfig, evaluate_efficiency
 from tests.train.posttrain_fixtures import tiny_model
 
@@ -25,7 +25,7 @@ def test_efficiency_reports_median_latency_throughput_and_memory_per_batch_size(
     # per batch size: one warm-up, 3 first-token runs, 3 whole replies (4 new tokens)
     noise = [9.0, 0.5, 0.0, 0.0625, 0.0, 1.0, 0.125] * 2
     device = SimulatedDevice(noise)
-    monkeypatch.setattr(llmkit.model, "generate", device.generate)
+    monkeypatch.setattr(llmkit.decoding, "generate", device.generate)
     cfg = EfficiencyConfig(batch_sizes=[1, 3], prompt_tokens=8, new_tokens=4, repeats=3)
     got = evaluate_efficiency(tiny_model(64), cfg, device=torch.device("cpu"), clock=device.clock)
     assert device.calls == [(1, 4), (1, 1), (1, 1), (1, 1), (1, 4), (1, 4), (1, 4),

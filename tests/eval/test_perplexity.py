@@ -80,7 +80,7 @@ def test_stride_must_leave_context():
 def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
     """One convention for plain text before a pretrained model (Tokenizer.document_start_ids):
     the </s> that ended the document before, as in the token shards — never <s>."""
-    import llmkit.model
+    import llmkit.decoding
     from llmkit.api import GenerateConfig, generate_texts
     from llmkit.data.ppl_filter import ModelScorer, PplFilterConfig
     from llmkit.eval.choice import continuation_requests
@@ -97,7 +97,7 @@ def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
         seen["generate"] = ids[0].tolist()
         return torch.cat([ids, torch.full((len(ids), max_new_tokens), tok.eos_id)], 1)
 
-    monkeypatch.setattr(llmkit.model, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
     generate_texts(model, tok, [text], GenerateConfig(max_new_tokens=2, chat=False))
 
     def fake_document_nll(self, docs, window, stride):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import ModelConfig, Transformer, left_pad
+from llmkit.decoding import left_pad
+from llmkit.model import ModelConfig, Transformer
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import (AdaptiveKLController, PPOConfig, PPOTask, Prompt, build_actor_critic,
                               mixed_scorer, select_rows,

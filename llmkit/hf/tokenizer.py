@@ -1,0 +1,150 @@
+"""Tokenizers across the border. Export: `tokenizer.json` (a `PreTrainedTokenizerFast` built from
+the sentencepiece model: same pieces, merges in sentencepiece's score order, byte fallback, no
+dummy prefix) beside the original `tokenizer.model`, with the chat template in
+tokenizer_config.json. Import: an llmkit tokenizer from a folder's `tokenizer.model`, when llmkit
+encodes with it exactly as it was trained."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from llmkit.errors import UserError
+from llmkit.hf.folder import (HF_TOKENIZER, HF_TOKENIZER_CONFIG, LLMKIT_TOKENIZER_KEY, read_json,
+                              write_json)
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def generation_config(tokenizer) -> dict:
+    # generation stops at </s> and at the end of a chat turn, as llmkit's own chat generation does
+    return {"bos_token_id": tokenizer.bos_id, "eos_token_id": [tokenizer.eos_id, tokenizer.end_of_turn_id],
+            "pad_token_id": tokenizer.pad_id}
+
+
+def write_hf_tokenizer(tokenizer, out_dir: Path, max_length: int) -> None:
+    """tokenizer.model, tokenizer.json and tokenizer_config.json for AutoTokenizer."""
+    shutil.copyfile(tokenizer.path / "tokenizer.model", out_dir / "tokenizer.model")
+    write_json(out_dir / HF_TOKENIZER, hf_tokenizer_json(tokenizer))
+    write_json(out_dir / HF_TOKENIZER_CONFIG, hf_tokenizer_config(tokenizer, max_length))
+
+
+def hf_tokenizer_json(tokenizer) -> dict:
+    """A `tokenizers` serialization that encodes as the sentencepiece model does.
+
+    sentencepiece BPE merges, at each step, the adjacent pair whose joined piece scores best; the
+    equivalent merge list holds every split (left, right) of every normal piece into two normal
+    pieces, ranked by the joined piece's score. With identity normalisation and no dummy prefix the
+    only rewrite is space -> "▁", and no pre-tokenizer is needed (no trained piece crosses a word)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((tokenizer.path / "tokenizer.model").read_bytes())
+    normal_type, unknown_type, control_type, user_type = 1, 2, 3, 4
+    pieces = proto.pieces
+    vocab = {p.piece: i for i, p in enumerate(pieces)}
+    normal = {p.piece for p in pieces if p.type == normal_type}
+    merges = []
+    for i in sorted((i for i, p in enumerate(pieces) if p.type == normal_type), key=lambda i: (-pieces[i].score, i)):
+        piece = pieces[i].piece
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                  if piece[:k] in normal and piece[k:] in normal]
+        merges += sorted(splits, key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+    chat_tokens = set(_chat_special_tokens(tokenizer))
+    added = [{"id": i, "content": p.piece, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": p.type in (unknown_type, control_type) or p.piece in chat_tokens}
+             for i, p in enumerate(pieces) if p.type in (unknown_type, control_type, user_type)]
+    bos = tokenizer.id_to_piece(tokenizer.bos_id)
+    add_bos = bool(tokenizer.config.get("add_bos_token", True))
+    single = [{"Sequence": {"id": "A", "type_id": 0}}]
+    pair = single + [{"Sequence": {"id": "B", "type_id": 1}}]
+    if add_bos:
+        single = [{"SpecialToken": {"id": bos, "type_id": 0}}] + single
+        pair = [{"SpecialToken": {"id": bos, "type_id": 0}}, pair[0],
+                {"SpecialToken": {"id": bos, "type_id": 1}}, pair[1]]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair,
+                           "special_tokens": {bos: {"id": bos, "ids": [tokenizer.bos_id], "tokens": [bos]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": tokenizer.id_to_piece(tokenizer.unk_id),
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                  "byte_fallback": True, "ignore_merges": False, "vocab": vocab,
+                  "merges": [[left, right] for left, right in merges]},
+    }
+
+
+def hf_tokenizer_config(tokenizer, max_length: int) -> dict:
+    """tokenizer_config.json: special tokens, the chat template (with <s> first, as llmkit's
+    encode_chat starts), and llmkit's own tokenizer config for `llmkit import`."""
+    piece = tokenizer.id_to_piece
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": piece(tokenizer.bos_id), "eos_token": piece(tokenizer.eos_id),
+        "unk_token": piece(tokenizer.unk_id), "pad_token": piece(tokenizer.pad_id),
+        "add_bos_token": bool(tokenizer.config.get("add_bos_token", True)),
+        "add_eos_token": bool(tokenizer.config.get("add_eos_token", False)),
+        "add_prefix_space": False, "legacy": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+        "chat_template": "{{ bos_token }}" + tokenizer.chat_template,
+        LLMKIT_TOKENIZER_KEY: tokenizer.config,
+    }
+
+
+def _chat_special_tokens(tokenizer) -> list[str]:
+    from llmkit.tokenizer import END_OF_TURN, ROLE_TOKENS
+
+    return [*ROLE_TOKENS.values(), END_OF_TURN]
+
+
+# -- import ---------------------------------------------------------------------------------
+
+
+def write_llmkit_tokenizer(src: Path, dest: Path, vocab_size: int, tokenizer_dir: Path | None) -> int:
+    """Give the imported run a tokenizer: `tokenizer_dir` (an llmkit tokenizer), else the folder's own
+    sentencepiece model when llmkit encodes with it exactly as it was trained. Returns its vocab size."""
+    from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
+
+    if tokenizer_dir is not None:
+        tokenizer = Tokenizer(tokenizer_dir)
+        tokenizer.save(dest)
+    elif (src / MODEL_FILE).is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / MODEL_FILE, dest / MODEL_FILE)
+        write_json(dest / CONFIG_FILE, _llmkit_tokenizer_config(src))
+        tokenizer = Tokenizer(dest)
+    else:
+        raise UserError(f"{src} has no {MODEL_FILE} (sentencepiece); give an llmkit tokenizer with "
+                        "--tokenizer NAME_OR_PATH whose vocabulary matches the model's")
+    if tokenizer.vocab_size != vocab_size:
+        raise UserError(f"the tokenizer ({tokenizer.path}) has {tokenizer.vocab_size} tokens but the model's "
+                        f"vocab_size is {vocab_size}; give a matching one with --tokenizer")
+    return tokenizer.vocab_size
+
+
+def _llmkit_tokenizer_config(src: Path) -> dict:
+    """llmkit's tokenizer_config.json for a transformers folder's tokenizer.model: the one an llmkit
+    export stored, or one derived from a sentencepiece model that llmkit can encode with."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json
+
+    hf_config = read_json(src / HF_TOKENIZER_CONFIG) if (src / HF_TOKENIZER_CONFIG).is_file() else {}
+    if isinstance(hf_config.get(LLMKIT_TOKENIZER_KEY), dict):
+        return hf_config[LLMKIT_TOKENIZER_KEY]
+    model = (src / "tokenizer.model").read_bytes()
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    spec = proto.normalizer_spec
+    problems = [p for p, bad in [("a dummy prefix", spec.add_dummy_prefix),
+                                 (f"'{spec.name}' normalisation", spec.name != "identity"),
+                                 ("whitespace collapsing", spec.remove_extra_whitespaces),
+                                 ("no byte fallback", not proto.trainer_spec.byte_fallback)] if bad]
+    if problems:
+        raise UserError(f"{src / 'tokenizer.model'} uses {', '.join(problems)}, which llmkit's tokenizer does "
+                        "not reproduce; give an llmkit tokenizer with --tokenizer NAME_OR_PATH")
+    return tokenizer_config_json(TokenizerConfig(vocab_size=max(300, len(proto.pieces))), model)
