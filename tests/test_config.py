@@ -202,7 +202,7 @@ def test_value_sources_name_the_last_layer_that_set_each_key():
 # -- warmup left at its default never makes a short run invalid -----------------------------------
 
 def test_default_warmup_is_a_share_of_a_run_shorter_than_it():
-    from llmkit.train.engine import TrainConfig
+    from llmkit.train.config import TrainConfig
     from llmkit.train.pretrain import PretrainConfig
 
     assert TrainConfig().warmup_steps == 100 and TrainConfig(max_steps=100).warmup_steps == 100

@@ -9,7 +9,7 @@ import torch
 from llmkit.dryrun import (LOSS_CHUNK, Memory, Shape, activation_bytes, block_bytes, checkpoint_bytes,
                            human_bytes, loss_bytes, parameters, plan, state_bytes)
 from llmkit.model import ModelConfig, Transformer
-from llmkit.train.engine import TrainConfig
+from llmkit.train.config import TrainConfig
 
 SHAPES = [
     dict(vocab_size=300, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=64),

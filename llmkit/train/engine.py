@@ -31,179 +31,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
+from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.distributed import barrier, seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
+from llmkit.train.optim import deepspeed_config, make_optimizer
+from llmkit.train.task import Task, to_device
 
 log = logging.getLogger("llmkit.train")
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-@dataclass
-class TrainConfig:
-    max_steps: int = 1000  # optimizer steps of the whole run
-    micro_batch_size: int = 8  # sequences per forward pass, per process
-    grad_accum: int = 1  # micro-batches accumulated into one optimizer step
-    lr: float = 3e-4  # peak learning rate, reached at the end of warmup
-    min_lr: float = 3e-5  # learning rate at the end of the cosine decay
-    warmup_steps: int | None = None  # linear warmup from 0 to lr; None = 100 steps, or 10% of a shorter run
-    weight_decay: float = 0.1  # AdamW decay of matrices (norms and biases are not decayed)
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW moment coefficients
-    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (GPU only; dynamic loss scale from 2^14)
-    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters
-    offload_optimizer: bool = False  # ZeRO >= 1: optimizer state in CPU memory
-    offload_params: bool = False  # ZeRO 3: parameters in CPU memory
-    activation_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% slower)
-    compile: bool = False  # torch.compile the model
-    save_every: int = 1000  # checkpoint every N steps and at the end; 0 = only at the end
-    keep_last: int = 3  # complete checkpoints kept (older ones are pruned); 0 keeps all
-    eval_every: int = 0  # validate every N steps and at the end; 0 = never
-    eval_batches: int = 20  # micro-batches per validation, per process
-    log_every: int = 10  # write metrics every N steps (and at the last step)
-    seed: int = 0  # seeds python/numpy/torch at the start of a fresh run
-    max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
-    resume_from: str | None = None  # step folder to resume from; None = the newest complete one
-    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
-
-    # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
-    # and how observed it goes on. The rest (batch shape, precision, ZeRO stage, seed, optimizer
-    # moments) is baked into its checkpoints, data position or DeepSpeed shards.
-    CONTINUABLE: ClassVar[frozenset] = frozenset({
-        "max_steps", "lr", "min_lr", "warmup_steps", "grad_clip", "save_every", "keep_last",
-        "eval_every", "eval_batches", "log_every", "max_bad_steps", "resume_from", "peak_flops",
-        "compile", "activation_checkpointing"})
-
-    AUTO_WARMUP: ClassVar[int] = 100  # the warmup that warmup_steps=None gives a long enough run
-
-    def __post_init__(self):
-        self.betas = tuple(self.betas)
-        if self.warmup_steps is None:  # left at its default: never longer than the run itself
-            auto = type(self).AUTO_WARMUP
-            self.warmup_steps = auto if auto <= self.max_steps else self.max_steps // 10
-        positive = ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "log_every",
-                    "max_bad_steps")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "save_every", "keep_last", "eval_every", "weight_decay",
-                     "grad_clip", "min_lr"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if self.min_lr > self.lr:
-            raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
-        if self.warmup_steps > self.max_steps:
-            raise ConfigError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ConfigError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.offload_optimizer and self.zero_stage == 0:
-            raise ConfigError("offload_optimizer needs zero_stage >= 1")
-        if self.offload_params and self.zero_stage != 3:
-            raise ConfigError("offload_params needs zero_stage 3")
-        if self.resume_from is not None and ckpt.STEP_DIR.match(self.resume_from) is None:
-            raise ConfigError(f"resume_from must name a step folder like 'step-00001000', "
-                              f"got {self.resume_from!r}")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ConfigError(f"peak_flops must be > 0 or null, got {self.peak_flops}")
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of optimizer step `step` (1-based): linear warmup, then cosine to min_lr."""
-    if step <= cfg.warmup_steps:
-        return cfg.lr * step / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
-
-
-class Task:
-    """What one trainer adds to the shared loop: the model, its batches and its loss.
-
-    Implement `loss(model, batch) -> (loss_tensor, {name: float or 0-dim tensor})`; the metrics
-    are averaged over micro-batches and processes and logged beside the loss (every process must
-    return the same keys). Return device tensors rather than `.item()`: the engine reduces them
-    all with one host sync per optimizer step. `model` is the DeepSpeed engine: compute the loss
-    from what calling it returns — ZeRO-3 gathers and reduces parameters in its forward — and
-    read module attributes such as `model.aux_loss` through it.
-
-    Batches: give `train_data` — an iterable of batches (dicts of tensors or numpy arrays) with
-    `state_dict()` / `load_state_dict()` for exact resume, such as `TokenLoader` — and the default
-    `next_batch` draws from it, starting over when it ends. A trainer that makes its own batches
-    overrides `next_batch(model)`: PPO generates rollouts with the current policy there when its
-    buffer is empty, and returns one micro-batch per call. Override `state_dict` /
-    `load_state_dict` to resume such a position.
-
-    `eval_data`: an iterable that starts over on each `iter()` (a list, a fresh loader), or a
-    zero-argument function returning one; `eval_loss` defaults to `loss`.
-
-    `device` is set by the engine before the first batch: move frozen helper models (reference
-    policy, reward model) there. One trained module per engine: a policy with a value head is one
-    module with two outputs.
-    """
-
-    warn_undertrained = False  # pretraining sets this: warn when planned tokens < 20 x parameters
-    perplexity = True  # the loss is a mean token NLL, so exp(val_loss) is logged as val_ppl
-    device = None
-
-    def __init__(self, model, train_data=None, eval_data=None):
-        self.model = model
-        self.train_data = train_data
-        self.eval_data = eval_data
-        self._train_iter = None
-
-    def loss(self, model, batch):
-        raise NotImplementedError
-
-    def eval_loss(self, model, batch):
-        return self.loss(model, batch)
-
-    def next_batch(self, model):
-        if self.train_data is None:
-            raise NotImplementedError("give train_data or override next_batch")
-        if self._train_iter is None:
-            self._train_iter = iter(self.train_data)
-        try:
-            return next(self._train_iter)
-        except StopIteration:  # a finite dataset: next epoch
-            self._train_iter = iter(self.train_data)
-            return next(self._train_iter)
-
-    def eval_batches(self):
-        if self.eval_data is None:
-            return None
-        return iter(self.eval_data() if callable(self.eval_data) else self.eval_data)
-
-    def batch_tokens(self, batch) -> int:
-        """Tokens a batch puts through the model, for tokens/s and MFU (given the batch as
-        `next_batch` returned it, before it is moved to the device)."""
-        return math.prod(batch["input_ids"].shape)  # numpy or torch
-
-    def flops_per_token(self) -> float | None:
-        """Training FLOPs per token (forward + backward); None = 6 x parameters."""
-        return None
-
-    def checkpoint_module(self, module):
-        """The part of the trained module written as model.safetensors (default: all of it).
-        PPO returns its policy: the value head trains and resumes (DeepSpeed's ds/ shards) but is
-        not part of the stage's output checkpoint."""
-        return module
-
-    def state_dict(self) -> dict:
-        return {"data": self.train_data.state_dict()} if hasattr(self.train_data, "state_dict") else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "data" in state:
-            self.train_data.load_state_dict(state["data"])
-        self._train_iter = None
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -221,54 +58,6 @@ class FitResult:
     skipped_steps: int  # steps skipped for NaN/Inf
     metrics: dict  # the last logged record
     checkpoint: Path | None  # the newest complete step folder
-
-
-def _guarded_adamw():
-    import torch
-
-    class GuardedAdamW(torch.optim.AdamW):
-        """AdamW that clips the global gradient norm itself and skips a step whose gradients hold
-        NaN/Inf. DeepSpeed's ZeRO and mixed-precision optimizers do both; its plain fp32 path
-        does neither, so the engine gives it this one (DeepSpeed reads `overflow` to count skips).
-        """
-
-        def __init__(self, params, max_norm: float, **kwargs):
-            super().__init__(params, **kwargs)
-            self.max_norm = max_norm
-            self.overflow = False
-            self._global_grad_norm = None
-
-        @torch.no_grad()
-        def step(self, closure=None):
-            params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-            self._global_grad_norm = float(norm)
-            self.overflow = not math.isfinite(self._global_grad_norm)
-            if self.overflow:
-                return None
-            if 0 < self.max_norm < self._global_grad_norm:  # below it the scale is exactly 1
-                torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
-            return super().step(closure)
-
-    return GuardedAdamW
-
-
-def to_device(batch, device):
-    """Tensors and numpy arrays (integers become int64) moved to `device`, nested containers kept."""
-    import numpy as np
-    import torch
-
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    if isinstance(batch, np.ndarray):
-        batch = torch.from_numpy(batch.astype(np.int64) if batch.dtype.kind in "iu" else batch)
-        if torch.device(device).type == "cuda":
-            batch = batch.pin_memory()  # so that the copy below overlaps the running kernels
-    if torch.is_tensor(batch):
-        return batch.to(device, non_blocking=True)
-    return batch
 
 
 class Engine:
@@ -346,68 +135,14 @@ class Engine:
             log.warning("zero_stage=%d on one process partitions nothing and only adds work: use "
                         "zero_stage=0 on a single device (or offload_optimizer)", cfg.zero_stage)
         guarded = cfg.zero_stage == 0 and cfg.precision == "fp32"
-        self.optimizer = self._make_optimizer(model, guarded)
+        on_gpu = self.dist.device.startswith("cuda")
+        self.optimizer = make_optimizer(model, cfg, on_gpu, guarded)
         self.model, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer,
-                                              config=self._deepspeed_config(guarded))
+                                              config=deepspeed_config(cfg, on_gpu, guarded))
         if cfg.zero_stage == 0 and self.dist.world_size == 1:
             # alone, DeepSpeed would still flatten, scale and copy back every gradient
             self.model.enable_backward_allreduce = False
         self.device = self.task.device = torch.device(self.dist.device)
-
-    def _make_optimizer(self, model, guarded: bool):
-        import torch
-
-        cfg = self.cfg
-        params = [p for p in model.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]
-        kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=1e-8)
-        if cfg.offload_optimizer and self.dist.device.startswith("cuda"):
-            from deepspeed.ops.adam import DeepSpeedCPUAdam  # C++ op, built on first use
-
-            return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
-        # fused: one kernel per step instead of ~10 passes over the weights (9x faster on CPU)
-        if guarded:
-            return _guarded_adamw()(groups, max_norm=cfg.grad_clip, fused=True, **kwargs)
-        return torch.optim.AdamW(groups, fused=True, **kwargs)
-
-    def _deepspeed_config(self, guarded: bool) -> dict:
-        cfg = self.cfg
-        zero: dict = {"stage": cfg.zero_stage}
-        pin = self.dist.device.startswith("cuda")
-        if cfg.zero_stage >= 1:
-            # gradients reduced in 200M-element buckets as backward produces them, on their own
-            # CUDA stream (overlap_comm), into one contiguous buffer: DeepSpeed's defaults reduce
-            # after backward in 500M buckets, which both serialises the communication and holds
-            # more memory
-            zero.update(overlap_comm=pin, contiguous_gradients=True, reduce_scatter=True,
-                        reduce_bucket_size=200_000_000, allgather_bucket_size=200_000_000)
-        if cfg.zero_stage == 3:
-            # prefetch the next layers' weights while this one computes; keep parameters under
-            # 100k elements (norms, biases) whole on every rank instead of gathering them each time
-            zero.update(stage3_prefetch_bucket_size=50_000_000,
-                        stage3_param_persistence_threshold=100_000)
-        if cfg.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-        if cfg.offload_params:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-        ds = {
-            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-            "gradient_accumulation_steps": cfg.grad_accum,
-            "gradient_clipping": 0.0 if guarded else cfg.grad_clip,
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,
-            "zero_force_ds_cpu_optimizer": False,
-            "steps_per_print": 2**62,
-            "wall_clock_breakdown": False,
-        }
-        if cfg.precision == "bf16":
-            ds["bf16"] = {"enabled": True, "check_grad_overflow": True}
-        elif cfg.precision == "fp16":
-            ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 14,
-                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-        return ds
 
     # -- resume -------------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # when run as a script
     sys.path.insert(0, str(REPO))
 
-from llmkit.train.engine import Engine, Task, TrainConfig  # noqa: E402
+from llmkit.train.config import TrainConfig  # noqa: E402
+from llmkit.train.engine import Engine  # noqa: E402
+from llmkit.train.task import Task  # noqa: E402
 from llmkit.train.distributed import seed_everything  # noqa: E402
 
 VOCAB = 32

@@ -139,7 +139,7 @@ def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_fro
             force=False, steps=(4, 8)):
     """The plan for a rerun of a run dir holding complete `steps`, started with RUN_CONFIG on an
     input whose fingerprint was "aaa"; `config`/`fingerprint` are the rerun's."""
-    from llmkit.train.engine import TrainConfig
+    from llmkit.train.config import TrainConfig
     from llmkit.workspace import Artifact, Workspace
 
     run = tmp_path / "run"

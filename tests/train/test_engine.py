@@ -12,7 +12,8 @@ import torch
 from llmkit.errors import ConfigError
 from llmkit.train import checkpoint as ckpt
 from llmkit.train.distributed import free_port
-from llmkit.train.engine import TrainConfig, TrainingDiverged, TrainingInterrupted, lr_at
+from llmkit.train.config import TrainConfig, lr_at
+from llmkit.train.engine import TrainingDiverged, TrainingInterrupted
 from llmkit.train.metrics import read_metrics
 
 from tests.train.conftest import REPO, make_engine
