@@ -1,17 +1,20 @@
 """Dataset files: parquet parts (`part-00000.parquet …`, zstd) read and written in record
-batches, and the one JSONL reader (records with their line numbers)."""
+batches, files of a task built under a temporary name, and the one JSONL reader (records with
+their line numbers)."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from llmkit.errors import UserError
 
-PART = "part-{:05d}.parquet"
+PARTS = "part-*.parquet"  # the glob of a dataset's part files
 BYTES_PER_GROUP = 64 << 20  # DESIGN: row groups of ~64 MB
 BYTES_PER_PART = 256 << 20  # roll to a new part file past this many bytes of text
 
@@ -46,7 +49,7 @@ class DatasetWriter:
         if self._writer is None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._schema = self._schema or table.schema
-            self._writer = pq.ParquetWriter(self.dir / PART.format(self._part), self._schema,
+            self._writer = pq.ParquetWriter(part_path(self.dir, self._part), self._schema,
                                             compression="zstd")
         bytes_per_row = max(1, table.nbytes // table.num_rows)
         self._writer.write_table(table, row_group_size=max(1, BYTES_PER_GROUP // bytes_per_row))
@@ -82,19 +85,30 @@ def _conform(table, schema):
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def part_path(directory: Path, index: int, suffix: str = ".parquet") -> Path:
+    """`directory/part-00003.parquet`: the one spelling of a numbered part, be it a dataset's
+    parquet file or (with another `suffix`) a task's folder or marker named after its shard."""
+    return Path(directory) / f"part-{index:05d}{suffix}"
+
+
 def dataset_files(path: Path) -> list[Path]:
-    return sorted(Path(path).glob("part-*.parquet"))
+    return sorted(Path(path).glob(PARTS))
+
+
+def open_parquet(path: Path):
+    """A parquet file to stream: a column chunk is read page by page, where by default pyarrow
+    fetches a whole row group's column at once (100+ MB for long documents)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
 
 
 def iter_batches(path: Path, columns: list[str] | None = None,
                  batch_size: int = 8192) -> Iterator:
     """Record batches of every part in order; memory stays at one batch."""
-    import pyarrow.parquet as pq
-
     for f in dataset_files(path):
-        # small read buffers: by default a whole row group's column is read at once
-        pf = pq.ParquetFile(f, buffer_size=1 << 20, pre_buffer=False)
-        yield from pf.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
+        yield from open_parquet(f).iter_batches(batch_size=batch_size, columns=columns,
+                                                use_threads=False)
 
 
 def count_rows(path: Path) -> int:
@@ -112,6 +126,27 @@ def read_table(path: Path, columns: list[str] | None = None):
         return pa.table({c: pa.array([], pa.string()) for c in (columns or ["id", "text"])})
     return pa.concat_tables([pq.read_table(f, columns=columns) for f in files],
                             promote_options="default")
+
+
+# -- a task's files: built under a temporary name, then put in place -------------------------
+
+def temporary_path(final: Path) -> Path:
+    """Where to build `final`: per process, so two runs that wrongly share a task never write
+    into one file."""
+    return final.with_name(f"{final.name}.tmp-{os.getpid()}")
+
+
+def fresh_dir(path: Path) -> Path:
+    """`path` as a new empty folder (what a killed run left there is gone)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the folder built at `tmp` in place of `final` (and of whatever was there)."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
 
 
 # -- JSONL ----------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmkit.data.arrow import string_buffers
 from llmkit.data.dedup.compiled import kernels
-from llmkit.data.dedup.shingles import _ascii_only, lowercase, text_buffers
+from llmkit.data.dedup.shingles import _ascii_only, lowercase
 
 
 @dataclass
@@ -25,8 +26,8 @@ class ExactConfig:
 
 def exact_hashes(texts, cfg: ExactConfig) -> np.ndarray:
     """(n, 2) uint64: two independent hashes of each document's normalised text."""
-    data, offsets = text_buffers(texts)
+    data, offsets = string_buffers(texts)
     if cfg.lowercase and not _ascii_only(data, offsets):
-        data, offsets = text_buffers(lowercase(texts))
+        data, offsets = string_buffers(lowercase(texts))
     return kernels().exact_hashes(data, offsets, cfg.lowercase, cfg.collapse_whitespace,
                          cfg.strip_punctuation)

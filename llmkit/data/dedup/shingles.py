@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmkit.data.arrow import string_buffers
 from llmkit.data.dedup.compiled import kernels
 from llmkit.errors import ConfigError
 
@@ -58,34 +59,6 @@ class ShingleBatch:
         return self.hashes[self.offsets[i]:self.offsets[i + 1]]
 
 
-def text_buffers(texts) -> tuple[np.ndarray, np.ndarray]:
-    """(utf8 bytes uint8, offsets int64) of a pyarrow string array, list of str, or column.
-
-    Zero-copy for a pyarrow array; nulls read as empty documents.
-    """
-    import pyarrow as pa
-
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
-    if not isinstance(texts, pa.Array):
-        texts = pa.array(texts, type=pa.string())
-    if pa.types.is_large_string(texts.type):
-        offset_type = np.int64
-    elif pa.types.is_string(texts.type):
-        offset_type = np.int32
-    else:
-        raise TypeError(f"expected a string column, got {texts.type}")
-    n = len(texts)
-    if n == 0:
-        return np.zeros(0, np.uint8), np.zeros(1, np.int64)
-    if texts.null_count:
-        texts = texts.fill_null("")
-    buffers = texts.buffers()
-    offsets = np.frombuffer(buffers[1], offset_type)[texts.offset:texts.offset + n + 1]
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return data, offsets.astype(np.int64)
-
-
 def lowercase(texts):
     """Unicode lower-casing of a whole pyarrow array in Arrow's C++ kernel."""
     import pyarrow as pa
@@ -101,11 +74,11 @@ def shingle_hashes(texts, cfg: ShingleConfig, modes=None) -> ShingleBatch:
 
     `modes`, if given, forces WORDS/CHARS per document (AUTO lets the document choose).
     """
-    data, offsets = text_buffers(texts)
+    data, offsets = string_buffers(texts)
     if cfg.lowercase and not _ascii_only(data, offsets):
         # the kernel lowers ASCII itself; anything else takes Arrow's Unicode kernel
         texts = lowercase(texts)
-        data, offsets = text_buffers(texts)
+        data, offsets = string_buffers(texts)
     n = len(offsets) - 1
     forced = np.full(n, AUTO, np.int8) if modes is None else np.asarray(modes, np.int8)
     if cfg.cjk_tokens == "jieba":
@@ -137,7 +110,7 @@ def _jieba_shingles(texts, data, offsets, forced, cfg: ShingleConfig) -> Shingle
     as_list = texts.to_pylist() if hasattr(texts, "to_pylist") else list(texts)
     for i in cjk:
         as_list[i] = " ".join(jieba.lcut(as_list[i] or ""))
-    data, offsets = text_buffers(pa.array(as_list, type=pa.string()))
+    data, offsets = string_buffers(pa.array(as_list, type=pa.string()))
     # every document is now space-delimited words; the batch remembers which were CJK
     batch = _shingle_batch(data, offsets, np.full(len(chosen), WORDS, np.int8), cfg,
                            segmented=True)

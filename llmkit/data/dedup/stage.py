@@ -1,6 +1,6 @@
 """`llmkit dedup`: remove exact or near duplicates, keeping the first document of each cluster.
 
-Runs the four phases of `phases.py` (signatures -> buckets -> clusters -> filter).
+Runs the four phases of `llmkit.data.dedup.phases` (signatures -> buckets -> clusters -> filter).
 
 * Locally (no `--rank`): every phase runs here, its tasks spread over `--workers` processes;
   then the filter outputs are assembled into the artifact. `--phase P` stops after phase P

@@ -1,8 +1,8 @@
-import pyarrow as pa
 import pytest
 
+from llmkit.data.arrow import string_buffers
 from llmkit.data.dedup.shingles import (CHARS, WORDS, ShingleConfig, document_modes,
-                                        shingle_hashes, text_buffers, verification_sets)
+                                        shingle_hashes, verification_sets)
 from llmkit.errors import ConfigError
 
 
@@ -35,7 +35,7 @@ def test_chinese_is_shingled_by_characters_and_english_by_words():
 
 
 def test_a_few_latin_words_in_chinese_text_stay_whole_tokens():
-    data, offsets = text_buffers(["我们用Python写代码", "we write code in 中文"])
+    data, offsets = string_buffers(["我们用Python写代码", "we write code in 中文"])
     assert document_modes(data, offsets, True, 0.5).tolist() == [CHARS, WORDS]
     # 我 们 用 python 写 代 码 = 7 tokens -> 5 character 3-grams
     assert len(shingle_hashes(["我们用Python写代码"], ShingleConfig()).of(0)) == 5
@@ -52,13 +52,6 @@ def test_jieba_segments_chinese_documents_into_words():
     chars = shingle_hashes(["我们今天去公园散步然后回家吃饭"], ShingleConfig(char_ngram=2))
     assert batch.modes.tolist() == [CHARS, WORDS]
     assert 0 < len(batch.of(0)) < len(chars.of(0))  # fewer word bigrams than char bigrams
-
-
-def test_text_buffers_read_sliced_arrays_and_nulls_as_empty():
-    arr = pa.array(["skip me", "hello", None, "world"]).slice(1)
-    data, offsets = text_buffers(arr)
-    texts = [bytes(data[offsets[i]:offsets[i + 1]]).decode() for i in range(3)]
-    assert texts == ["hello", "", "world"]
 
 
 def test_verification_sets_are_32_bit_cuts_of_the_shingle_hashes():

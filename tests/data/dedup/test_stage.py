@@ -5,7 +5,10 @@ import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.data.dedup.phases import DedupPlan
+from llmkit.data.dedup.phases import PHASES
+from llmkit.data.dedup.phases.buckets import Buckets
+from llmkit.data.dedup.phases.filter import Filter
+from llmkit.data.dedup.phases.signatures import Signatures
 from llmkit.data.dedup.planted import pair_scores, planted_corpus
 from llmkit.data.dedup.stage import DedupConfig, run_dedup
 from llmkit.data.io import dataset_files, read_table
@@ -113,8 +116,8 @@ def test_a_rerun_skips_finished_tasks(make_ctx, ws, monkeypatch):
     def must_not_run(self, task):
         raise AssertionError("a finished task ran again")
 
-    monkeypatch.setattr(DedupPlan, "_signatures", must_not_run)
-    monkeypatch.setattr(DedupPlan, "_buckets", must_not_run)
+    monkeypatch.setattr(Signatures, "run", must_not_run)
+    monkeypatch.setattr(Buckets, "run", must_not_run)
     b = dedup(make_ctx)
     assert b.stats["rows_in"] == len(corpus)
 
@@ -144,7 +147,6 @@ def test_cli_method_and_set_reach_the_config(ws):
     ("signatures", "signatures/part-00001/values.bin", "removed"),
     ("filter", "filter/part-00000/kept/part-00000.parquet", "cut short")])
 def test_a_task_whose_files_were_damaged_is_redone(make_ctx, ws, monkeypatch, phase, file, how):
-    from llmkit.data.dedup.phases import PHASES
     from llmkit.status import workspace_status
 
     corpus = planted_corpus(40, unique=10, seed=18)
@@ -162,9 +164,9 @@ def test_a_task_whose_files_were_damaged_is_redone(make_ctx, ws, monkeypatch, ph
     assert (row.stage, row.state) == ("dedup", "damaged") and row.size.endswith("1 damaged")
 
     redone = []
-    real = getattr(DedupPlan, f"_{phase}")
-    monkeypatch.setattr(DedupPlan, f"_{phase}",
-                        lambda self, task: redone.append(task) or real(self, task))
+    unit = {"signatures": Signatures, "filter": Filter}[phase]
+    real = unit.run
+    monkeypatch.setattr(unit, "run", lambda self, task: redone.append(task) or real(self, task))
     split = dedup(make_ctx, out="split")
     assert redone == [int(file.split("part-")[1][:5])]  # that task only
     for sub in ("", "removed"):

@@ -1,0 +1,57 @@
+"""Phase 4: split each input shard into the rows kept and the duplicates removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from llmkit.data.arrow import int64_numpy, repeated_string, rows_where, set_column
+from llmkit.data.io import (DatasetWriter, fresh_dir, open_parquet, part_path, replace_dir,
+                            temporary_path)
+
+
+class Filter:
+    """One task per input shard S: `filter/part-S/` holds kept/ and removed/ parquet parts
+    (removed rows carry `reason` and `duplicate_of`), one batch of rows in memory at a time."""
+
+    name = "filter"
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def tasks(self) -> list[int]:
+        return list(range(len(self.plan.shards)))
+
+    def marker(self, shard: int) -> Path:
+        return part_path(self.plan.work / self.name, shard, ".done")
+
+    def outputs(self, shard: int) -> list[Path]:
+        return sorted(p for p in self.plan.filter_dir(shard).rglob("*") if p.is_file())
+
+    def run(self, shard: int) -> dict:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        plan = self.plan
+        removals = pq.ParquetFile(plan.removals_file(shard)).read()
+        removed_rows = int64_numpy(removals.column("row"))
+        duplicate_of = removals.column("duplicate_of")
+        final = plan.filter_dir(shard)
+        tmp = fresh_dir(temporary_path(final))
+        kept_w, removed_w = DatasetWriter(tmp / "kept"), DatasetWriter(tmp / "removed")
+        pos = 0
+        for batch in open_parquet(plan.shards[shard]).iter_batches(
+                batch_size=plan.cfg.batch_rows, use_threads=False):
+            table = pa.Table.from_batches([batch])
+            lo, hi = np.searchsorted(removed_rows, [pos, pos + batch.num_rows])
+            drop = np.zeros(batch.num_rows, bool)
+            drop[removed_rows[lo:hi] - pos] = True
+            kept_w.write(rows_where(table, ~drop))
+            gone = rows_where(table, drop)
+            gone = set_column(gone, "reason", repeated_string(plan.reason, gone.num_rows))
+            removed_w.write(set_column(gone, "duplicate_of", duplicate_of.slice(lo, hi - lo)))
+            pos += batch.num_rows
+        rows_out, rows_removed = kept_w.close(), removed_w.close()
+        replace_dir(tmp, final)
+        return {"rows_in": pos, "rows_out": rows_out, "rows_removed": rows_removed}
