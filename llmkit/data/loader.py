@@ -59,7 +59,7 @@ def _open_split(tokens_dir: Path, split: str):
     and the source names (sorted) that the codes index."""
     import numpy as np
 
-    from llmkit.data.tokenize import read_index_codes
+    from llmkit.data.token_shards import read_index_codes
 
     try:
         manifest = json.loads((tokens_dir / "manifest.json").read_text())

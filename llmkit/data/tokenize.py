@@ -1,16 +1,8 @@
 """`llmkit tokenize`: datasets + tokenizer -> token shards with a train/val split.
 
-The artifact::
-
-    tokens/
-      tokenizer/                  a copy of the tokenizer that made the shards
-      train/shard-00000.bin       flat uint16 (vocab ≤ 65535) or uint32 token ids: every
-                                  train document of the shard, each followed by </s>
-      val/shard-00000.bin         the same for the val documents
-      index/shard-00000.parquet   one row per document of the shard, in input order: id,
-                                  source, split (train | val), offset and length (tokens,
-                                  its </s> included) in that split's .bin
-      config.yaml, manifest.json  stats: tokens, docs, per split and per source; dtype, vocab
+The artifact: the token shards of `llmkit.data.token_shards` (train/, val/, index/), a copy of
+the tokenizer that made them (tokenizer/), config.yaml and manifest.json (stats: tokens, docs,
+per split and per source; dtype, vocab).
 
 One shard per input part file, in input order; a document goes to val when the hash of its id
 falls below `val_fraction`. So the output is the same for any --workers and any
@@ -33,8 +25,6 @@ functions, which import pandas (half a second per process).
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import threading
 import time
@@ -42,15 +32,15 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.data.arrow import string_buffers, strings
+from llmkit.data.io import fresh_dir, replace_dir, temporary_path
 from llmkit.data.pipeline import ordered_imap
+from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
+                                      token_dtype)
 from llmkit.errors import ConfigError, UserError
 from llmkit.workspace import kill_point, link_or_copy, seal, sealed
 
-SPLITS = ("train", "val")
-SHARD = "shard-{:05d}"
-INDEX = "index"
 TOKENIZER_DIR = "tokenizer"
-SHARD_FILES = (*(f"{s}.bin" for s in SPLITS), f"{INDEX}.parquet")  # of a shard's work folder
 
 
 @dataclass
@@ -69,52 +59,11 @@ class TokenizeConfig:
                               f"{self.task_bytes}")
 
 
-def token_dtype(vocab_size: int) -> str:
-    return "uint16" if vocab_size <= 65535 else "uint32"
-
-
-# -- arrow strings without pyarrow.compute --------------------------------------------------
-
-def string_buffers(column):
-    """(offsets from 0, UTF-8 bytes) of an arrow string column (or a list of str); nulls
-    count as empty."""
-    import numpy as np
-    import pyarrow as pa
-
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if not isinstance(column, pa.Array):
-        column = strings(column)
-    if column.null_count:
-        column = column.fill_null("")
-    wide = pa.types.is_large_string(column.type)
-    _, offsets, data = column.buffers()
-    offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[
-        column.offset:column.offset + len(column) + 1].astype(np.int64)
-    raw = memoryview(data)[offsets[0]:offsets[-1]] if data is not None else memoryview(b"")
-    return offsets - offsets[0], raw
-
-
-def strings(values: list[str]):
-    """An arrow string array of `values`."""
-    import numpy as np
-    import pyarrow as pa
-
-    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
-    offsets = np.zeros(len(encoded) + 1, np.int32)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
-
-
-def numbers(values):
-    """An arrow array viewing a numpy array."""
-    import numpy as np
-    import pyarrow as pa
-
-    values = np.ascontiguousarray(values)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
-                                 [None, pa.py_buffer(values)])
+def packed_strings(column):
+    """(offsets from 0, UTF-8 bytes) of an arrow string column or a list of str: the bytes of
+    just these strings, row i at bytes[offsets[i]:offsets[i + 1]]."""
+    data, offsets = string_buffers(column)
+    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
 
 
 def val_mask(ids, fraction: float, seed: int):
@@ -122,8 +71,8 @@ def val_mask(ids, fraction: float, seed: int):
     `ids`: an arrow string array or a list of str."""
     import numpy as np
 
-    offsets, raw = string_buffers(ids)
-    data = np.frombuffer(raw, np.uint8).astype(np.uint64)
+    offsets, raw = packed_strings(ids)
+    data = raw.astype(np.uint64)
     sizes = np.diff(offsets)
     local = np.arange(len(data)) - np.repeat(offsets[:-1], sizes)
     with np.errstate(over="ignore"):
@@ -155,7 +104,7 @@ def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
 
     tok = tokenizer or _local.tokenizer
     texts = [b.column("text") for b in batches]
-    offsets, raw = string_buffers(texts[0] if len(texts) == 1 else pa.concat_arrays(texts))
+    offsets, raw = packed_strings(texts[0] if len(texts) == 1 else pa.concat_arrays(texts))
     ids, lengths = tok.encode_utf8(raw, offsets[1:], end_id=tok.eos_id)
     tokens = ids.astype(token_dtype(tok.vocab_size))
     in_val = np.concatenate([val_mask(b.column("id"), cfg.val_fraction, cfg.split_seed)
@@ -212,72 +161,6 @@ class _OrderedPool:
 
 # -- one shard ------------------------------------------------------------------------------
 
-class _ShardWriter:
-    """Tokens appended to `train.bin` / `val.bin`, one index row per document (written in
-    row groups of INDEX_ROWS), and the counts for the manifest."""
-
-    INDEX_ROWS = 1 << 16
-
-    def __init__(self, directory: Path):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self.split_type = pa.dictionary(pa.int8(), pa.string())
-        self.split_names = strings(list(SPLITS))
-        self.schema = pa.schema([("id", pa.string()), ("source", pa.string()),
-                                 ("split", self.split_type), ("offset", pa.int64()),
-                                 ("length", pa.int64())])
-        self.bins = {s: open(directory / f"{s}.bin", "wb") for s in SPLITS}
-        self.index = pq.ParquetWriter(directory / f"{INDEX}.parquet", self.schema,
-                                      compression="zstd")
-        self.pending: list = []
-        self.offsets = dict.fromkeys(SPLITS, 0)
-        self.stats = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()}
-                      for s in SPLITS}
-
-    def add(self, train, val, ids, sources, source_names: list[str], lengths,
-            in_val) -> None:
-        """Append one batch: its tokens per split, and per document its id, source (an
-        arrow string array, or None to use `source_names`), length and split."""
-        import numpy as np
-        import pyarrow as pa
-
-        offset = np.empty(len(lengths), np.int64)
-        for split, tokens, chosen in (("train", train, ~in_val), ("val", val, in_val)):
-            self.bins[split].write(memoryview(tokens))
-            lens = lengths[chosen]
-            offset[chosen] = self.offsets[split] + np.cumsum(lens) - lens
-            self.offsets[split] += int(lens.sum())
-            self.stats[split]["docs"] += len(lens)
-            self.stats[split]["tokens"] += len(tokens)
-        for s, n, v in zip(source_names, lengths.tolist(), in_val.tolist()):
-            self.stats[SPLITS[v]]["tokens_by_source"][s] += n
-        split = pa.DictionaryArray.from_arrays(numbers(in_val.astype(np.int8)),
-                                               self.split_names)
-        self.pending.append(pa.Table.from_arrays(
-            [ids, sources if sources is not None else strings(source_names), split,
-             numbers(offset),
-             numbers(lengths.astype(np.int64))], schema=self.schema))
-        if sum(t.num_rows for t in self.pending) >= self.INDEX_ROWS:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-
-        if self.pending:
-            self.index.write_table(pa.concat_tables(self.pending))
-            self.pending = []
-
-    def close(self) -> dict:
-        self._flush()
-        for f in self.bins.values():
-            f.close()
-        self.index.close()
-        for st in self.stats.values():
-            st["tokens_by_source"] = dict(sorted(st["tokens_by_source"].items()))
-        return self.stats
-
-
 def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPool,
                    cfg: TokenizeConfig, progress=None) -> dict:
     """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet), then seal
@@ -290,10 +173,8 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
     if "text" not in names:
         raise UserError(f"{part} has no `text` column; tokenize reads datasets with text")
     columns = ["text"] + [c for c in ("id", "source") if c in names]
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    writer = _ShardWriter(tmp)
+    tmp = fresh_dir(temporary_path(out))
+    writer = ShardWriter(tmp)
     try:
         batches = _with_ids(pf.iter_batches(batch_size=cfg.batch_rows, columns=columns), part)
         held = deque()  # the tasks' batches whose results are in flight (ids, sources)
@@ -318,9 +199,8 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
         stats = writer.close()
     marker = _marker(out)
     marker.unlink(missing_ok=True)
-    shutil.rmtree(out, ignore_errors=True)
     try:
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     except OSError as e:
         raise UserError(f"cannot replace the damaged shard folder {out} ({e}); delete "
                         f"{out.parent} and rerun `llmkit tokenize`") from None
@@ -483,35 +363,3 @@ def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
     }
 
 
-def read_index(tokens_dir: Path, shard: int, split: str):
-    """(offset, length, source) numpy arrays of one shard's documents of `split`, in .bin
-    order."""
-    offset, length, codes, names = read_index_codes(tokens_dir, shard, split)
-    return offset, length, np_object(names)[codes]
-
-
-def read_index_codes(tokens_dir: Path, shard: int, split: str):
-    """(offset, length, source code) numpy arrays of one shard's documents of `split`, in .bin
-    order, and the source names the codes index (what the data loader needs: memory stays
-    small with millions of documents)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    table = pq.ParquetFile(Path(tokens_dir) / INDEX / f"{SHARD.format(shard)}.parquet").read(
-        columns=["split", "offset", "length", "source"])
-    split_col = table.column("split").combine_chunks()
-    chosen = split_col.indices.to_numpy(zero_copy_only=False) == (
-        split_col.dictionary.to_pylist().index(split)
-        if split in split_col.dictionary.to_pylist() else -1)
-    sources = table.column("source").combine_chunks().dictionary_encode()
-    codes = sources.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    return (table.column("offset").to_numpy()[chosen], table.column("length").to_numpy()[chosen],
-            codes[chosen], sources.dictionary.to_pylist())
-
-
-def np_object(values: list):
-    import numpy as np
-
-    out = np.empty(len(values), object)
-    out[:] = values
-    return out

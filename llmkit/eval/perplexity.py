@@ -41,7 +41,7 @@ class PerplexityConfig:
 def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, list[str], int]:
     """The first `limit` documents of a token artifact's split as `[</s>] + tokens` (their own
     `</s>` included), their sources, and the `</s>` id."""
-    from llmkit.data.tokenize import read_index
+    from llmkit.data.token_shards import read_index
     from llmkit.workspace import Artifact
 
     stats = Artifact.open(tokens_dir).stats

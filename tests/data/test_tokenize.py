@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.data.tokenize import token_dtype, val_mask
+from llmkit.data.token_shards import token_dtype
+from llmkit.data.tokenize import val_mask
 from llmkit.tokenizer import Tokenizer
 from tests.conftest import write_jsonl
 from tests.test_tokenizer import EDGE_CASES, small_corpus
