@@ -1,23 +1,96 @@
-"""The shared runner of row-filtering data stages (clean, ppl-filter…).
+"""What the row-filtering data stages (clean, ppl-filter, dedup's filter phase) share.
 
-A stage supplies `process_batch(batch, config) -> (kept_table, removed_table)`; removed rows
-carry a `reason` column, and the config an `allow_empty` field. The runner streams the input
-artifact batch by batch, optionally across worker processes (results kept in input order, so
-output is identical for any number of workers), writes kept and removed rows, and records
-conservation in the manifest. An output without rows is refused (`require_rows`).
+`SplitWriter` writes a stage's (or a task's) kept rows, its removed rows with their `reason`,
+and counts them (`RowCounts`: conservation, removed rows by reason, the first one removed).
+A stage split into tasks has each task write its shard with `SplitWriter.task_layout` and
+then `link_task_outputs` puts them together; `RowCounts` add up, so the tasks' counts give the
+stage's. `require_rows` refuses an output without rows.
+
+`run_map_stage` runs a stage that is a function of each batch:
+`process_batch(batch, config) -> (kept_table, removed_table)`, the config having an
+`allow_empty` field. It streams the input artifact batch by batch, optionally across worker
+processes (results kept in input order, so output is identical for any number of workers).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
-from llmkit.data.io import DatasetWriter, count_rows, iter_batches
+from llmkit.data.io import DatasetWriter, count_rows, dataset_files, iter_batches, part_path
 from llmkit.errors import UserError
 from llmkit.progress import Progress, data_stage_summary
+from llmkit.workspace import kill_point, link_or_copy
 
 BATCH_ROWS = 2048
+
+
+@dataclass
+class RowCounts:
+    """What a row-filtering stage (or one of its tasks) did with its rows."""
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_removed: int = 0
+    removed_by_reason: Counter = field(default_factory=Counter)
+    first_removed: str | None = None  # e.g. "id 'doc7'", for an error message
+
+    def __add__(self, other: RowCounts) -> RowCounts:
+        return RowCounts(self.rows_in + other.rows_in, self.rows_out + other.rows_out,
+                         self.rows_removed + other.rows_removed,
+                         self.removed_by_reason + other.removed_by_reason,
+                         self.first_removed or other.first_removed)
+
+    def check(self, stage: str) -> None:
+        """Conservation: every row read was written, kept or removed."""
+        if self.rows_in != self.rows_out + self.rows_removed:  # a bug, never a user error
+            raise AssertionError(f"{stage}: rows_in {self.rows_in} != {self.rows_out} + "
+                                 f"{self.rows_removed}")
+
+    def stats(self) -> dict:
+        """The counts as a manifest records them."""
+        return {"rows_in": self.rows_in, "rows_out": self.rows_out,
+                "rows_removed": self.rows_removed,
+                "removed_by_reason": dict(sorted(self.removed_by_reason.items()))}
+
+
+class SplitWriter:
+    """Kept rows as dataset parts in `kept_dir`, removed rows (each with its `reason`) in
+    `removed_dir`, and their counts."""
+
+    def __init__(self, kept_dir: Path, removed_dir: Path):
+        self.kept, self.removed = DatasetWriter(kept_dir), DatasetWriter(removed_dir)
+        self.reasons: Counter = Counter()
+        self.first_removed = None
+
+    @classmethod
+    def into(cls, directory: Path) -> SplitWriter:
+        """A dataset's layout: kept rows in `directory`, removed rows in `directory/removed`."""
+        return cls(directory, Path(directory) / "removed")
+
+    @classmethod
+    def task_layout(cls, directory: Path) -> SplitWriter:
+        """A task's layout (what `link_task_outputs` reads): `directory/kept`, `directory/removed`."""
+        return cls(Path(directory) / "kept", Path(directory) / "removed")
+
+    def write(self, kept, removed, reasons: dict[str, int] | None = None) -> None:
+        """Write a batch's kept and removed tables; `reasons` counts the removed rows by
+        reason where the caller knows them (else they are read from the `reason` column)."""
+        self.kept.write(kept)
+        self.removed.write(removed)
+        self.reasons.update(reasons if reasons is not None
+                            else removed.column("reason").to_pylist())
+        if self.first_removed is None and removed.num_rows:
+            self.first_removed = f"id {removed.column('id')[0].as_py()!r}"
+
+    def close(self, rows_in: int, stage: str) -> RowCounts:
+        """Close the files; the counts, checked against the `rows_in` the stage read."""
+        counts = RowCounts(rows_in, self.kept.close(), self.removed.close(),
+                           +self.reasons, self.first_removed)
+        counts.check(stage)
+        return counts
 
 
 def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
@@ -28,31 +101,36 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
     if b.up_to_date:
         return b
     with b:
-        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
-        reasons: Counter = Counter()
-        first_removed = None
+        writer = SplitWriter.into(b.dir)
         rows_in = count_rows(src.path)  # from the parts' metadata, not from what the stage returns
         batches = iter_batches(src.path, batch_size=batch_rows)
         fn = partial(process_batch, config=config)
         with Progress(stage, total=rows_in) as bar, _mapper(ctx.workers) as pmap:
             for kept, removed in pmap(fn, batches):
-                kept_w.write(kept)
-                removed_w.write(removed)
-                reasons.update(removed.column("reason").to_pylist())
-                if first_removed is None and removed.num_rows:
-                    first_removed = f"id {removed.column('id')[0].as_py()!r}"
+                writer.write(kept, removed)
                 bar.advance(kept.num_rows + removed.num_rows)
-        rows_out, rows_removed = kept_w.close(), removed_w.close()
-        if rows_in != rows_out + rows_removed:  # a bug, never a user error
-            raise AssertionError(f"{stage}: rows_in {rows_in} != {rows_out} + {rows_removed}")
-        b.stats.update(rows_in=rows_in, rows_out=rows_out, rows_removed=rows_removed,
-                       removed_by_reason=dict(sorted(reasons.items())))
+        counts = writer.close(rows_in, stage)
+        b.stats.update(counts.stats())
         if extra_stats:
             b.stats.update(extra_stats())
         require_rows(stage, b.stats, config.allow_empty, source=str(src.path),
-                     first_removed=first_removed)
+                     first_removed=counts.first_removed)
     data_stage_summary(b.name, b.stats, time.time() - b.started)
     return b
+
+
+def link_task_outputs(task_dirs: list[Path], out_dir: Path, stage: str) -> None:
+    """Link the kept and removed parts that tasks wrote (`SplitWriter.task_layout`) into one
+    dataset in `out_dir`, parts renumbered in task order. Links, not moves: the work area
+    stays whole until the artifact is committed, so a crash here loses nothing."""
+    counts = {"kept": 0, "removed": 0}
+    for folder in task_dirs:
+        for kind, dest in (("kept", Path(out_dir)), ("removed", Path(out_dir) / "removed")):
+            for f in dataset_files(Path(folder) / kind):
+                dest.mkdir(parents=True, exist_ok=True)
+                kill_point(f"{stage}:assemble")
+                link_or_copy(f, part_path(dest, counts[kind]))
+                counts[kind] += 1
 
 
 def require_rows(stage: str, stats: dict, allow_empty: bool, *, source: str,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -251,8 +250,8 @@ def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
 
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
-    from llmkit.data.io import DatasetWriter, count_rows, iter_batches
-    from llmkit.data.pipeline import require_rows
+    from llmkit.data.io import count_rows, iter_batches
+    from llmkit.data.pipeline import SplitWriter, require_rows
     from llmkit.progress import Progress, data_stage_summary
 
     src = ctx.input("dedup")
@@ -268,29 +267,19 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
         with Progress("ppl-filter: score", total=rows) as bar:
             ppl, codes, groups = score_dataset(src.path, scorer, cfg, b.work_dir, bar)
         edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
-        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
-        reasons_seen: Counter = Counter()
-        first_removed = None
+        writer = SplitWriter.into(b.dir)
         start = 0
         for batch in iter_batches(src.path, batch_size=cfg.batch_rows):
             end = start + batch.num_rows
             reasons = removal_reasons(ppl[start:end], codes[start:end], edges, cfg)
-            kept, removed = split_batch(batch, ppl[start:end], reasons)
-            kept_w.write(kept)
-            removed_w.write(removed)
-            reasons_seen.update(r for r in reasons if r)
-            if first_removed is None and removed.num_rows:
-                first_removed = f"id {removed.column('id')[0].as_py()!r}"
+            writer.write(*split_batch(batch, ppl[start:end], reasons))
             start = end
-        rows_out, rows_removed = kept_w.close(), removed_w.close()
-        if start != len(ppl) or start != rows_out + rows_removed:  # a bug, never a user error
-            raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read, "
-                                 f"{rows_out} + {rows_removed} written")
-        b.stats.update(rows_in=start, rows_out=rows_out, rows_removed=rows_removed,
-                       removed_by_reason=dict(sorted(reasons_seen.items())),
-                       ppl=_ppl_stats(ppl, edges, groups))
+        if start != len(ppl):  # a bug, never a user error
+            raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read")
+        counts = writer.close(start, "ppl-filter")
+        b.stats.update(**counts.stats(), ppl=_ppl_stats(ppl, edges, groups))
         require_rows("ppl-filter", b.stats, cfg.allow_empty, source=str(src.path),
-                     first_removed=first_removed)
+                     first_removed=counts.first_removed)
     design = kept_by_design(cfg)
     data_stage_summary(b.name, b.stats, time.time() - b.started,
                        notes=[("policy", design)] if design else [])

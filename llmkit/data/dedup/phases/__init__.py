@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +42,9 @@ from llmkit.data.dedup.phases.filter import Filter
 from llmkit.data.dedup.phases.signatures import Signatures
 from llmkit.data.dedup.sketch import Sketcher
 from llmkit.data.io import dataset_files, part_path
+from llmkit.data.pipeline import RowCounts, link_task_outputs
 from llmkit.errors import UserError
-from llmkit.workspace import kill_point, link_or_copy, seal, sealed
+from llmkit.workspace import seal, sealed
 
 PHASES = ("signatures", "buckets", "clusters", "filter")
 
@@ -117,34 +119,22 @@ class DedupPlan:
     # -- commit ---------------------------------------------------------------------------
     def assemble(self, out_dir: Path) -> dict:
         """Link every shard's filter output into `out_dir` (parts renumbered in shard order)
-        and return the stage's stats. Needs every filter task done. Links, not moves: the
-        work area stays whole until the artifact is committed, so a crash here loses
-        nothing."""
+        and return the stage's stats. Needs every filter task done."""
         if self.pending("filter"):
             raise UserError(f"dedup: {len(self.pending('filter'))} filter tasks are not done; "
                             "run `llmkit dedup --phase filter` for every rank first")
-        out_dir = Path(out_dir)
-        counts = {"kept": 0, "removed": 0}
-        rows_in = rows_out = rows_removed = 0
-        for shard in range(len(self.shards)):
-            folder = self.filter_dir(shard)
-            for kind, dest in (("kept", out_dir), ("removed", out_dir / "removed")):
-                for f in dataset_files(folder / kind):
-                    dest.mkdir(parents=True, exist_ok=True)
-                    kill_point("dedup:assemble")
-                    link_or_copy(f, part_path(dest, counts[kind]))
-                    counts[kind] += 1
-            info = self._info("filter", shard)
-            rows_in += info["rows_in"]
-            rows_out += info["rows_out"]
-            rows_removed += info["rows_removed"]
-        if rows_in != rows_out + rows_removed:  # a bug, never a user error
-            raise AssertionError(f"dedup: rows_in {rows_in} != {rows_out} + {rows_removed}")
+        shards = range(len(self.shards))
+        link_task_outputs([self.filter_dir(s) for s in shards], out_dir, "dedup")
+        counts = sum((self._filter_counts(s) for s in shards), RowCounts())
+        counts.check("dedup")
         clusters = json.loads(self.cluster_stats_file.read_text())
-        return {"rows_in": rows_in, "rows_out": rows_out, "rows_removed": rows_removed,
-                "removed_by_reason": {self.reason: rows_removed} if rows_removed else {},
-                "method": self.cfg.method, **self.method_stats(), **clusters,
+        return {**counts.stats(), "method": self.cfg.method, **self.method_stats(), **clusters,
                 "seconds_by_phase": self.phase_seconds()}
+
+    def _filter_counts(self, shard: int) -> RowCounts:
+        info = self._info("filter", shard)
+        return RowCounts(info["rows_in"], info["rows_out"], info["rows_removed"],
+                         Counter({self.reason: info["rows_removed"]}))
 
     def method_stats(self) -> dict:
         if self.cfg.method == "minhash":

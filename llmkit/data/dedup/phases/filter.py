@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.data.arrow import int64_numpy, repeated_string, rows_where, set_column
-from llmkit.data.io import (DatasetWriter, fresh_dir, open_parquet, part_path, replace_dir,
-                            temporary_path)
+from llmkit.data.io import fresh_dir, open_parquet, part_path, replace_dir, temporary_path
+from llmkit.data.pipeline import SplitWriter
 
 
 class Filter:
@@ -39,7 +39,7 @@ class Filter:
         duplicate_of = removals.column("duplicate_of")
         final = plan.filter_dir(shard)
         tmp = fresh_dir(temporary_path(final))
-        kept_w, removed_w = DatasetWriter(tmp / "kept"), DatasetWriter(tmp / "removed")
+        writer = SplitWriter.task_layout(tmp)
         pos = 0
         for batch in open_parquet(plan.shards[shard]).iter_batches(
                 batch_size=plan.cfg.batch_rows, use_threads=False):
@@ -47,11 +47,12 @@ class Filter:
             lo, hi = np.searchsorted(removed_rows, [pos, pos + batch.num_rows])
             drop = np.zeros(batch.num_rows, bool)
             drop[removed_rows[lo:hi] - pos] = True
-            kept_w.write(rows_where(table, ~drop))
             gone = rows_where(table, drop)
             gone = set_column(gone, "reason", repeated_string(plan.reason, gone.num_rows))
-            removed_w.write(set_column(gone, "duplicate_of", duplicate_of.slice(lo, hi - lo)))
+            gone = set_column(gone, "duplicate_of", duplicate_of.slice(lo, hi - lo))
+            writer.write(rows_where(table, ~drop), gone, reasons={plan.reason: gone.num_rows})
             pos += batch.num_rows
-        rows_out, rows_removed = kept_w.close(), removed_w.close()
+        counts = writer.close(pos, "dedup")
         replace_dir(tmp, final)
-        return {"rows_in": pos, "rows_out": rows_out, "rows_removed": rows_removed}
+        return {"rows_in": counts.rows_in, "rows_out": counts.rows_out,
+                "rows_removed": counts.rows_removed}
