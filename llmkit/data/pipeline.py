@@ -183,9 +183,7 @@ class _mapper:
     def __enter__(self):
         if self.workers <= 1:
             return map
-        import multiprocessing as mp
-
-        self.pool = mp.get_context("spawn" if _torch_loaded() else "fork").Pool(self.workers)
+        self.pool = process_context().Pool(self.workers)
         return lambda fn, items: ordered_imap(self.pool, fn, items, 2 * self.workers)
 
     def __exit__(self, *exc):
@@ -194,8 +192,10 @@ class _mapper:
             self.pool.join()
 
 
-def _torch_loaded() -> bool:
+def process_context():
+    """The multiprocessing context for worker processes: fork, but spawn once torch is
+    loaded (forking a process that has started torch's thread pools can deadlock)."""
+    import multiprocessing as mp
     import sys
 
-    # forking a process that has started torch's thread pools can deadlock
-    return "torch" in sys.modules
+    return mp.get_context("spawn" if "torch" in sys.modules else "fork")

@@ -104,12 +104,11 @@ def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], workers: int) -> No
                 plan.run(phase, t)
                 bar.advance(1)
             return
-        import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        # forking after torch has started its thread pools can deadlock
-        context = mp.get_context("spawn" if "torch" in sys.modules else "fork")
-        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
+        from llmkit.data.pipeline import process_context
+
+        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=process_context()) as pool:
             for _ in pool.map(plan.run, [phase] * len(tasks), tasks):
                 bar.advance(1)
 

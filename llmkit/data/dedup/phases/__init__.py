@@ -61,10 +61,7 @@ class DedupPlan:
         self.reason = f"{cfg.method}_duplicate"
         self.phases = {unit.name: unit(self) for unit in (Signatures, Buckets, Clusters, Filter)}
 
-    # -- where the phases keep their files ------------------------------------------------
-    def signatures_dir(self, shard: int) -> Path:
-        return part_path(self.work / "signatures", shard, "")
-
+    # -- files that more than one phase reads -------------------------------------------
     def bucket_file(self, key: int) -> Path:
         return self.work / "buckets" / f"key-{key:03d}.npz"
 
@@ -74,9 +71,6 @@ class DedupPlan:
     @property
     def cluster_stats_file(self) -> Path:
         return self.work / "clusters" / "stats.json"
-
-    def filter_dir(self, shard: int) -> Path:
-        return part_path(self.work / "filter", shard, "")
 
     # -- tasks and markers ---------------------------------------------------------------
     def tasks(self, phase: str) -> list[int]:
@@ -124,7 +118,7 @@ class DedupPlan:
             raise UserError(f"dedup: {len(self.pending('filter'))} filter tasks are not done; "
                             "run `llmkit dedup --phase filter` for every rank first")
         shards = range(len(self.shards))
-        link_task_outputs([self.filter_dir(s) for s in shards], out_dir, "dedup")
+        link_task_outputs([self.phases["filter"].folder(s) for s in shards], out_dir, "dedup")
         counts = sum((self._filter_counts(s) for s in shards), RowCounts())
         counts.check("dedup")
         clusters = json.loads(self.cluster_stats_file.read_text())

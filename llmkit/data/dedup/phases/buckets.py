@@ -8,19 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.data.dedup import unionfind
+from llmkit.data.dedup.phases.base import Phase
 from llmkit.data.dedup.phases.signatures import read_into
 from llmkit.data.io import temporary_path
 
 
-class Buckets:
+class Buckets(Phase):
     """One task per key row K (a MinHash band, a SimHash table): `buckets/key-K.npz` holds
     the documents sharing a value of that row (members, offsets; see unionfind.bucket_groups).
     Memory: one key per document (8 bytes × documents, sorted)."""
 
     name = "buckets"
-
-    def __init__(self, plan):
-        self.plan = plan
 
     def tasks(self) -> list[int]:
         return list(range(self.plan.sketcher.n_keys))
@@ -36,7 +34,7 @@ class Buckets:
         column = np.empty(int(plan.shard_rows().sum()), np.uint64)
         pos = 0
         for s in range(len(plan.shards)):
-            folder = plan.signatures_dir(s)
+            folder = plan.phases["signatures"].folder(s)
             with open(folder / "keys.bin", "rb", buffering=0) as keys:
                 start = 0  # of the batch's block of keys: n_keys rows of `rows` keys
                 for rows in np.load(folder / "blocks.npy").tolist():

@@ -10,6 +10,7 @@ import numpy as np
 
 from llmkit.data.arrow import numbers, string_buffers
 from llmkit.data.dedup import unionfind
+from llmkit.data.dedup.phases.base import Phase
 from llmkit.data.dedup.phases.buckets import bucket_groups
 from llmkit.data.dedup.phases.signatures import read_into
 from llmkit.data.io import open_parquet, temporary_path
@@ -21,7 +22,7 @@ _MEMBERS_AT_ONCE = 128  # bucket members verified between two releases of the pa
 _DOCS_AT_ONCE = 4096    # documents whose payload is read at once to pick the candidates'
 
 
-class Clusters:
+class Clusters(Phase):
     """One task in all: `clusters/part-S.parquet` holds (row, duplicate_of) of the rows of
     input shard S to remove, `clusters/stats.json` the cluster statistics. Each cluster keeps
     its smallest document index (the first in input order).
@@ -30,9 +31,6 @@ class Clusters:
     copied into one file, which is mapped and read a few MB at a time."""
 
     name = "clusters"
-
-    def __init__(self, plan):
-        self.plan = plan
 
     def tasks(self) -> list[int]:
         return [0]
@@ -85,7 +83,7 @@ class Clusters:
         base = 0
         with open(path, "wb") as out:
             for s, n_rows in enumerate(rows.tolist()):
-                folder = self.plan.signatures_dir(s)
+                folder = self.plan.phases["signatures"].folder(s)
                 local = np.load(folder / "lengths.npy")
                 ends = np.cumsum(local)
                 starts = ends - local

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from llmkit.data.arrow import int64_numpy, repeated_string, rows_where, set_column
-from llmkit.data.io import fresh_dir, open_parquet, part_path, replace_dir, temporary_path
+from llmkit.data.dedup.phases.base import ShardPhase
+from llmkit.data.io import fresh_dir, open_parquet, replace_dir, temporary_path
 from llmkit.data.pipeline import SplitWriter
 
 
-class Filter:
+class Filter(ShardPhase):
     """One task per input shard S: `filter/part-S/` holds kept/ and removed/ parquet parts
     (removed rows carry `reason` and `duplicate_of`), one batch of rows in memory at a time."""
 
     name = "filter"
-
-    def __init__(self, plan):
-        self.plan = plan
-
-    def tasks(self) -> list[int]:
-        return list(range(len(self.plan.shards)))
-
-    def marker(self, shard: int) -> Path:
-        return part_path(self.plan.work / self.name, shard, ".done")
-
-    def outputs(self, shard: int) -> list[Path]:
-        return sorted(p for p in self.plan.filter_dir(shard).rglob("*") if p.is_file())
 
     def run(self, shard: int) -> dict:
         import pyarrow as pa
@@ -37,7 +24,7 @@ class Filter:
         removals = pq.ParquetFile(plan.removals_file(shard)).read()
         removed_rows = int64_numpy(removals.column("row"))
         duplicate_of = removals.column("duplicate_of")
-        final = plan.filter_dir(shard)
+        final = self.folder(shard)
         tmp = fresh_dir(temporary_path(final))
         writer = SplitWriter.task_layout(tmp)
         pos = 0

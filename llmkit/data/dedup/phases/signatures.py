@@ -6,28 +6,17 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit.data.io import fresh_dir, open_parquet, part_path, replace_dir, temporary_path
+from llmkit.data.dedup.phases.base import ShardPhase
+from llmkit.data.io import fresh_dir, open_parquet, replace_dir, temporary_path
 from llmkit.errors import UserError
 
 
-class Signatures:
+class Signatures(ShardPhase):
     """One task per input shard S: `signatures/part-S/` holds keys.bin (per batch of rows,
     n_keys × rows keys; blocks.npy: each batch's rows) and the verification payload
     (values.bin, and lengths.npy: each document's number of values)."""
 
     name = "signatures"
-
-    def __init__(self, plan):
-        self.plan = plan
-
-    def tasks(self) -> list[int]:
-        return list(range(len(self.plan.shards)))
-
-    def marker(self, shard: int) -> Path:
-        return part_path(self.plan.work / self.name, shard, ".done")
-
-    def outputs(self, shard: int) -> list[Path]:
-        return sorted(p for p in self.plan.signatures_dir(shard).rglob("*") if p.is_file())
 
     def run(self, shard: int) -> dict:
         plan = self.plan
@@ -36,7 +25,7 @@ class Signatures:
             raise UserError(f"{plan.shards[shard]} has no 'text' column; dedup reads datasets "
                             "made by `llmkit ingest`/`clean`")
         n_rows = pf.metadata.num_rows
-        final = plan.signatures_dir(shard)
+        final = self.folder(shard)
         tmp = fresh_dir(temporary_path(final))
         lengths = np.zeros(n_rows, np.int64)
         blocks = []
