@@ -59,7 +59,7 @@ def _open_split(tokens_dir: Path, split: str):
     and the source names (sorted) that the codes index."""
     import numpy as np
 
-    from llmkit.data.token_shards import read_index_codes
+    from llmkit.data.token_shards import SPLITS, read_index_codes, split_shards
 
     try:
         manifest = json.loads((tokens_dir / "manifest.json").read_text())
@@ -67,15 +67,15 @@ def _open_split(tokens_dir: Path, split: str):
     except (OSError, ValueError, KeyError):
         raise UserError(f"{tokens_dir} is not a complete token artifact (no manifest with a "
                         "dtype); build it with `llmkit tokenize`") from None
-    if split not in ("train", "val"):
+    if split not in SPLITS:
         raise UserError(f"no split {split!r} in {tokens_dir}; splits: train, val")
     arrays, shard, offset, length, codes = [], [], [], [], []
     code_of: dict[str, int] = {}
-    for k, path in enumerate(sorted((tokens_dir / split).glob("shard-*.bin"))):
+    for k, (number, path) in enumerate(split_shards(tokens_dir, split)):
         size = path.stat().st_size // dtype.itemsize
         arrays.append(np.memmap(path, dtype, mode="r", shape=(size,)) if size
                       else np.empty(0, dtype))
-        off, n, local, names = read_index_codes(tokens_dir, int(path.stem.split("-")[1]), split)
+        off, n, local, names = read_index_codes(tokens_dir, number, split)
         shard.append(np.full(len(n), k, np.int64))
         offset.append(off)
         length.append(n)

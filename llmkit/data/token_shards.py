@@ -22,6 +22,12 @@ INDEX = "index"
 SHARD_FILES = (*(f"{s}.bin" for s in SPLITS), f"{INDEX}.parquet")  # of a shard's work folder
 
 
+def split_shards(tokens_dir: Path, split: str) -> list[tuple[int, Path]]:
+    """(shard number, .bin file) of every shard of `split`, in shard order."""
+    return [(int(p.stem.split("-")[1]), p)
+            for p in sorted((Path(tokens_dir) / split).glob("shard-*.bin"))]
+
+
 def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 65535 else "uint32"
 
