@@ -72,11 +72,6 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return kernels().band_keys(np.ascontiguousarray(signatures, np.uint64), bands, rows)
 
 
-def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
-    """Share of equal slots: the MinHash estimate of the Jaccard similarity."""
-    return float(np.count_nonzero(sig_a == sig_b)) / len(sig_a)
-
-
 def lsh_params(threshold: float, num_perm: int, false_positive_weight: float = 0.5,
                false_negative_weight: float = 0.5) -> tuple[int, int]:
     """(bands, rows) minimising the weighted areas of false positives below `threshold` and
@@ -97,8 +92,3 @@ def lsh_params(threshold: float, num_perm: int, false_positive_weight: float = 0
         if error[i] < best_error:
             best_error, best = float(error[i]), (b, i + 1)
     return best
-
-
-def candidate_probability(similarity: float, bands: int, rows: int) -> float:
-    """Chance that two documents of this Jaccard similarity share at least one band."""
-    return 1.0 - (1.0 - similarity ** rows) ** bands

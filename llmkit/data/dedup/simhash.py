@@ -66,7 +66,3 @@ def block_masks(hamming_k: int, blocks: int) -> np.ndarray:
 def table_keys(fingerprints: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """(tables, n) uint64: each fingerprint's bits under each table's mask."""
     return fingerprints[None, :] & masks[:, None]
-
-
-def hamming(a: int, b: int) -> int:
-    return int(a ^ b).bit_count()

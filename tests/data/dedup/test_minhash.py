@@ -3,12 +3,21 @@ import pytest
 from datasketch import MinHash
 from datasketch.lsh import _optimal_param
 
-from llmkit.data.dedup.minhash import (MinHashConfig, band_keys, candidate_probability,
-                                       jaccard_estimate, lsh_params, minhash_signatures)
+from llmkit.data.dedup.minhash import MinHashConfig, band_keys, lsh_params, minhash_signatures
 from llmkit.data.dedup.shingles import ShingleConfig, shingle_hashes
 from llmkit.errors import ConfigError
 
 WORDS = ShingleConfig(word_ngram=1)  # shingle set = the document's set of words
+
+
+def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """Share of equal slots: the MinHash estimate of the Jaccard similarity."""
+    return float(np.count_nonzero(sig_a == sig_b)) / len(sig_a)
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """Chance that two documents of this Jaccard similarity share at least one band."""
+    return 1.0 - (1.0 - similarity ** rows) ** bands
 
 
 def word_pairs(n_pairs, seed=0):

@@ -4,9 +4,13 @@ import numpy as np
 import pytest
 
 from llmkit.data.dedup.shingles import shingle_hashes
-from llmkit.data.dedup.simhash import (SimHashConfig, block_masks, hamming,
-                                       simhash_fingerprints, table_keys)
+from llmkit.data.dedup.simhash import (SimHashConfig, block_masks, simhash_fingerprints,
+                                       table_keys)
 from llmkit.errors import ConfigError
+
+
+def hamming(a: int, b: int) -> int:
+    return int(a ^ b).bit_count()
 
 
 @pytest.mark.parametrize("k,blocks", [(3, 4), (3, 6), (6, 8)])
