@@ -111,10 +111,15 @@ def iter_batches(path: Path, columns: list[str] | None = None,
                                                 use_threads=False)
 
 
-def count_rows(path: Path) -> int:
+def part_rows(part: Path) -> int:
+    """The rows of one parquet file, from its metadata."""
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in dataset_files(path))
+    return pq.ParquetFile(part).metadata.num_rows
+
+
+def count_rows(path: Path) -> int:
+    return sum(map(part_rows, dataset_files(path)))
 
 
 def read_table(path: Path, columns: list[str] | None = None):

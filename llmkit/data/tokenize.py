@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.data.arrow import string_buffers, strings
-from llmkit.data.io import fresh_dir, replace_dir, temporary_path
+from llmkit.data.io import dataset_files, fresh_dir, part_rows, replace_dir, temporary_path
 from llmkit.data.pipeline import ordered_imap
 from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
                                       token_dtype)
@@ -261,8 +261,6 @@ def _with_ids(batches, part: Path):
 
 def plan_shards(datasets) -> list[tuple[Path, str]]:
     """(part file, source name for rows without one) of every input, in order."""
-    from llmkit.data.io import dataset_files
-
     return [(f, art.name) for art in datasets for f in dataset_files(art.path)]  # [] if all empty
 
 
@@ -284,7 +282,7 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
 
     def run_shards(work: Path) -> None:
         todo = [k for k in mine if finished_shard(work / SHARD.format(k), itemsize) is None]
-        total = sum(_rows(shards[k][0]) for k in todo)
+        total = sum(part_rows(shards[k][0]) for k in todo)
         with Progress("tokenize", total=total, unit="docs") as bar, \
                 _OrderedPool(ctx.workers, tok) as pool:
             for k in todo:
@@ -315,12 +313,6 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
         ("val tokens", st["splits"]["val"]["tokens"]), ("dtype", st["dtype"]),
         ("seconds", round(time.time() - b.started, 2))])
     return b
-
-
-def _rows(part: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(part).metadata.num_rows
 
 
 def _itemsize(tok) -> int:
