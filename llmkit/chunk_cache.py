@@ -26,6 +26,7 @@ from itertools import chain
 import numpy as np
 
 from llmkit import aot
+from llmkit.cjk import HAN_RUN, jieba_boundaries
 
 WS_MARK = "\u2581"       # sentencepiece's whitespace symbol "▁"
 _MARK, _SPACE = 0x2581, 0x20
@@ -228,7 +229,6 @@ class ChunkCacheEncoder:
         twin._clear(_MIN_TABLE_BITS)
         return twin
 
-
     def _make_room(self, batch_bytes: int) -> None:
         """Grow the cache as it fills, up to its bounds, then start over. (A full cache is
         never wrong: chunks it has no room for are encoded, not kept.)"""
@@ -247,11 +247,8 @@ class ChunkCacheEncoder:
         kernels().rehash(self._table, table, miss_slot)
         self._table = table
 
-    def _jieba_byte_cuts(self
-, buf, ends, joined: str | None):
+    def _jieba_byte_cuts(self, buf, ends, joined: str | None):
         """Byte offsets where jieba starts a word inside a Chinese run."""
-        from llmkit.tokenizer import HAN_RUN, jieba_boundaries
-
         if joined is None:
             joined = buf.tobytes().decode("utf-8")
         lead = np.flatnonzero((buf & 0xC0) != 0x80)
@@ -278,7 +275,6 @@ _SIGNATURES = {  # of the passes compiled ahead of time: the arrays the encoder 
     "cut_and_look_up": "void(u1[::1], u8[::1], i8[::1], i8[::1], u8[::1], u1[::1], u8[::1], "
                        "u8[:, ::1], u1[::1], i8[::1], u8, i8, i8, i8[::1], i8[::1], i8[::1], "
                        "u1[::1], i8[::1], i8[::1])",
-
     "keep_ids": "void(i8[::1], i8[::1], i4[::1], u8[::1], u8[:, ::1], i4[::1], i8[::1])",
     "count_ids": "i8(i8[::1], i8[::1], i8[::1], i8, i8[::1])",
     "write_ids": "void(i8[::1], i8[::1], i8[::1], i4[::1], i4[::1], i8, i4[::1])",

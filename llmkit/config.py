@@ -282,10 +282,11 @@ def yaml_value(value) -> str:
     return text.removesuffix("\n...").strip()
 
 
-def config_yaml(cfg, section: str, sources: dict[str, str]) -> str:
+def config_yaml(cfg, section: str, sources: dict[str, str], stage: str | None = None) -> str:
     """`cfg` as the recipe section `section:` that resolves to it, each value followed by
-    `# <where it came from>` (`sources`: dotted key -> default | recipe | set)."""
-    lines = [f"{section}:"]
+    `# <where it came from>` (`sources`: dotted key -> default | recipe | set); with the
+    `stage:` line of a section for one artifact of `stage`."""
+    lines = [f"{section}:"] + ([f"  stage: {stage}"] if stage else [])
 
     def emit(obj, prefix: str, indent: str) -> None:
         for f in dataclasses.fields(obj):

@@ -1,45 +1,62 @@
-"""Which config dataclass reads which recipe section, and a check of a whole recipe."""
+"""Recipes: YAML with one section per stage, checked against the stage table (llmkit.stages).
+
+A section named after a stage (`pretrain:`) configures that stage. Any other section configures
+the runs of one stage that write the artifact of its name, and says which stage with a `stage:`
+key: the demo's second pretrain run, `llmkit pretrain --out scorer`, reads
+
+    scorer:
+      stage: pretrain
+      model: {preset: small, hidden_size: 128, n_layers: 2}
+
+instead of `pretrain:` (the two are not merged). A section that is neither is an error naming it.
+"""
 
 from __future__ import annotations
 
 import difflib
-import importlib
 
 from llmkit.config import resolve_config
 from llmkit.errors import ConfigError
+from llmkit.stages import CONFIGURED, TRAINING, config_class
 
-# recipe section -> "module:ConfigClass" (imported only when a recipe is checked)
-STAGE_CONFIGS = {
-    "ingest": "llmkit.data.ingest:IngestConfig",
-    "clean": "llmkit.data.clean:CleanConfig",
-    "dedup": "llmkit.data.dedup.stage:DedupConfig",
-    "ppl-filter": "llmkit.data.ppl_filter:PplFilterConfig",
-    "tokenizer": "llmkit.tokenizer_training:TokenizerConfig",
-    "tokenize": "llmkit.data.tokenize:TokenizeConfig",
-    "pretrain": "llmkit.train.pretrain:PretrainConfig",
-    "sft": "llmkit.train.sft:SftConfig",
-    "rm": "llmkit.train.rm:RmConfig",
-    "dpo": "llmkit.train.dpo:DpoConfig",
-    "ppo": "llmkit.train.ppo:PPOConfig",
-    "eval": "llmkit.eval.stage:EvalConfig",
-    "generate": "llmkit.api:GenerateConfig",
-    "export": "llmkit.hf.export:ExportConfig",
-    "import": "llmkit.hf.import_:ImportConfig",
-    "report": "llmkit.report:ReportConfig",
-}
+STAGE_KEY = "stage"  # in an artifact's section: the stage whose runs read it
+
+
+def section_stage(name: str, values, path="recipe") -> str:
+    """The stage that recipe section `name` configures: its name, or its `stage:`."""
+    if name in CONFIGURED:
+        return name
+    stage = values.get(STAGE_KEY) if isinstance(values, dict) else None
+    if stage is None:
+        close = difflib.get_close_matches(str(name), CONFIGURED, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{path}: unknown section {name!r}{hint} (a section for the runs "
+                          f"`--out {name}` of a stage names it: `{STAGE_KEY}: STAGE`)")
+    if stage not in CONFIGURED:
+        close = difflib.get_close_matches(str(stage), CONFIGURED, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(CONFIGURED)}"
+        raise ConfigError(f"{path} [{name}]: {STAGE_KEY}: {stage!r} is no stage with settings; {hint}")
+    return stage
+
+
+def section_settings(name: str, values) -> dict | None:
+    """A section's config values: without the `stage:` that names an artifact section's stage."""
+    if name in CONFIGURED or not isinstance(values, dict):
+        return values
+    return {k: v for k, v in values.items() if k != STAGE_KEY}
+
+
+def section_for(recipe: dict, stage: str, out: str | None) -> str:
+    """The section a run of `stage` writing artifact `out` reads: `out:` when the recipe has it
+    for this stage, else the stage's own."""
+    if out in recipe and out not in CONFIGURED and section_stage(out, recipe[out]) == stage:
+        return out
+    return stage
 
 
 def check_section_names(recipe: dict, path="recipe") -> None:
-    for name in recipe:
-        if name not in STAGE_CONFIGS:
-            close = difflib.get_close_matches(str(name), list(STAGE_CONFIGS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{path}: unknown section {name!r}{hint}")
-
-
-def config_class(section: str):
-    module, cls = STAGE_CONFIGS[section].split(":")
-    return getattr(importlib.import_module(module), cls)
+    for name, values in recipe.items():
+        section_stage(name, values, path)
 
 
 def check_recipe(recipe: dict, path="recipe") -> dict:
@@ -48,17 +65,15 @@ def check_recipe(recipe: dict, path="recipe") -> dict:
     check_section_names(recipe, path)
     resolved = {}
     for section, values in recipe.items():
+        stage = section_stage(section, values, path)
         try:
-            resolved[section] = resolve_config(config_class(section), values)
+            resolved[section] = resolve_config(config_class(stage), section_settings(section, values))
         except ConfigError as e:
             raise ConfigError(f"{path} [{section}]: {e}") from None
     problems = pipeline_problems(resolved)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
     return resolved
-
-
-TRAINING = ("pretrain", "sft", "rm", "dpo", "ppo")
 
 
 def pipeline_problems(resolved: dict) -> list[str]:

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from llmkit.config import load_recipe, parse_overrides, resolve_config
 from llmkit.errors import UserError
-from llmkit.recipes import TRAINING, check_recipe, check_section_names
+from llmkit.recipes import check_recipe, check_section_names, section_for, section_settings
+from llmkit.stages import TRAINING, config_class
 from llmkit.workspace import Artifact, Workspace
 
 
 @dataclass
 class StageContext:
     workspace: Workspace
+    stage: str | None = None                       # the running command (llmkit.stages)
     recipe: dict = field(default_factory=dict)     # the whole recipe (one section per stage)
     overrides: dict = field(default_factory=dict)  # parsed --set values
     inputs: list[str] = field(default_factory=list)  # --in values, names or paths
@@ -27,7 +29,7 @@ class StageContext:
 
     @classmethod
     def create(cls, workspace=None, recipe=None, set_=None, inputs=None, out=None,
-               force=False, workers=1, rank=None, world_size=None) -> "StageContext":
+               force=False, workers=1, rank=None, world_size=None, stage=None) -> "StageContext":
         root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be ≥ 1, got {workers}")
@@ -37,16 +39,25 @@ class StageContext:
             raise UserError(f"--rank must be in [0, {world_size}), got {rank}")
         recipe_data = load_recipe(recipe)
         check_section_names(recipe_data, str(recipe))
-        return cls(Workspace(Path(root)), recipe_data, parse_overrides(set_),
+        return cls(Workspace(Path(root)), stage, recipe_data, parse_overrides(set_),
                    list(inputs or []), out, force, workers or 1, rank, world_size, str(recipe))
 
-    def config(self, cls, section: str, **flags):
-        """Defaults < recipe[section] < the stage's own command-line flags < --set. A training
-        stage first checks the whole recipe, so that a setting that would stop a later stage
-        is found before hours of training, not after."""
-        if section in TRAINING and self.recipe:
+    def config(self, cls=None, stage: str | None = None, **flags):
+        """The config of `stage` (default: the running command's, of class `cls` from the stage
+        table): defaults < its recipe section < the command's own flags < --set. The section is
+        the one of the artifact this run writes (`--out NAME` and a `NAME:` section for this
+        stage), else the stage's. A training stage first checks the whole recipe, so that a
+        setting that would stop a later stage is found before hours of training, not after."""
+        stage = stage or self.stage
+        if stage in TRAINING and self.recipe:
             check_recipe(self.recipe, self.recipe_path)
-        return resolve_config(cls, self.recipe.get(section), flags, self.overrides)
+        return resolve_config(cls or config_class(stage), self.recipe_section(stage), flags,
+                              self.overrides)
+
+    def recipe_section(self, stage: str) -> dict | None:
+        """The recipe values a run of `stage` reads (see `config`)."""
+        section = section_for(self.recipe, stage, self.out)
+        return section_settings(section, self.recipe.get(section))
 
     def input(self, default: str) -> Artifact:
         if len(self.inputs) > 1:

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.workspace import BUILT_BY, MANIFEST, WORK_INFO, resolve_input, sealed
+from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
+from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
 NEEDS_REBUILD = ("stale", "incomplete", "missing")
@@ -81,13 +82,15 @@ def _name_in(root: Path, path: Path) -> str | None:
 
 def _command_of(argv: list[str] | None, stage: str, name: str, root: Path) -> str:
     """The command that built an artifact, as its manifest recorded it (run again, it rebuilds
-    what changed); without one, `llmkit STAGE [--out NAME]`. Pointed at this workspace."""
+    what changed); without one, `llmkit STAGE [OPTIONS]`: the options that give the stage's
+    output this name (none for its default, `--out NAME` else). Pointed at this workspace."""
     args = list(argv or [])[1:]
     args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
     if not args or args[0] != stage or Path((argv or ["?"])[0]).name not in ("llmkit", "__main__.py"):
-        default_name = next((n for n, s in BUILT_BY.items() if s == stage), stage)
-        args = stage.split() + (["PATH..."] if stage.startswith("ingest") else []) + \
-            (["--out", name] if name != default_name else [])
+        found = built_by(name)
+        options = found[1] if found and found[0].command == stage else \
+            "" if name == stage else f"--out {name}"
+        args = [stage, *(["PATH..."] if stage == "ingest" else []), *options.split()]
     out, skip = [], False
     for a in args:  # the workspace as this status reads it
         if skip:
@@ -115,7 +118,7 @@ def _unfinished_status(path: Path, name: str, root: Path) -> ArtifactStatus:
         inputs = [_name_in(root, resolve_input(root, i["path"])) for i in recorded]
     except (OSError, ValueError, KeyError, TypeError):
         inputs = []
-    stage = BUILT_BY.get(path.name, "?")
+    stage = _builder(path.name)
     rebuild = _command_of(None, stage, name, root) if stage != "?" else None
     complete = [p for p in step_dirs(path) if is_complete(p)]
     if complete:
@@ -154,9 +157,9 @@ def workspace_status(ws) -> list[ArtifactStatus]:
     for r in list(rows):
         for name in r.inputs:
             if name not in by_name and not (ws.root / name).exists():  # deleted since it was used
-                stage = BUILT_BY.get(name, "?")
+                stage = _builder(name)
                 by_name[name] = ArtifactStatus(
-                    name, stage.split()[0] if stage != "?" else "?", "missing", "", None,
+                    name, stage, "missing", "", None,
                     rebuild=_command_of(None, stage, name, ws.root) if stage != "?" else None)
                 rows.append(by_name[name])
     rows = pipeline_order(rows)
@@ -170,15 +173,11 @@ def workspace_status(ws) -> list[ArtifactStatus]:
 def pipeline_order(rows: list[ArtifactStatus]) -> list[ArtifactStatus]:
     """Inputs before the artifacts built from them; otherwise by stage in pipeline order, then
     by name (a stable topological order)."""
-    from llmkit.recipes import STAGE_CONFIGS
-
-    stages = list(STAGE_CONFIGS)
     names = {r.name for r in rows}
     waiting = {r.name: {i for i in r.inputs if i in names and i != r.name} for r in rows}
 
     def rank(r):
-        stage = r.stage if r.stage in stages else BUILT_BY.get(r.name, "?").split()[0]
-        return (stages.index(stage) if stage in stages else len(stages), r.name)
+        return (pipeline_rank(r.stage if r.stage in BY_COMMAND else _builder(r.name)), r.name)
 
     out, done = [], set()
     pending = sorted(rows, key=rank)
@@ -188,6 +187,12 @@ def pipeline_order(rows: list[ArtifactStatus]) -> list[ArtifactStatus]:
         out.append(ready)
         done.add(ready.name)
     return out
+
+
+def _builder(name: str) -> str:
+    """The stage that writes an artifact of this name by itself, or "?"."""
+    found = built_by(name)
+    return found[0].command if found else "?"
 
 
 def human_age(seconds: float | None) -> str:

@@ -1,4 +1,4 @@
-"""Sentencepiece BPE tokenizer: training, exact encode/decode (batches: llmkit.chunk_cache), chat.
+"""The tokenizer: exact encode/decode (batches: llmkit.chunk_cache) and the chat format.
 
 `decode(encode(x)) == x` for every string: normalisation is the identity, whitespace is kept
 as is, and every character outside the vocabulary falls back to its UTF-8 bytes. The one
@@ -10,29 +10,24 @@ BPE pieces never span two places where no piece of the vocabulary joins the two 
 cut at those places encodes, chunk by chunk, to exactly sentencepiece's ids; the chunk-cache
 encoder (llmkit.chunk_cache) uses that to encode each distinct chunk once.
 
+With `jieba=true` Chinese runs are first segmented into words by jieba (llmkit.cjk), and
+pieces never cross a word boundary (training marks the boundaries, encoding encodes word by
+word), so the round trip stays exact.
 
-With `jieba=true` Chinese runs are first segmented into words by jieba, and pieces never
-cross a word boundary (training marks the boundaries, encoding encodes word by word), so the
-round trip stays exact.
+The chat format (`ChatEncoding`) needs of a tokenizer only its ids and its special tokens; a
+backend (`Tokenizer`: sentencepiece) gives those. Training is llmkit.tokenizer_training.
 """
 
 from __future__ import annotations
 
 import copy
-import heapq
-
 import json
-import logging
-import re
 import shutil
-import time
-from collections import Counter
-from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
-from llmkit.errors import ConfigError, UserError
+from llmkit.errors import UserError
 
 MODEL_FILE = "tokenizer.model"
 CONFIG_FILE = "tokenizer_config.json"
@@ -42,140 +37,38 @@ def same_tokenizer(dir_a, dir_b) -> bool:
     """Whether two tokenizer folders hold the same sentencepiece model, i.e. the same ids."""
     return (Path(dir_a) / MODEL_FILE).read_bytes() == (Path(dir_b) / MODEL_FILE).read_bytes()
 
+
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 END_OF_TURN = "<|end|>"
 # A turn is `<|role|>content<|end|>`; the tokenizer adds <s> before the first one. Matches
-# `Tokenizer.format_chat`, for transformers' apply_chat_template after export.
+# `ChatEncoding.format_chat`, for transformers' apply_chat_template after export.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
     "'<|end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 WS_MARK = "\u2581"        # sentencepiece's whitespace symbol "▁"
-UNK_MARK = "\u2585"       # sentencepiece skips training sentences that contain it
-TAB = "\t"                # never inside a trained piece: marks pretokenisation boundaries
-MIN_COVERAGE = 0.98       # the lowest character_coverage sentencepiece accepts
-N_BYTE_PIECES = 256
-HAN_RUN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 
 
-@dataclass
-class TokenizerConfig:
-    vocab_size: int = 32000             # pieces, including special tokens and the 256 bytes
-    character_coverage: float = 0.9995  # share of characters kept as pieces; rarer: bytes
-    input_sentence_size: int = 1_000_000  # at most this many training sentences (memory bound)
-    max_sentence_chars: int = 4096      # documents are cut at newlines into sentences this long
-    jieba: bool = False                 # segment Chinese with jieba before BPE
-    extra_symbols: list[str] = field(default_factory=list)  # more never-split tokens
-    heldout_fraction: float = 0.01      # documents kept out of training to measure fertility
-    heldout_chars: int = 2_000_000      # at most this many held-out characters are measured
-    seed: int = 0                       # picks the training sample and the held-out documents
+class ChatEncoding:
+    """Texts and chats as ids, the same for every tokenizer backend.
 
-    def __post_init__(self):
-        if self.vocab_size < 300:
-            raise ConfigError(f"vocab_size must be ≥ 300 (256 byte pieces + specials), "
-                              f"got {self.vocab_size}")
-        if not MIN_COVERAGE <= self.character_coverage <= 1.0:
-            raise ConfigError(f"character_coverage must be in [{MIN_COVERAGE}, 1], "
-                              f"got {self.character_coverage}")
-        if self.input_sentence_size < 101:
-            raise ConfigError(f"input_sentence_size must be > 100, got {self.input_sentence_size}")
-        if self.max_sentence_chars < 16:
-            raise ConfigError(f"max_sentence_chars must be ≥ 16, got {self.max_sentence_chars}")
-        if not 0.0 <= self.heldout_fraction < 0.5:
-            raise ConfigError(f"heldout_fraction must be in [0, 0.5), got {self.heldout_fraction}")
-        reserved = {UNK, BOS, EOS, PAD, *ROLE_TOKENS.values(), END_OF_TURN}
-        for s in self.extra_symbols:
-            if not s or s in reserved or any(c.isspace() for c in s) or WS_MARK in s:
-                raise ConfigError(f"extra_symbols: {s!r} must be non-empty, without whitespace, "
-                                  "and not one of the built-in special tokens")
+    A backend sets `config` (its tokenizer_config.json), `bos_id`, `eos_id`, `role_ids`
+    (role -> id of its token) and `end_of_turn_id`, and gives `encode_flat` and `decode`.
+    """
 
-    @property
-    def user_symbols(self) -> list[str]:
-        return [*ROLE_TOKENS.values(), END_OF_TURN, *self.extra_symbols]
+    config: dict
+    bos_id: int
+    eos_id: int
+    role_ids: dict[str, int]
+    end_of_turn_id: int
 
+    def encode_flat(self, texts: Sequence[str]):
+        """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
+        raise NotImplementedError
 
-# -- jieba ----------------------------------------------------------------------------------
-
-_jieba = None
-
-
-def _jieba_cut():
-    global _jieba
-    if _jieba is None:
-        import jieba
-
-        jieba.setLogLevel(logging.WARNING)
-        _jieba = jieba.Tokenizer()
-    return _jieba
-
-
-def jieba_boundaries(text: str) -> list[int]:
-    """Offsets inside Chinese runs where jieba starts a new word (never at a run's edges)."""
-    cuts = []
-    for m in HAN_RUN.finditer(text):
-        run = m.group()
-        if len(run) < 2:
-            continue
-        words = list(_jieba_cut().cut(run, HMM=True))
-        if "".join(words) != run:  # jieba never changes text, but exactness matters more
-            continue
-        pos = m.start()
-        for w in words[:-1]:
-            pos += len(w)
-            cuts.append(pos)
-    return cuts
-
-
-def mark_jieba_boundaries(text: str) -> str:
-    """`text` with a tab at every jieba word boundary: what sentencepiece trains on."""
-    cuts = jieba_boundaries(text)
-    if not cuts:
-        return text
-    bounds = [0, *cuts, len(text)]
-    return TAB.join(text[a:b] for a, b in zip(bounds, bounds[1:]))
-
-
-# -- the tokenizer --------------------------------------------------------------------------
-
-_SMALL_BATCH_CHARS = 4096  # smaller batches go to sentencepiece directly
-
-
-class Tokenizer:
-
-    """A trained tokenizer artifact (`tokenizer.model` + `tokenizer_config.json`)."""
-
-    def __init__(self, directory: str | Path):
-        import sentencepiece as spm
-
-        self.path = Path(directory)
-        model, cfg = self.path / MODEL_FILE, self.path / CONFIG_FILE
-        if not model.is_file() or not cfg.is_file():
-            raise UserError(f"{self.path} is not a tokenizer: it needs {MODEL_FILE} and "
-                            f"{CONFIG_FILE}; build one with `llmkit tokenizer`")
-        self.config = json.loads(cfg.read_text(encoding="utf-8"))
-        self.sp = spm.SentencePieceProcessor(model_file=str(model))
-        self.vocab_size = self.sp.get_piece_size()
-        self.jieba = bool(self.config.get("jieba", False))
-        self.unk_id, self.bos_id = self.sp.unk_id(), self.sp.bos_id()
-        self.eos_id, self.pad_id = self.sp.eos_id(), self.sp.pad_id()
-        self.role_ids = {r: self.sp.piece_to_id(t) for r, t in ROLE_TOKENS.items()}
-        self.end_of_turn_id = self.sp.piece_to_id(END_OF_TURN)
-        self._chunk_encoder = None
-
-    @property
-    def _encoder(self):
-        """The chunk-cache encoder (llmkit.chunk_cache), built on first use: its tables take
-        a moment (and the first use on a machine compiles its passes)."""
-        if self._chunk_encoder is None:
-            from llmkit.chunk_cache import ChunkCacheEncoder
-
-            self._chunk_encoder = ChunkCacheEncoder(self.sp, jieba=self.jieba)
-        return self._chunk_encoder
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Tokenizer":
-        return cls(path)
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
 
     @property
     def stop_ids(self) -> list[int]:
@@ -206,49 +99,6 @@ class Tokenizer:
             pos += n
         return out
 
-    def encode_flat(self, texts: Sequence[str]):
-        """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
-        import numpy as np
-
-        if (not self.jieba and sum(map(len, texts)) < _SMALL_BATCH_CHARS
-                and not any(WS_MARK in t for t in texts)):
-            # a few short texts (a chat turn): sentencepiece directly costs less than setting
-            # up the batch encoder's arrays, and gives the same ids
-            encoded = self.sp.encode(list(texts))
-            counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
-            return np.fromiter(chain.from_iterable(encoded), np.int32, int(counts.sum())), counts
-        return self._encoder.encode(texts)
-
-    def encode_joined(self, joined: str, lengths):
-        """`encode_flat` of the texts that make up `joined`, `lengths` characters each."""
-        return self._encoder.encode_joined(joined, lengths)
-
-    def for_another_thread(self) -> "Tokenizer":
-        """This tokenizer for another thread: the same model, a chunk cache of its own that
-        shares with this one the ids sentencepiece gave to new chunks."""
-        twin = copy.copy(self)
-        twin._chunk_encoder = self._encoder.sibling()
-        return twin
-
-    def encode_utf8(self, data, ends, end_id: int = -1):
-        """`encode_flat` of the texts whose UTF-8 bytes make up `data` (a bytes-like object),
-        the i-th ending at byte ends[i]; with `end_id` ≥ 0 that id follows each text and
-        counts in its length."""
-        return self._encoder.encode_utf8(data, ends, end_id)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """The text of `ids`; control tokens (<s>, </s>, <pad>) decode to nothing."""
-        ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
-        return self.sp.decode(ids)
-
-    def id_to_piece(self, i: int) -> str:
-        return self.sp.id_to_piece(int(i))
-
-    def piece_to_id(self, piece: str) -> int:
-        return self.sp.piece_to_id(piece)
-
-    # -- chat --------------------------------------------------------------------------------
-
     def format_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         """The chat as text (no <s>): `<|user|>Hi<|end|><|assistant|>Hello<|end|>`."""
         return "".join(ROLE_TOKENS[r] + c + END_OF_TURN for r, c in _turns(messages)) + (
@@ -268,6 +118,86 @@ class Tokenizer:
             ids.append(self.role_ids["assistant"])
             mask.append(0)
         return ids, mask
+
+
+_SMALL_BATCH_CHARS = 4096  # smaller batches go to sentencepiece directly
+
+
+class Tokenizer(ChatEncoding):
+    """A trained sentencepiece tokenizer artifact (`tokenizer.model` + `tokenizer_config.json`)."""
+
+    def __init__(self, directory: str | Path):
+        import sentencepiece as spm
+
+        self.path = Path(directory)
+        model, cfg = self.path / MODEL_FILE, self.path / CONFIG_FILE
+        if not model.is_file() or not cfg.is_file():
+            raise UserError(f"{self.path} is not a tokenizer: it needs {MODEL_FILE} and "
+                            f"{CONFIG_FILE}; build one with `llmkit tokenizer`")
+        self.config = json.loads(cfg.read_text(encoding="utf-8"))
+        self.sp = spm.SentencePieceProcessor(model_file=str(model))
+        self.vocab_size = self.sp.get_piece_size()
+        self.jieba = bool(self.config.get("jieba", False))
+        self.unk_id, self.bos_id = self.sp.unk_id(), self.sp.bos_id()
+        self.eos_id, self.pad_id = self.sp.eos_id(), self.sp.pad_id()
+        self.role_ids = {r: self.sp.piece_to_id(t) for r, t in ROLE_TOKENS.items()}
+        self.end_of_turn_id = self.sp.piece_to_id(END_OF_TURN)
+        self._chunk_encoder = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        return cls(path)
+
+    @property
+    def _encoder(self):
+        """The chunk-cache encoder (llmkit.chunk_cache), built on first use: its tables take
+        a moment (and the first use on a machine compiles its passes)."""
+        if self._chunk_encoder is None:
+            from llmkit.chunk_cache import ChunkCacheEncoder
+
+            self._chunk_encoder = ChunkCacheEncoder(self.sp, jieba=self.jieba)
+        return self._chunk_encoder
+
+    def encode_flat(self, texts: Sequence[str]):
+        """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
+        import numpy as np
+
+        if (not self.jieba and sum(map(len, texts)) < _SMALL_BATCH_CHARS
+                and not any(WS_MARK in t for t in texts)):
+            # a few short texts (a chat turn): sentencepiece directly costs less than setting
+            # up the batch encoder's arrays, and gives the same ids
+            encoded = self.sp.encode(list(texts))
+            counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
+            return np.fromiter(chain.from_iterable(encoded), np.int32, int(counts.sum())), counts
+        return self._encoder.encode(texts)
+
+    def encode_joined(self, joined: str, lengths):
+        """`encode_flat` of the texts that make up `joined`, `lengths` characters each."""
+        return self._encoder.encode_joined(joined, lengths)
+
+    def encode_utf8(self, data, ends, end_id: int = -1):
+        """`encode_flat` of the texts whose UTF-8 bytes make up `data` (a bytes-like object),
+        the i-th ending at byte ends[i]; with `end_id` ≥ 0 that id follows each text and
+        counts in its length."""
+        return self._encoder.encode_utf8(data, ends, end_id)
+
+    def for_another_thread(self) -> "Tokenizer":
+        """This tokenizer for another thread: the same model, a chunk cache of its own that
+        shares with this one the ids sentencepiece gave to new chunks."""
+        twin = copy.copy(self)
+        twin._chunk_encoder = self._encoder.sibling()
+        return twin
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`; control tokens (<s>, </s>, <pad>) decode to nothing."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+        return self.sp.decode(ids)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(int(i))
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
 
     def save(self, directory: str | Path) -> None:
         """Copy the tokenizer's files into `directory` (checkpoints carry their tokenizer)."""
@@ -289,385 +219,3 @@ def _turns(messages: Sequence[dict]) -> list[tuple[str, str]]:
             raise UserError(f"message {i} ({role}): content must be a string, got {content!r}")
         turns.append((role, content))
     return turns
-
-
-# -- training -------------------------------------------------------------------------------
-
-def _hash01(*parts) -> float:
-    """A stable number in [0, 1) for the given values (sampling and held-out choices)."""
-    import hashlib
-
-    h = hashlib.blake2b("\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass"),
-                        digest_size=8)
-    return int.from_bytes(h.digest(), "little") / 2.0 ** 64
-
-
-def split_sentences(text: str, max_chars: int) -> list[str]:
-    """`text` cut after newlines into pieces of at most `max_chars` (a longer line is cut)."""
-    if len(text) <= max_chars:
-        return [text] if text else []
-    out, cur = [], ""
-    for line in text.splitlines(keepends=True):
-        while len(line) > max_chars:
-            if cur:
-                out.append(cur)
-                cur = ""
-            out.append(line[:max_chars])
-            line = line[max_chars:]
-        if len(cur) + len(line) > max_chars:
-            out.append(cur)
-            cur = ""
-        cur += line
-    if cur:
-        out.append(cur)
-    return out
-
-
-class TrainingSample:
-    """A bounded, order-independent sample of sentences (the `k` with the smallest hash)."""
-
-    def __init__(self, k: int, seed: int):
-        self.k, self.seed = k, seed
-        self._heap: list[tuple[float, int, str]] = []
-        self._n = 0
-        self.sentences_seen = 0
-
-    def add(self, doc_id: str, text: str, max_chars: int) -> None:
-        for i, s in enumerate(split_sentences(text, max_chars)):
-            if UNK_MARK in s:
-                continue  # sentencepiece would skip it
-            self.sentences_seen += 1
-            key = -_hash01(self.seed, doc_id, i)
-            self._n += 1
-            item = (key, self._n, s)
-            if len(self._heap) < self.k:
-                heapq.heappush(self._heap, item)
-            elif key > self._heap[0][0]:
-                heapq.heapreplace(self._heap, item)
-
-    def sentences(self) -> list[str]:
-        return [s for _, _, s in sorted(self._heap, key=lambda t: (-t[0], t[1]))]
-
-
-@dataclass
-class CoveragePlan:
-    requested: float      # the configured character_coverage
-    used: float           # the coverage actually trained with (lower when the vocab is small)
-    spm_value: float      # what sentencepiece is given (its own accounting of the text)
-    required_chars: int   # distinct characters that become pieces
-    byte_chars: int       # distinct characters of the sample left to byte fallback
-    lowered: bool
-
-
-def _sorted_counts(counts: Counter) -> list[tuple[str, int]]:
-    # sentencepiece's order: most frequent first, ties by code point
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-
-
-def _required_chars(counts: Counter, coverage: float) -> int:
-    """How many characters sentencepiece keeps at `coverage` (its float32 arithmetic)."""
-    import numpy as np
-
-    total = sum(counts.values())
-    target, acc, n = np.float32(coverage), 0, 0
-    for ch, c in _sorted_counts(counts):
-        if np.float32(acc / total) >= target:
-            break
-        acc += c
-        if ch != TAB:
-            n += 1
-    return n
-
-
-def _coverage_keeping(counts: Counter, n_chars: int) -> float:
-    """The coverage at which sentencepiece keeps the `n_chars` most frequent characters."""
-    import numpy as np
-
-    total, acc, n = sum(counts.values()), 0, 0
-    for ch, c in _sorted_counts(counts):
-        acc += c
-        n += ch != TAB
-        if n >= n_chars:
-            return float(np.float32(acc / total))
-    return 1.0
-
-
-def plan_coverage(real: Counter, seen: Counter, cfg: TokenizerConfig,
-                  spare: int = 0) -> CoveragePlan:
-    """Pick the character coverage that fits the vocabulary, or say which vocabulary would.
-
-    `real` counts the sample's characters; `seen` counts them as sentencepiece will (with
-    jieba boundary marks); `spare` keeps that many pieces free. Raises UserError when even
-    coverage 0.98 needs more pieces.
-    """
-    specials = 4 + len(cfg.user_symbols) + N_BYTE_PIECES
-    budget = cfg.vocab_size - specials - spare
-    wanted = _required_chars(real, cfg.character_coverage)
-    if wanted <= budget:
-        kept, used = wanted, cfg.character_coverage
-    else:
-        least = _required_chars(real, MIN_COVERAGE)
-        if least > budget:
-            raise UserError(
-                f"vocab_size={cfg.vocab_size} is too small for this text: even at "
-                f"character_coverage={MIN_COVERAGE} it needs {least} characters + {specials} "
-                f"special and byte pieces. The smallest vocabulary that works is "
-                f"{least + specials}: use --set vocab_size={least + specials} or larger")
-        kept = budget
-        total = sum(c for ch, c in real.items())
-        used = sum(c for _, c in _sorted_counts(Counter(
-            {ch: c for ch, c in real.items() if ch != TAB}))[:kept]) / total
-        used = max(MIN_COVERAGE, min(cfg.character_coverage, used))
-    spm_value = used if (seen == real and kept == wanted) else max(
-        MIN_COVERAGE, _coverage_keeping(seen, kept))
-    distinct = sum(1 for ch in real if ch != TAB)
-    return CoveragePlan(cfg.character_coverage, used, spm_value, kept, distinct - kept,
-                        kept < wanted)
-
-
-def _spm_view(sentences: list[str], meta: list[str]) -> Counter:
-    """Character counts as sentencepiece sees them: spaces are ▁, special tokens are tabs,
-    and trailing line breaks are gone (its sentence reader strips them)."""
-    counts: Counter = Counter()
-    meta_re = re.compile("|".join(map(re.escape, sorted(meta, key=len, reverse=True))))
-    for s in sentences:
-        s = s.rstrip("\r\n")
-        if "<" in s:
-            s = meta_re.sub(TAB, s)
-        counts.update(s)
-    if " " in counts:
-        counts[WS_MARK] += counts.pop(" ")
-    counts.pop("\x00", None)
-    return counts
-
-
-def train_sentencepiece(sentences: list[str], cfg: TokenizerConfig, workers: int = 1,
-                        log=print) -> tuple[bytes, CoveragePlan]:
-    """Train the BPE model on `sentences`; returns the serialized model and the coverage used."""
-    if not sentences:
-        raise UserError("tokenizer: the input has no text to train on")
-    meta = [UNK, BOS, EOS, PAD, *cfg.user_symbols] + [f"<0x{b:02X}>" for b in range(256)]
-    real = _spm_view(sentences, meta)
-    if cfg.jieba:
-        sentences = [mark_jieba_boundaries(s) for s in sentences]
-        seen = _spm_view(sentences, meta)
-    else:
-        seen = real
-    spare = 0
-    for attempt in range(3):
-        plan = plan_coverage(real, seen, cfg, spare)
-        try:
-            model = _train_bpe(sentences, cfg, plan.spm_value, workers)
-            break
-        except RuntimeError as e:
-            # our count of sentencepiece's alphabet is exact on every corpus we know; should
-            # it ever be short, the error says by how much: keep that many more pieces free
-            m = re.search(r"required_chars\. (\d+) vs (\d+)", str(e))
-            if not m or attempt == 2:
-                raise _user_error_of(e, cfg) from None
-            spare += int(m.group(2)) - int(m.group(1))
-    if plan.lowered:
-        log(f"tokenizer: vocab_size={cfg.vocab_size} cannot hold the characters that "
-            f"character_coverage={cfg.character_coverage} needs; lowered it to "
-            f"{plan.used:.6f}, so {plan.byte_chars} rare characters fall back to UTF-8 bytes")
-    return model, plan
-
-
-def _train_bpe(sentences: list[str], cfg: TokenizerConfig, coverage: float,
-               workers: int) -> bytes:
-    import io
-
-    import sentencepiece as spm
-
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=out, model_type="bpe",
-        vocab_size=cfg.vocab_size, character_coverage=coverage,
-        byte_fallback=True, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=False,
-        allow_whitespace_only_pieces=True, split_by_whitespace=True,
-        user_defined_symbols=cfg.user_symbols, unk_id=0, bos_id=1, eos_id=2, pad_id=3,
-        input_sentence_size=0, shuffle_input_sentence=False,
-        max_sentence_length=4 * cfg.max_sentence_chars + 16,
-        num_threads=max(1, min(workers, 128)), minloglevel=2)
-    return out.getvalue()
-
-
-def _user_error_of(e: RuntimeError, cfg: TokenizerConfig) -> Exception:
-    msg = str(e)
-    m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg)
-    if m:
-        return UserError(f"vocab_size={m.group(1)} is more than this text supports (at most "
-                         f"{m.group(2)} pieces): use --set vocab_size={m.group(2)} or less, "
-                         "or train on more text")
-    m = re.search(r"required_chars\. (\d+) vs (\d+)", msg)
-    if m:
-        return UserError(f"vocab_size={m.group(1)} is too small for this text: it needs "
-                         f"{m.group(2)}; use --set vocab_size={m.group(2)} or larger")
-    return e
-
-
-def tokenizer_config_json(cfg: TokenizerConfig, sp_model: bytes) -> dict:
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_proto=sp_model)
-    special = {name: {"piece": p, "id": sp.piece_to_id(p)} for name, p in
-               [("unk", UNK), ("bos", BOS), ("eos", EOS), ("pad", PAD)]
-               + [(r, t) for r, t in ROLE_TOKENS.items()] + [("end_of_turn", END_OF_TURN)]
-               + [(s, s) for s in cfg.extra_symbols]}
-    return {
-        "model_file": MODEL_FILE,
-        "model_type": "sentencepiece-bpe",
-        "vocab_size": sp.get_piece_size(),
-        "special_tokens": special,
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK,
-        "role_tokens": ROLE_TOKENS,
-        "end_of_turn_token": END_OF_TURN,
-        "chat_template": CHAT_TEMPLATE,
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "jieba": cfg.jieba,
-        "byte_fallback": True,
-        "normalization": "identity",
-    }
-
-
-# -- fertility ------------------------------------------------------------------------------
-
-_WORDS = re.compile(r"\w+")
-_LETTERS = re.compile(r"[^\W\d_]+")  # runs of str.isalpha characters, found in C
-_LATIN_LETTERS = re.compile("[A-Za-z\u00aa\u00b5\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
-_ASCII_LETTER = re.compile("[A-Za-z]")
-LANGUAGE_SAMPLE_CHARS = 1000  # a document's script is plain from its start
-
-
-def language_of(text: str) -> str:
-    """A rough label from the script of the text's first 1,000 characters: zh when Han
-    characters are at least 30% of the letters, latin when Latin letters are at least half of
-    them, else other. It tells scripts apart, not languages (French is latin too), and is cheap
-    enough for `llmkit ingest` to label every row."""
-    text = text[:LANGUAGE_SAMPLE_CHARS]
-    if text.isascii():  # the common case, without counting
-        return "latin" if _ASCII_LETTER.search(text) else "other"
-    letters = sum(map(len, _LETTERS.findall(text)))
-    if letters == 0:
-        return "other"
-    if sum(map(len, HAN_RUN.findall(text))) >= 0.3 * letters:
-        return "zh"
-    return "latin" if sum(map(len, _LATIN_LETTERS.findall(text))) >= 0.5 * letters else "other"
-
-
-def count_words(text: str, lang: str) -> int:
-    if lang == "zh":
-        return sum(1 for w in _jieba_cut().cut(text) if _WORDS.search(w))
-    return len(_WORDS.findall(text))
-
-
-def fertility(tok: Tokenizer, docs: list[tuple[str, str]]) -> tuple[dict, int]:
-    """Tokens per character and per word by language on (lang, text) pairs, and the number
-    of documents whose round trip failed (always 0 unless something is broken)."""
-    by_lang: dict[str, dict] = {}
-    failures = 0
-    texts = [t for _, t in docs]
-    for (lang, text), ids in zip(docs, tok.encode_batch(texts)):
-        if tok.decode(ids) != text:
-            failures += 1
-        s = by_lang.setdefault(lang, {"docs": 0, "chars": 0, "words": 0, "tokens": 0})
-        s["docs"] += 1
-        s["chars"] += len(text)
-        s["words"] += count_words(text, lang)
-        s["tokens"] += len(ids)
-    for s in by_lang.values():
-        s["tokens_per_char"] = round(s["tokens"] / max(s["chars"], 1), 4)
-        s["tokens_per_word"] = round(s["tokens"] / max(s["words"], 1), 4)
-    return dict(sorted(by_lang.items())), failures
-
-
-# -- the stage ------------------------------------------------------------------------------
-
-def _documents(datasets) -> Iterator[tuple[str, str, str | None]]:
-    """(id, text, lang) of every row of the input datasets."""
-    import pyarrow.parquet as pq
-
-    from llmkit.data.io import dataset_files
-
-    for art in datasets:
-        for f in dataset_files(art.path):
-            names = pq.ParquetFile(f).schema_arrow.names
-            if "text" not in names:
-                raise UserError(f"{f} has no `text` column; the tokenizer trains on text")
-            cols = ["text"] + [c for c in ("id", "lang") if c in names]
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=4096, columns=cols):
-                d = batch.to_pydict()
-                n = batch.num_rows
-                ids = d.get("id") or [f"{f.name}:{i}" for i in range(n)]
-                langs = d.get("lang") or [None] * n
-                for i, t, lang in zip(ids, d["text"], langs):
-                    if t:
-                        yield str(i), t, lang
-
-
-def _why_no_heldout(cfg: TokenizerConfig, docs: int) -> str:
-    """Why the fertility table is empty, and what to set instead."""
-    if cfg.heldout_fraction == 0:
-        return "heldout_fraction=0 holds no document out of training; set it to e.g. 0.01"
-    if cfg.heldout_chars <= 0:
-        return f"heldout_chars={cfg.heldout_chars} measures no held-out text; set it above 0"
-    return (f"none of the {docs} documents was drawn as held-out text (heldout_fraction="
-            f"{cfg.heldout_fraction:g} draws about {docs * cfg.heldout_fraction:.1f}); raise "
-            "heldout_fraction or add documents")
-
-
-def run_tokenizer(ctx, cfg: TokenizerConfig):
-    """`llmkit tokenizer`: train on the input dataset(s) and write the tokenizer artifact."""
-    from llmkit.progress import Progress, print_summary
-    from llmkit.workspace import write_atomic
-
-    datasets = ctx.input_list("dedup")
-    b = ctx.workspace.builder(ctx.out_name("tokenizer"), stage="tokenizer", config=cfg,
-                              inputs=datasets, force=ctx.force)
-    if b.up_to_date:
-        return b
-    with b:
-        sample = TrainingSample(cfg.input_sentence_size, cfg.seed)
-        heldout: list[tuple[str, str]] = []
-        heldout_chars = docs = 0
-        with Progress("tokenizer: sampling", unit="docs") as bar:
-            for doc_id, text, lang in _documents(datasets):
-                docs += 1
-                bar.advance(1)
-                if _hash01("heldout", cfg.seed, doc_id) < cfg.heldout_fraction:
-                    if heldout_chars < cfg.heldout_chars:
-                        heldout.append((lang or language_of(text), text))
-                        heldout_chars += len(text)
-                    continue
-                sample.add(doc_id, text, cfg.max_sentence_chars)
-        sentences = sample.sentences()
-        started = time.time()
-        model, plan = train_sentencepiece(sentences, cfg, ctx.workers)
-        train_seconds = time.time() - started
-        (b.dir / MODEL_FILE).write_bytes(model)
-        write_atomic(b.dir / CONFIG_FILE, json.dumps(tokenizer_config_json(cfg, model),
-                                                      indent=2, ensure_ascii=False))
-        tok = Tokenizer(b.dir)
-        fert, failures = fertility(tok, heldout)
-        if failures:  # a bug, never a user error
-            raise AssertionError(f"tokenizer: {failures} held-out documents do not round-trip")
-        no_fertility = None if fert else _why_no_heldout(cfg, docs)
-        if no_fertility:
-            print(f"warning: tokenizer: no fertility measured: {no_fertility}", flush=True)
-        b.stats.update(
-            vocab_size=tok.vocab_size, docs=docs, sample_sentences=len(sentences),
-            sample_chars=sum(map(len, sentences)), sentences_seen=sample.sentences_seen,
-            character_coverage=plan.requested, character_coverage_used=round(plan.used, 6),
-            coverage_lowered=plan.lowered, required_chars=plan.required_chars,
-            byte_fallback_chars=plan.byte_chars, jieba=cfg.jieba,
-            heldout_docs=len(heldout), fertility=fert, no_fertility=no_fertility,
-            roundtrip_failures=failures,
-            train_seconds=round(train_seconds, 2))
-    rows = [("vocab size", b.stats["vocab_size"]), ("sample sentences", len(sentences)),
-            ("coverage used", f"{plan.used:.6g}")]
-    rows += [(f"{lang} tokens/char", s["tokens_per_char"]) for lang, s in fert.items()]
-    rows.append(("seconds", round(time.time() - b.started, 2)))
-    print_summary(f"{b.name} done", rows)
-    return b

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llmkit.version import __version__
 from llmkit.config import config_to_dict
 from llmkit.errors import UserError
+from llmkit.stages import OUTPUTS, build_command
+from llmkit.version import __version__
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -134,13 +135,6 @@ def fingerprint_of(stage: str, config: dict, input_fingerprints: list[str]) -> s
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-# the stage that writes each default artifact name, for "what to do" in a missing-input error
-BUILT_BY = {"raw": "ingest", "clean": "clean", "dedup": "dedup", "filtered": "ppl-filter",
-            "tokenizer": "tokenizer", "tokens": "tokenize", "pretrain": "pretrain", "sft": "sft",
-            "rm": "rm", "dpo": "dpo", "ppo": "ppo", "sft_train": "ingest --kind sft",
-            "pref_train": "ingest --kind preference", "prompts_train": "ingest --kind prompt"}
-
-
 @dataclass
 class Artifact:
     """A complete artifact: a directory whose manifest.json exists."""
@@ -206,14 +200,14 @@ class Workspace:
             if c.exists():
                 return Artifact.open(c, self.root)
         name = str(name_or_path)
-        stage = BUILT_BY.get(name)
+        command = build_command(name)
         here = {str(p.relative_to(self.root)) for p in self.artifacts()}
-        close = difflib.get_close_matches(name, sorted(here | set(BUILT_BY)), n=1)
-        if stage:
-            hint = f"build it first with `llmkit {stage}`"
+        close = difflib.get_close_matches(name, sorted(here | set(OUTPUTS)), n=1)
+        if command:
+            hint = f"build it first with `llmkit {command}`"
         elif close:
             hint = f"did you mean {close[0]!r}?" + (
-                "" if close[0] in here else f" It is built by `llmkit {BUILT_BY[close[0]]}`")
+                "" if close[0] in here else f" It is built by `llmkit {build_command(close[0])}`")
         else:
             hint = "run the stage that builds it first"
         raise UserError(f"no artifact {name!r} in workspace {shown(self.root)}; {hint} "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import llmkit
-from llmkit.api import GenerateConfig, encode_prompt, generate_texts, read_prompts
+from llmkit.generation import GenerateConfig, encode_prompt, generate_texts, read_prompts
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run

@@ -4,7 +4,7 @@ import pytest
 import llmkit.chunk_cache as C
 from llmkit import aot
 from llmkit.chunk_cache import ChunkCacheEncoder
-from llmkit.tokenizer import jieba_boundaries
+from llmkit.cjk import jieba_boundaries
 from tests.test_tokenizer import EDGE_CASES, build_tokenizer, demo_texts, small_corpus
 
 
@@ -95,7 +95,8 @@ def test_jieba_mode_encodes_each_jieba_word_as_sentencepiece_does(tmp_path):
     chinese = [t for t in demo_texts(skip_source="synthetic-noise") if "，" in t][:120]
     tok = build_tokenizer(tmp_path / "tok", chinese + small_corpus(), vocab_size=3000,
                           jieba=True)
-    texts = [t for t in chinese + small_corpus() if "▁" not in t]
+    # the last one holds a CJK Extension B character (U+20000) inside a Han run
+    texts = [t for t in chinese + small_corpus() if "▁" not in t] + ["你好𠀀世界，𠀁中文"]
     want = []
     for t in texts:
         bounds = [0, *jieba_boundaries(t), len(t)]

@@ -145,11 +145,11 @@ def test_documented_keys_of_every_stage_match_its_config_class():
 
     from llmkit.config import yaml_value
     from llmkit.keydocs import documented_keys
-    from llmkit.recipes import STAGE_CONFIGS, config_class
+    from llmkit.stages import CONFIGURED, BY_COMMAND, config_class
 
-    for section, target in STAGE_CONFIGS.items():
+    for section in CONFIGURED:
         cls = config_class(section)
-        docs = documented_keys(target)
+        docs = documented_keys(BY_COMMAND[section].config)
         assert [d.key for d in docs] == dotted_keys(cls), section
         for doc in docs:
             *parents, leaf = doc.key.split(".")
@@ -176,9 +176,9 @@ def test_printed_config_resolves_back_to_the_same_config_for_every_stage():
     import yaml
 
     from llmkit.config import config_yaml, value_sources
-    from llmkit.recipes import STAGE_CONFIGS, config_class
+    from llmkit.stages import CONFIGURED, config_class
 
-    for section in STAGE_CONFIGS:
+    for section in CONFIGURED:
         cls = config_class(section)
         cfg = resolve_config(cls)
         printed = config_yaml(cfg, section, value_sources(cls, {}))

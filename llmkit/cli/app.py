@@ -1,4 +1,5 @@
-"""`llmkit` — the explicit table of commands. Importing this must not import torch."""
+"""`llmkit`: a typer app of the commands of the stage table (llmkit.stages), in its order.
+Importing this must not import torch."""
 
 import importlib
 import itertools
@@ -9,35 +10,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-import llmkit
-from llmkit.recipes import STAGE_CONFIGS
-
-# command name -> "module:function"; every stage of DESIGN.md, in pipeline order
-COMMANDS = {
-    "ingest": "llmkit.cli.ingest:ingest",
-    "clean": "llmkit.cli.clean:clean",
-    "dedup": "llmkit.cli.dedup:dedup",
-    "ppl-filter": "llmkit.cli.ppl_filter:ppl_filter",
-    "tokenizer": "llmkit.cli.tokenizer:tokenizer",
-    "tokenize": "llmkit.cli.tokenize:tokenize",
-    "pretrain": "llmkit.cli.pretrain:pretrain",
-    "sft": "llmkit.cli.sft:sft",
-    "rm": "llmkit.cli.rm:rm",
-    "dpo": "llmkit.cli.dpo:dpo",
-    "ppo": "llmkit.cli.ppo:ppo",
-    "eval": "llmkit.cli.eval:eval_",
-    "generate": "llmkit.cli.generate:generate",
-    "export": "llmkit.cli.export:export",
-    "import": "llmkit.cli.import_:import_",
-    "report": "llmkit.cli.report:report",
-    "status": "llmkit.cli.status:status",
-}
-
-
-# commands that are not stages: they read the stages' settings or the workspace
-HELPERS = {
-    "config": "llmkit.cli.config:config",
-}
+from llmkit.stages import BY_COMMAND, STAGES
+from llmkit.version import __version__
 
 
 class StageHelp(TyperCommand):
@@ -56,7 +30,7 @@ def config_keys_help(section: str, longest_default: int = 40) -> str:
     from llmkit.keydocs import documented_keys
 
     rows = []
-    for doc in documented_keys(STAGE_CONFIGS[section]):
+    for doc in documented_keys(BY_COMMAND[section].config):
         default = doc.default
         if len(default) > longest_default and default[0] in "[{":
             default = default[:longest_default].rsplit(", ", 1)[0] + ", …" + default[-1]
@@ -71,7 +45,7 @@ def config_keys_help(section: str, longest_default: int = 40) -> str:
 
 def show_version(value: bool) -> None:
     if value:
-        print(f"llmkit {llmkit.__version__}")
+        print(f"llmkit {__version__}")
         raise typer.Exit()
 
 
@@ -87,16 +61,11 @@ def build_app() -> typer.Typer:
             help="Print the version and exit.")] = False) -> None:
         pass
 
-    for name, target in {**COMMANDS, **HELPERS}.items():
-        module, func = target.split(":")
-        try:
-            fn = getattr(importlib.import_module(module), func)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # stage not built yet
-        cls = type(f"{func}_help", (StageHelp,), {"section": name}) if name in STAGE_CONFIGS else None
-        app.command(name, help=fn.__doc__, cls=cls)(fn)
+    for stage in STAGES:  # a module that fails to import is an error, never a missing command
+        module, func = stage.cli.split(":")
+        fn = getattr(importlib.import_module(module), func)
+        cls = type(f"{func}_help", (StageHelp,), {"section": stage.command}) if stage.config else None
+        app.command(stage.command, help=fn.__doc__, cls=cls)(fn)
     return app
 
 

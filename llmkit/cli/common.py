@@ -2,7 +2,9 @@
 
 A stage command is written as `def clean(ctx: StageContext, <its own options>)`; the
 `stage_command` decorator adds the common options it uses to its signature (so each stage does
-not repeat them) and converts user errors into exit code 2 with a one-line message.
+not repeat them), tells the context which stage runs (the stage table, llmkit.stages, names the
+function), so that `ctx.config()` reads that stage's config and recipe section, and converts user
+errors into exit code 2 with a one-line message.
 """
 
 import functools
@@ -14,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.errors import UserError
+from llmkit.stages import stage_of_function
 
 WORKSPACE = [
     ("workspace", Annotated[Optional[Path], typer.Option(
@@ -64,6 +67,8 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
     if fn is None:
         return functools.partial(stage_command, config=config, inputs=inputs, writes=writes,
                                  workers=workers, sharded=sharded, rows=rows)
+    found = stage_of_function(f"{fn.__module__}:{fn.__name__}")  # what `ctx.config()` reads
+    stage = found.command if found else None
     groups = [(config, CONFIG), (inputs, INPUTS), (writes, WRITES), (workers, WORKERS),
               (sharded, SHARDING), (rows, EMPTY)]
     extra = WORKSPACE + [option for on, group in groups if on for option in group]
@@ -82,7 +87,7 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
                 workspace=common["workspace"], recipe=common.get("recipe"), set_=sets,
                 inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),
                 workers=common.get("workers", 1), rank=common.get("rank"),
-                world_size=common.get("world_size"))
+                world_size=common.get("world_size"), stage=stage)
             return fn(ctx, **kwargs)
 
     del command.__wrapped__  # typer must see the new signature, not fn's

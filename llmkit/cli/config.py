@@ -8,23 +8,29 @@ from llmkit.cli.common import stage_command
 @stage_command(config=True)
 def config(
     ctx,
-    stage: Annotated[str, typer.Argument(
+    section: Annotated[str, typer.Argument(
+        metavar="STAGE",
         help="The stage whose settings are printed: ingest, clean, …, pretrain, sft, rm, dpo, ppo, "
-             "eval, …", show_default=False)],
+             "eval, …; or a recipe section of one artifact (`scorer`, with `stage: pretrain`).",
+        show_default=False)],
 ):
     """Print a stage's resolved config (defaults < recipe < --set) as a recipe section, each value
     marked `# default`, `# recipe` or `# set`."""
+    import dataclasses
     import difflib
 
     from llmkit.config import config_yaml, value_sources
     from llmkit.errors import UserError
-    from llmkit.recipes import STAGE_CONFIGS, config_class
+    from llmkit.recipes import section_stage
+    from llmkit.stages import CONFIGURED, config_class
 
-    if stage not in STAGE_CONFIGS:
-        close = difflib.get_close_matches(stage, list(STAGE_CONFIGS), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(STAGE_CONFIGS)}"
-        raise UserError(f"no stage {stage!r} has a config; {hint}")
+    if section not in CONFIGURED and section not in ctx.recipe:
+        close = difflib.get_close_matches(section, CONFIGURED, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(CONFIGURED)}"
+        raise UserError(f"no stage {section!r} has a config; {hint}")
+    stage = section_stage(section, ctx.recipe.get(section), ctx.recipe_path)
+    ctx = dataclasses.replace(ctx, out=section)  # as the run that writes `section` reads it
     cls = config_class(stage)
     cfg = ctx.config(cls, stage)
-    sources = value_sources(cls, {"recipe": ctx.recipe.get(stage), "set": ctx.overrides})
-    print(config_yaml(cfg, stage, sources), end="")
+    sources = value_sources(cls, {"recipe": ctx.recipe_section(stage), "set": ctx.overrides})
+    print(config_yaml(cfg, section, sources, stage=None if section == stage else stage), end="")

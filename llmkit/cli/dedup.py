@@ -15,7 +15,7 @@ def dedup(
              "tasks of it). A plain run afterwards assembles the artifact.")] = None,
 ):
     """Remove exact / SimHash / MinHash duplicates, keeping the first of each cluster -> `dedup`."""
-    from llmkit.data.dedup.stage import DedupConfig, run_dedup
+    from llmkit.data.dedup.stage import run_dedup
 
-    cfg = ctx.config(DedupConfig, "dedup", **({"method": method} if method else {}))
+    cfg = ctx.config(**({"method": method} if method else {}))
     run_dedup(ctx, cfg, phase=phase)

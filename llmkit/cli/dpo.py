@@ -19,9 +19,9 @@ def dpo(
     dry_run: DryRun = False,
 ):
     """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free) on pairs (--in, default pref_train) -> `dpo`."""
-    from llmkit.train.dpo import DpoConfig, run_dpo
+    from llmkit.train.dpo import run_dpo
 
-    cfg = ctx.config(DpoConfig, "dpo")
+    cfg = ctx.config()
     if dry_run:
         from llmkit.cli.dry_run import plan_dpo
 

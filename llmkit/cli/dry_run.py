@@ -83,7 +83,8 @@ def check_seq_len(cfg, max_seq_len: int, how: str) -> None:
 def plan_pretrain(ctx, cfg, from_: str | None) -> None:
     from llmkit.dryrun import Shape, parameters, plan
     from llmkit.errors import ConfigError
-    from llmkit.train.pretrain import starting_weights, tokenizer_of
+    from llmkit.train.loading import starting_weights
+    from llmkit.train.pretrain import tokenizer_of
 
     tokens_art = ctx.input(default="tokens")
     tokenizer_of(tokens_art, ctx.workspace)  # the run needs it: a missing one is named now
@@ -113,7 +114,7 @@ def plan_pretrain(ctx, cfg, from_: str | None) -> None:
 
 
 def _post_training(ctx, stage: str, cfg, base: str, data_default: str, eval_data: str | None):
-    from llmkit.train.pretrain import starting_weights
+    from llmkit.train.loading import starting_weights
 
     _, step_dir = starting_weights(ctx.workspace, base)
     data_art = ctx.input(default=data_default)
@@ -158,7 +159,7 @@ def plan_rm(ctx, cfg, base: str, eval_data: str | None) -> None:
 
 def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> None:
     from llmkit.dryrun import parameters, plan
-    from llmkit.train.pretrain import starting_weights
+    from llmkit.train.loading import starting_weights
 
     step_dir, notes = _post_training(ctx, "dpo", cfg, base, "pref_train", eval_data)
     frozen = 0
@@ -181,7 +182,7 @@ def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> Non
 def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | None) -> None:
     from llmkit.dryrun import BYTES, human_bytes, parameters, plan
     from llmkit.train.ppo import reward_mode
-    from llmkit.train.pretrain import starting_weights
+    from llmkit.train.loading import starting_weights
 
     step_dir, notes = _post_training(ctx, "ppo", cfg, policy, "prompts_train", eval_data)
     rm_dir = starting_weights(ctx.workspace, reward_model)[1] if reward_model else None

@@ -13,6 +13,6 @@ def eval_(
     ] = "pretrain",
 ):
     """Evaluate a checkpoint: perplexity, multiple choice, BLEU/ROUGE, reward accuracy / win rate, speed -> `eval/<name>`."""
-    from llmkit.eval.stage import EvalConfig, run_eval
+    from llmkit.eval.stage import run_eval
 
-    run_eval(ctx, ctx.config(EvalConfig, "eval"), run=from_)
+    run_eval(ctx, ctx.config(), run=from_)

@@ -14,7 +14,7 @@ def export(
     format_: Annotated[Optional[str], typer.Option("--format", help="Output format: hf.")] = None,
 ):
     """Write a checkpoint as a Hugging Face transformers folder and record its logit parity."""
-    from llmkit.hf.export import ExportConfig, run_export
+    from llmkit.hf.export import run_export
 
     flags = {"format": format_} if format_ is not None else {}
-    run_export(ctx, ctx.config(ExportConfig, "export", **flags), from_, to)
+    run_export(ctx, ctx.config(**flags), from_, to)

@@ -16,8 +16,8 @@ def generate(
     output: Annotated[Optional[Path], typer.Option("--output", help="Also write the generations as jsonl.")] = None,
 ):
     """Complete prompts with a checkpoint (KV cache); --set temperature=0.7 top_k=50 greedy=true; sft/dpo/ppo runs get the chat template unless --set chat=false."""
-    from llmkit.api import GenerateConfig, read_prompts, run_generate
+    from llmkit.generation import read_prompts, run_generate
 
-    cfg = ctx.config(GenerateConfig, "generate")
+    cfg = ctx.config()
     texts = list(prompt or []) + (read_prompts(prompts) if prompts is not None else [])
     run_generate(ctx, cfg, from_, texts, output)

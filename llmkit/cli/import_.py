@@ -15,10 +15,10 @@ def import_(
         "--tokenizer", help="llmkit tokenizer (name or path) when the folder has no usable tokenizer.model.")] = None,
 ):
     """Turn a transformers folder into a checkpoint run (--out NAME, default imported) to fine-tune."""
-    from llmkit.api import find_in_workspace
-    from llmkit.hf.import_ import ImportConfig, run_import
+    from llmkit.train.loading import find_in_workspace
+    from llmkit.hf.import_ import run_import
 
-    cfg = ctx.config(ImportConfig, "import")  # settings first: a wrong key is named before anything is read
+    cfg = ctx.config()  # settings first: a wrong key is named before anything is read
     source = find_in_workspace(ctx.workspace, from_, "transformers folder",
                                "give the folder save_pretrained wrote, or the name `llmkit export` wrote")
     run_import(ctx, cfg, source, tokenizer)

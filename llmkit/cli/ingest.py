@@ -16,9 +16,9 @@ def ingest(
     per_line: Annotated[bool, typer.Option("--per-line", help="txt: a document per line.")] = False,
 ):
     """Read jsonl/json/txt/csv/parquet (.gz/.zst) into dataset `raw`; bad records quarantined."""
-    from llmkit.data.ingest import IngestConfig, run_ingest
+    from llmkit.data.ingest import run_ingest
 
     flags = {"kind": kind, "text_field": text_field, "id_field": id_field, "source": source,
              "per_line": per_line or None}
-    cfg = ctx.config(IngestConfig, "ingest", **{k: v for k, v in flags.items() if v is not None})
+    cfg = ctx.config(**{k: v for k, v in flags.items() if v is not None})
     run_ingest(ctx, paths, cfg)

@@ -13,6 +13,6 @@ def ppl_filter(
                         "(not needed with --set backend=kenlm).")] = None,
 ):
     """Score documents (--in, default dedup) with a reference LM; drop the least natural (CCNet buckets or max_ppl) -> `filtered`."""
-    from llmkit.data.ppl_filter import PplFilterConfig, run_ppl_filter
+    from llmkit.data.ppl_filter import run_ppl_filter
 
-    run_ppl_filter(ctx, ctx.config(PplFilterConfig, "ppl-filter"), model=model)
+    run_ppl_filter(ctx, ctx.config(), model=model)

@@ -20,9 +20,9 @@ def ppo(
     dry_run: DryRun = False,
 ):
     """PPO / GRPO of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
-    from llmkit.train.ppo import PPOConfig, run_ppo
+    from llmkit.train.ppo import run_ppo
 
-    cfg = ctx.config(PPOConfig, "ppo")
+    cfg = ctx.config()
     if dry_run:
         from llmkit.cli.dry_run import plan_ppo
 

@@ -15,9 +15,9 @@ def pretrain(
     dry_run: DryRun = False,
 ):
     """Pretrain a causal LM on token shards (--in, default tokens) -> checkpoint run `pretrain`."""
-    from llmkit.train.pretrain import PretrainConfig, run_pretrain
+    from llmkit.train.pretrain import run_pretrain
 
-    cfg = ctx.config(PretrainConfig, "pretrain")
+    cfg = ctx.config()
     if dry_run:
         from llmkit.cli.dry_run import plan_pretrain
 

@@ -8,6 +8,6 @@ from llmkit.cli.common import stage_command
 @stage_command(config=True)
 def report(ctx, runs: Annotated[list[str], typer.Argument(help="Checkpoint runs (names or paths).")]):
     """PNG plots of loss, lr, grad norm, tokens/s, MFU, reward/KL/margins + a markdown summary."""
-    from llmkit.report import ReportConfig, run_report
+    from llmkit.report import run_report
 
-    run_report(ctx, runs, ctx.config(ReportConfig, "report"))
+    run_report(ctx, runs, ctx.config())

@@ -18,9 +18,9 @@ def rm(
     dry_run: DryRun = False,
 ):
     """Reward model on preference pairs (--in, default pref_train), Bradley-Terry loss -> `rm`."""
-    from llmkit.train.rm import RmConfig, run_rm
+    from llmkit.train.rm import run_rm
 
-    cfg = ctx.config(RmConfig, "rm")
+    cfg = ctx.config()
     if dry_run:
         from llmkit.cli.dry_run import plan_rm
 

@@ -11,6 +11,6 @@ def tokenize(
     tokenizer: Annotated[str, typer.Option(help="Tokenizer artifact name or path.")] = "tokenizer",
 ):
     """Tokenize dataset(s) (--in, default dedup) into token shards with a val split -> `tokens`."""
-    from llmkit.data.tokenize import TokenizeConfig, run_tokenize
+    from llmkit.data.tokenize import run_tokenize
 
-    run_tokenize(ctx, ctx.config(TokenizeConfig, "tokenize"), tokenizer)
+    run_tokenize(ctx, ctx.config(), tokenizer)

@@ -11,7 +11,7 @@ def tokenizer(
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size.")] = None,
 ):
     """Train a sentencepiece BPE tokenizer on dataset(s) (--in, default dedup) -> `tokenizer`."""
-    from llmkit.tokenizer import TokenizerConfig, run_tokenizer
+    from llmkit.tokenizer_training import run_tokenizer
 
     flags = {"vocab_size": vocab_size} if vocab_size is not None else {}
-    run_tokenizer(ctx, ctx.config(TokenizerConfig, "tokenizer", **flags))
+    run_tokenizer(ctx, ctx.config(**flags))

@@ -12,16 +12,17 @@ from llmkit.data.rules import CJK, COMMON, HAN, LETTER, SPACE, WORD
 
 
 @njit(cache=True, nogil=True)
-def word_stats(codes, classes, stop_hashes):
+def word_stats(codes, classes, stop_hashes, hashes, lengths):
     """Cut a text (as code points) into words like `Doc.words` and measure them.
 
-    Returns (hash of each word, length of each word, counts as in WordCounts). `classes[c]`
-    holds the SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) / HAN / COMMON
-    (in COMMON_HAN) bits of c; `stop_hashes` are the `word_hash`es of the stop words.
+    Writes the hash and the length of the i-th word to hashes[i], lengths[i] (room for one
+    word per code point) and returns the counts as in WordCounts. `classes[c]` holds the
+    SPACE / CJK / WORD (str.isalnum or "_") / LETTER (str.isalpha) / HAN / COMMON (in
+    COMMON_HAN) bits of c; `stop_hashes` are the `word_hash`es of the stop words. The caller
+    owns the arrays: an array made here would cost more to hand back than the pass itself on
+    a short document.
     """
     size = codes.shape[0]
-    hashes = np.empty(size, np.uint64)
-    lengths = np.empty(size, np.int64)
     counts = np.zeros(10, np.int64)
     stop_seen = np.zeros(stop_hashes.shape[0], np.bool_)
     words, i = 0, 0
@@ -60,12 +61,14 @@ def word_stats(codes, classes, stop_hashes):
     counts[0] = words
     counts[6] = words - counts[1]
     counts[9] = stop_seen.sum()
-    return hashes[:words], lengths[:words], counts
+    return (counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
+            counts[7], counts[8], counts[9])
 
 
 @njit(cache=True, nogil=True)
-def repetition_stats(hashes, lengths, top_ns, dup_ns):
-    """Gopher's n-gram repetition measures over a document's words (given as hashes, lengths).
+def repetition_stats(hashes, lengths, top_ns, dup_ns, top, dup):
+    """Gopher's n-gram repetition measures over a document's words (given as hashes, lengths),
+    written to `top` and `dup` (zeros, one more than the largest n long).
 
     For each n in `top_ns`, top[n]: characters covered by the most frequent n-gram (count ×
     length; 0 when no n-gram repeats). For each n in `dup_ns`, dup[n]: characters of the words
@@ -74,8 +77,6 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
     """
     size = hashes.shape[0]
     max_n = max(top_ns.max(), dup_ns.max())
-    top = np.zeros(max_n + 1, np.int64)
-    dup = np.zeros(max_n + 1, np.int64)
     want_top = np.zeros(max_n + 1, np.bool_)
     want_top[top_ns] = True
     want_dup = np.zeros(max_n + 1, np.bool_)
@@ -125,4 +126,3 @@ def repetition_stats(hashes, lengths, top_ns, dup_ns):
                 if depth > 0:
                     total += lengths[i]
             dup[n] = total
-    return top, dup

@@ -27,7 +27,7 @@ from typing import Literal
 
 from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, decode_text, open_binary, read_jsonl
 from llmkit.errors import ConfigError, UserError
-from llmkit.tokenizer import language_of
+from llmkit.cjk import language_of
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
 COMPRESSIONS = (".gz", ".zst")

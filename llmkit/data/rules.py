@@ -103,10 +103,8 @@ class Doc:
         if self.jieba:
             self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words, self.cfg)
             return counts
-        codes = np.frombuffer(self.text.encode("utf-32-le"), np.uint32)
-        self.word_hashes, self.word_lengths, counts = kernels().word_stats(
-            codes, _char_classes(), self.cfg._stop_hashes)
-        return WordCounts(*counts.tolist())
+        self.word_hashes, self.word_lengths, counts = word_stats(self.text, self.cfg._stop_hashes)
+        return counts
 
     @property
     def cjk_chars(self) -> int:
@@ -161,8 +159,8 @@ class Doc:
         if self.counts.words < cfg.ngram_min_words * scale:
             size = max(top_ns[-1], dup_ns[-1]) + 1
             return [0] * size, [0] * size, 0, scale
-        top, dup = kernels().repetition_stats(self.word_hashes, self.word_lengths, top_ns, dup_ns)
-        return top.tolist(), dup.tolist(), self.counts.word_chars, scale
+        top, dup = repetition_stats(self.word_hashes, self.word_lengths, top_ns, dup_ns)
+        return top, dup, self.counts.word_chars, scale
 
 
 class WordCounts(NamedTuple):
@@ -247,8 +245,8 @@ def _char_classes():
 _KERNELS = None
 KERNEL_MODULE = "llmkit.data._rule_kernels"
 _SIGNATURES = {  # of the passes compiled ahead of time: the arrays Doc hands them
-    "word_stats": "Tuple((u8[::1], i8[::1], i8[::1]))(u4[::1], u1[::1], u8[::1])",
-    "repetition_stats": "UniTuple(i8[::1], 2)(u8[::1], i8[::1], i8[::1], i8[::1])",
+    "word_stats": "UniTuple(i8, 10)(u4[::1], u1[::1], u8[::1], u8[::1], i8[::1])",
+    "repetition_stats": "void(u8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1])",
 }
 
 
@@ -263,7 +261,27 @@ def kernels():
 
 
 def _first_call(module) -> None:
-    module.word_stats(np.zeros(1, np.uint32), _char_classes(), np.zeros(0, np.uint64))
+    module.word_stats(np.zeros(1, np.uint32), _char_classes(), np.zeros(0, np.uint64),
+                      np.zeros(1, np.uint64), np.zeros(1, np.int64))
+
+
+def word_stats(text: str, stop_hashes) -> tuple:
+    """(hash of each word, length of each word, WordCounts) of `text`, words cut as
+    `Doc.words` cuts them, by the compiled pass."""
+    codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+    hashes, lengths = np.empty(len(codes), np.uint64), np.empty(len(codes), np.int64)
+    counts = WordCounts(*kernels().word_stats(codes, _char_classes(), stop_hashes, hashes,
+                                              lengths))
+    return hashes[:counts.words], lengths[:counts.words], counts
+
+
+def repetition_stats(hashes, lengths, top_ns, dup_ns) -> tuple[list[int], list[int]]:
+    """(top, dup): Gopher's n-gram repetition measures of the words given as hashes and
+    lengths, indexed by n (see llmkit.data._rule_kernels.repetition_stats)."""
+    size = max(top_ns.max(), dup_ns.max()) + 1
+    top, dup = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    kernels().repetition_stats(hashes, lengths, top_ns, dup_ns, top, dup)
+    return top.tolist(), dup.tolist()
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:

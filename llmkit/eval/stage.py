@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.api import CHAT_STAGES
+from llmkit.train.loading import CHAT_STAGES
 from llmkit.errors import ConfigError
 from llmkit.eval.choice import ChoiceConfig
 from llmkit.eval.efficiency import EfficiencyConfig
@@ -167,8 +167,7 @@ def eval_generation(run: EvalRun) -> dict:
 
 def load_judge(reward_run):
     """(reward model, its tokenizer) of a reward-model run."""
-    from llmkit.api import checkpoint_step_dir, load_tokenizer
-    from llmkit.train.rm import load_reward_model
+    from llmkit.train.loading import checkpoint_step_dir, load_reward_model, load_tokenizer
 
     return load_reward_model(reward_run.path), load_tokenizer(checkpoint_step_dir(reward_run.path))
 

@@ -41,7 +41,7 @@ class ExportConfig:
 def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     """`llmkit export`: the checkpoint `source` (run or step folder, name or path) -> a transformers
     folder at `to` (default: workspace/export/hf), an artifact with manifest.json."""
-    from llmkit.api import checkpoint_step_dir, find_checkpoint
+    from llmkit.train.loading import checkpoint_step_dir, find_checkpoint
     from llmkit.progress import print_summary
     from llmkit.workspace import Artifact
 
@@ -76,7 +76,7 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from llmkit.api import load
+    from llmkit.train.loading import load
     from llmkit.train.checkpoint import step_of
     from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 

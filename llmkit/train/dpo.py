@@ -10,28 +10,29 @@ The reference is `--ref`, by default the starting checkpoint `--from`.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
-from typing import ClassVar, get_args
+from typing import get_args
 
 import torch
 
+from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt
 from llmkit.errors import ConfigError
-from llmkit.train.engine import Task
+from llmkit.train.loading import load_model, starting_weights
 from llmkit.train.losses import DpoLossType, dpo_loss
-from llmkit.train.sft import GenerativeConfig, labelled_token_logps
+from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
+                                    exact_match_summary, labelled_token_logps, load_start,
+                                    post_training_inputs, preference_data)
+from llmkit.train.stage import Fit, fit_stage
+from llmkit.train.task import Task, to_device
 
 
 @dataclass
 class DpoConfig(GenerativeConfig):
-    max_steps: int = 200  # optimizer steps
     micro_batch_size: int = 8  # preference pairs per forward (2x sequences)
     lr: float = 1e-5  # DPO moves a tuned policy a little; tiny models take more (recipes set it)
     min_lr: float = 1e-6  # learning rate at the end of the cosine decay
-    warmup_steps: int | None = None  # linear warmup steps; None = 10, or 10% of a shorter run
-    AUTO_WARMUP: ClassVar[int] = 10
-    weight_decay: float = 0.0  # AdamW decay of matrices
-    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     loss_type: DpoLossType = "sigmoid"  # sigmoid | ipo | cdpo | robust | reference_free
     beta: float = 0.1  # β: strength of the pull towards the reference
     label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust)
@@ -85,9 +86,6 @@ def per_row(total: torch.Tensor, count: torch.Tensor, average: bool) -> torch.Te
 def precompute_reference_logps(reference, pairs: list, pad_id: int, batch_size: int,
                                average: bool) -> None:
     """Give each pair its reference (chosen, rejected) completion log-probs, in one pass."""
-    from llmkit.data.chat import collate_pairs
-    from llmkit.train.engine import to_device
-
     device = next(reference.parameters()).device
     was_training = reference.training
     reference.eval()
@@ -106,10 +104,12 @@ class DpoTask(Task):
 
     perplexity = False  # a preference loss: exp(val_loss) is no perplexity
 
-    def __init__(self, model, train_data, eval_data, cfg: DpoConfig, reference=None):
+    def __init__(self, model, train_data, eval_data, cfg: DpoConfig, reference=None,
+                 reference_seconds: float = 0.0):
         super().__init__(model, train_data, eval_data)
         self.cfg = cfg
         self.reference = reference  # held only when its log-probs are not precomputed
+        self.reference_seconds = reference_seconds  # time the precomputed log-probs took
 
     def reference_logps(self, batch):
         if not self.cfg.uses_reference:
@@ -144,77 +144,63 @@ class DpoTask(Task):
             "logps/chosen": policy[:half].detach().mean(),
             "logps/rejected": policy[half:].detach().mean()}
 
-    def batch_tokens(self, batch) -> int:
-        return int(batch["attention_mask"].sum())
-
     def flops_per_token(self) -> float:
         return self.model.flops_per_token(self.cfg.seq_len)
+
+
+def reference_policy(policy, ref_step, data, cfg: DpoConfig, pad_id: int, device):
+    """(the reference DpoTask holds — None when it is not needed or its log-probs are precomputed
+    into `data`'s pairs —, seconds the precomputation took). `ref_step` None: the starting policy."""
+    if not cfg.uses_reference:
+        return None, 0.0
+    reference = (load_model(ref_step, device)[0] if ref_step
+                 else policy if cfg.precompute_ref else copy.deepcopy(policy))
+    if not cfg.precompute_ref:
+        return reference.requires_grad_(False), 0.0
+    started = time.time()
+    precompute_reference_logps(reference, data.pairs + data.eval_pairs, pad_id,
+                               2 * cfg.micro_batch_size, cfg.average_logps)
+    return None, time.time() - started  # the reference is not held while the policy trains
+
+
+def dpo_task(policy, ref_step, data, cfg: DpoConfig, pad_id: int, dist) -> DpoTask:
+    """The task of a run: its reference made ready, its batches sharded for this process."""
+    reference, seconds = reference_policy(policy, ref_step, data, cfg, pad_id, dist.device)
+    eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
+    return DpoTask(policy, batch_stream(data.pairs, data.collate, cfg, dist), eval_batches or None,
+                   cfg, reference, seconds)
+
+
+def dpo_stats(result, task: DpoTask) -> dict:
+    return {"reference_seconds": round(task.reference_seconds, 2)}
+
+
+def dpo_summary(stats: dict) -> list[tuple]:
+    return [("final loss", stats["final_loss"]), ("reward margin", stats["reward_margin"]),
+            *exact_match_summary(stats)]
+
+
+DPO_METRICS = {"final_loss": "loss", "reward_margin": "rewards/margins",
+               "reward_accuracy": "rewards/accuracy", "val_reward_accuracy": "val_rewards/accuracy"}
 
 
 def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: str | None = None):
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
-    import copy
-
-    from llmkit.data.chat import BatchStream, fixed_batches, one_per_prompt
-    from llmkit.api import load_model
-    from llmkit.progress import print_summary
-    from llmkit.train.checkpoint import open_run, training_run
-    from llmkit.train.engine import Engine
-    from llmkit.train.pretrain import starting_weights
-    from llmkit.train.sft import exact_match_scorer, load_start, preference_data
-
-    base_art, base_step = starting_weights(ctx.workspace, base)
+    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, base, "pref_train", eval_data)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
                          else (None, None))
     if ref_step is not None and ref_step.resolve() == base_step.resolve():
         ref_art = ref_step = None  # the reference is the starting policy
-    data_art = ctx.input(default="pref_train")
-    eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
-    b, plan = open_run(ctx, "dpo", cfg,
-                       [a for a in (base_art, ref_art, data_art, eval_art) if a])
-    if b.up_to_date:
-        return b
-    policy, tokenizer = load_start(base_step, cfg)
-    data = preference_data(tokenizer, data_art, eval_art, cfg)
-    scored = one_per_prompt(data.heldout)[:cfg.eval_records]
-    with training_run(b, plan) as dist:
-        score = exact_match_scorer(cfg, dist, tokenizer, scored)
-        policy.to(dist.device)
-        reference, ref_seconds = None, 0.0
-        if cfg.uses_reference:
-            reference = (load_model(ref_step, dist.device)[0] if ref_step
-                         else policy if cfg.precompute_ref else copy.deepcopy(policy))
-            if cfg.precompute_ref:
-                started = time.time()
-                precompute_reference_logps(reference, data.pairs + data.eval_pairs,
-                                           tokenizer.pad_id, 2 * cfg.micro_batch_size,
-                                           cfg.average_logps)
-                ref_seconds = time.time() - started
-                reference = None  # not held while the policy trains
-            else:
-                reference.requires_grad_(False)
-        base_accuracy = score(policy)
-        stream = BatchStream(data.pairs, data.collate, micro_batch_size=cfg.micro_batch_size,
-                             seq_len=cfg.seq_len, seed=cfg.seed, rank=dist.rank,
-                             world_size=dist.world_size)
-        eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
-        task = DpoTask(policy, stream, eval_batches or None, cfg, reference)
-        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer.path).fit()
-        accuracy = score(policy)
-        last = result.metrics
-        b.stats.update(**data.counts, train_rows=len(data.train_rows),
-                       heldout_pairs=len(data.eval_pairs),
-                       steps=result.step, tokens_seen=result.tokens_seen,
-                       final_loss=last.get("loss"), reward_margin=last.get("rewards/margins"),
-                       reward_accuracy=last.get("rewards/accuracy"),
-                       val_reward_accuracy=last.get("val_rewards/accuracy"),
-                       reference_seconds=round(ref_seconds, 2), eval_records=len(scored),
-                       base_accuracy=base_accuracy, accuracy=accuracy)
-    if dist.is_main:
-        print_summary(f"{b.name} done", [
-            ("steps", result.step), ("final loss", last.get("loss")),
-            ("reward margin", last.get("rewards/margins")),
-            ("held-out exact match", f"{base_accuracy} -> {accuracy} ({len(scored)} rows)"),
-            ("seconds", round(time.time() - b.started, 1))])
-    return b
+
+    def prepare() -> Fit:
+        policy, tokenizer = load_start(base_step, cfg)
+        data = preference_data(tokenizer, data_art, eval_art, cfg)
+        scored = one_per_prompt(data.heldout)[:cfg.eval_records]
+        return Fit(lambda dist: dpo_task(policy, ref_step, data, cfg, tokenizer.pad_id, dist),
+                   tokenizer.path, dpo_summary, model=policy, metrics=DPO_METRICS, after=dpo_stats,
+                   score=exact_match_scorer(cfg, tokenizer, scored),
+                   stats={**data.counts, "train_rows": len(data.train_rows),
+                          "heldout_pairs": len(data.eval_pairs), "eval_records": len(scored)})
+
+    return fit_stage(ctx, "dpo", cfg, [base_art, ref_art, data_art, eval_art], prepare)

@@ -1,4 +1,5 @@
-"""The losses of the training stages, as pure functions of tensors.
+"""The losses of the training stages, and the per-token maths of PPO / GRPO, as pure functions
+of tensors.
 
 Conventions shared by every function here:
 - `labels` are aligned with `input_ids` (Hugging Face style): `labels[t]` is the token at
@@ -7,10 +8,14 @@ Conventions shared by every function here:
   `targets` instead, already shifted, as pretraining batches hold them.
 - A sequence's log-probability is the sum over its labelled tokens (TRL's convention for DPO);
   `average=True` divides by their number (IPO, as its authors specify).
+- PPO's per-token tensors are [B, R] over the response tokens of a rollout (R = longest
+  response), right-padded, with `mask` 1 on real response tokens (the stop token that ends a
+  response included) and 0 on padding.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -31,13 +36,6 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [B, T, V] log-softmax
     picked = logits.gather(-1, safe_targets).squeeze(-1) - logits.logsumexp(-1)
     return picked * mask, mask
-
-
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, average: bool = False) -> torch.Tensor:
-    """Sum (or mean, with `average`) of the labelled tokens' log-probabilities, per row: [B]."""
-    logps, mask = token_logps(logits, labels)
-    total = logps.sum(-1)
-    return total / mask.sum(-1).clamp(min=1) if average else total
 
 
 def chunked_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
@@ -66,12 +64,6 @@ def chunked_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: 
 
 def _loss_sum(head, hidden, targets, label_smoothing):
     return F.cross_entropy(head(hidden).float(), targets, reduction="sum", label_smoothing=label_smoothing)
-
-
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the labelled (assistant) tokens of the whole batch."""
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
-                           ignore_index=IGNORE_INDEX)
 
 
 def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
@@ -121,3 +113,194 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     else:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
     return losses, beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
+
+
+# ---- masked statistics ----------------------------------------------------------------------
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of x over the positions where mask is 1 (over all of them, or along `dim`)."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance of x over the positions where mask is 1."""
+    mean = masked_mean(x, mask)
+    n = mask.sum()
+    return masked_mean((x - mean) ** 2, mask) * n / (n - 1).clamp(min=1)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+           eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked positions; padding stays 0. Without shift_mean the mean
+    is kept (rescaling only), as for rewards whose sign carries meaning."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+# ---- KL to the reference ----------------------------------------------------------------------
+
+KL_ESTIMATORS = ("k1", "k3")
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                estimator: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(π || π_ref) from tokens sampled from π (Schulman, "Approximating
+    KL divergence"): k1 = log π − log π_ref (unbiased, can be negative); k3 = (ρ − 1) − log ρ with
+    ρ = π_ref / π (unbiased, never negative, lower variance)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+class FixedKLController:
+    """A constant KL coefficient β."""
+
+    def __init__(self, kl_coef: float):
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController:
+    """β that steers the observed KL towards a target (Ziegler et al. 2019, sec. 2.2):
+    e = clip(KL / target − 1, −0.2, 0.2); β ← β · (1 + e · n_steps / horizon)."""
+
+    def __init__(self, kl_coef: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = kl_coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + error * n_steps / self.horizon
+
+
+# ---- rewards -------------------------------------------------------------------------------------
+
+def clip_scores(scores: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """Scores clamped to [−clip, clip]: one outlying reward-model score cannot dominate a batch."""
+    return scores if clip is None else scores.clamp(-clip, clip)
+
+
+class RunningMoments:
+    """Running mean and standard deviation of every score seen so far (Chan et al.'s parallel
+    merge), to normalise rewards by statistics that do not jump from batch to batch."""
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 0
+
+    def update(self, x: torch.Tensor) -> None:
+        n = x.numel()
+        if n == 0:
+            return
+        x = x.double()
+        batch_mean, batch_var = x.mean().item(), x.var(unbiased=False).item()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
+        self.mean += delta * n / total
+        self.var, self.count = m2 / total, total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var)
+
+    def normalize(self, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        return (x - self.mean) / (self.std + eps)
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor,
+                  kl_coef: float) -> torch.Tensor:
+    """Per-token rewards: −β·KL on every response token, plus the sequence's score on its last."""
+    rewards = -kl_coef * kl * mask
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    return rewards.scatter_add(1, last[:, None], scores[:, None].to(rewards.dtype))
+
+
+# ---- advantages ----------------------------------------------------------------------------------
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016): advantages and returns [B, R].
+
+    δ_t = r_t + γ·V_{t+1} − V_t and A_t = δ_t + γλ·A_{t+1}, with V = 0 after the last response
+    token (the episode ends there). Returns are A + V, the value targets.
+    """
+    values = values * mask
+    rewards = rewards * mask
+    advantages = torch.zeros_like(rewards)
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = next_advantage
+        next_value = values[:, t]
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def group_relative_advantages(scores: torch.Tensor, group_size: int,
+                              eps: float = 1e-4) -> torch.Tensor:
+    """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std, where a
+    group is `group_size` consecutive samples of one prompt. A group whose samples all scored
+    the same gives 0 — nothing to learn from it."""
+    if scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
+    grouped = scores.view(-1, group_size)
+    std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(grouped[:, :1])
+    return ((grouped - grouped.mean(-1, keepdim=True)) / (std + eps)).view(-1)
+
+
+# ---- losses --------------------------------------------------------------------------------------
+
+def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                        advantages: torch.Tensor, mask: torch.Tensor,
+                        clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7), negated to minimise, and the
+    fraction of tokens where the clip was active:
+    mean over tokens of max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), ρ = π / π_old."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    return loss, clipfrac.detach()
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """½·mean of max((V − R)², (V_clip − R)²), V_clip = V_old + clip(V − V_old, −ε, ε): the value
+    may not move far from the rollout's estimate in one batch either. Also the clip fraction."""
+    clipped_values = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    unclipped_err = (values - returns) ** 2
+    clipped_err = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped_err, clipped_err), mask)
+    clipfrac = masked_mean((clipped_err > unclipped_err).float(), mask)
+    return loss, clipfrac.detach()
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax of logits [..., V] along the last axis: logsumexp(l) − Σ p·l."""
+    logits = logits.float()
+    return torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+
+
+def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] for each position: logits [B, R, V], tokens [B, R] -> [B, R]."""
+    logits = logits.float()
+    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)

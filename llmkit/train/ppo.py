@@ -10,223 +10,49 @@ clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per pro
 uses each score relative to its group as the advantage of every token, and needs no value
 model; its KL to the reference is a k3 term in the loss.
 
-The file reads top to bottom: per-token maths (pure functions), the config, the trained module,
-rollouts, the engine Task, the stage. Per-token tensors are [B, R] over the response tokens of a
-rollout (R = longest response), right-padded, with `mask` 1 on real response tokens (the
-stop token that ends a response included) and 0 on padding.
+The file reads top to bottom: the config, the trained module, rollouts, the engine Task, the
+stage. The per-token maths (masked statistics, KL estimators and controllers, GAE, the clipped
+losses) are pure functions in `train.losses`; the scorers of sampled responses are in
+`llmkit.rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
+longest response), right-padded, with `mask` 1 on real response tokens (the stop token that
+ends a response included) and 0 on padding.
+
+Held-out prompts (--eval, else a stable share of --in) are answered greedily before and after
+training: exact match in `stats.base_accuracy` and `stats.accuracy`, the mean similarity to the
+answer in `stats.base_similarity` and `stats.similarity`. `stats.reward_start` / `reward_end`
+are the mean training reward of the first and last tenth of the rollouts.
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
-import torch.nn as nn
 
-from llmkit.errors import ConfigError, UserError
 from llmkit.decoding import generate, left_pad
+from llmkit.errors import ConfigError, UserError
 from llmkit.model import Transformer
-from llmkit.train.engine import Task
-from llmkit.train.sft import GenerativeConfig
-
-
-# ---- masked statistics ----------------------------------------------------------------------
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of x over the positions where mask is 1 (over all of them, or along `dim`)."""
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Unbiased variance of x over the positions where mask is 1."""
-    mean = masked_mean(x, mask)
-    n = mask.sum()
-    return masked_mean((x - mean) ** 2, mask) * n / (n - 1).clamp(min=1)
-
-
-def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-           eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked positions; padding stays 0. Without shift_mean the mean
-    is kept (rescaling only), as for rewards whose sign carries meaning."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out * mask
-
-
-# ---- KL to the reference ----------------------------------------------------------------------
-
-KL_ESTIMATORS = ("k1", "k3")
-
-
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                estimator: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(π || π_ref) from tokens sampled from π (Schulman, "Approximating
-    KL divergence"): k1 = log π − log π_ref (unbiased, can be negative); k3 = (ρ − 1) − log ρ with
-    ρ = π_ref / π (unbiased, never negative, lower variance)."""
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
-
-
-class FixedKLController:
-    """A constant KL coefficient β."""
-
-    def __init__(self, kl_coef: float):
-        self.value = kl_coef
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        pass
-
-
-class AdaptiveKLController:
-    """β that steers the observed KL towards a target (Ziegler et al. 2019, sec. 2.2):
-    e = clip(KL / target − 1, −0.2, 0.2); β ← β · (1 + e · n_steps / horizon)."""
-
-    def __init__(self, kl_coef: float, target: float, horizon: int):
-        self.value, self.target, self.horizon = kl_coef, target, horizon
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        error = min(max(current_kl / self.target - 1, -0.2), 0.2)
-        self.value *= 1 + error * n_steps / self.horizon
-
-
-# ---- rewards -------------------------------------------------------------------------------------
-
-def clip_scores(scores: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """Scores clamped to [−clip, clip]: one outlying reward-model score cannot dominate a batch."""
-    return scores if clip is None else scores.clamp(-clip, clip)
-
-
-class RunningMoments:
-    """Running mean and standard deviation of every score seen so far (Chan et al.'s parallel
-    merge), to normalise rewards by statistics that do not jump from batch to batch."""
-
-    def __init__(self):
-        self.mean, self.var, self.count = 0.0, 1.0, 0
-
-    def update(self, x: torch.Tensor) -> None:
-        n = x.numel()
-        if n == 0:
-            return
-        x = x.double()
-        batch_mean, batch_var = x.mean().item(), x.var(unbiased=False).item()
-        total = self.count + n
-        delta = batch_mean - self.mean
-        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
-        self.mean += delta * n / total
-        self.var, self.count = m2 / total, total
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.var)
-
-    def normalize(self, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-        return (x - self.mean) / (self.std + eps)
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
-
-
-def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor,
-                  kl_coef: float) -> torch.Tensor:
-    """Per-token rewards: −β·KL on every response token, plus the sequence's score on its last."""
-    rewards = -kl_coef * kl * mask
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
-    return rewards.scatter_add(1, last[:, None], scores[:, None].to(rewards.dtype))
-
-
-# ---- advantages ----------------------------------------------------------------------------------
-
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016): advantages and returns [B, R].
-
-    δ_t = r_t + γ·V_{t+1} − V_t and A_t = δ_t + γλ·A_{t+1}, with V = 0 after the last response
-    token (the episode ends there). Returns are A + V, the value targets.
-    """
-    values = values * mask
-    rewards = rewards * mask
-    advantages = torch.zeros_like(rewards)
-    next_advantage = torch.zeros_like(rewards[:, 0])
-    next_value = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = next_advantage
-        next_value = values[:, t]
-    advantages = advantages * mask
-    return advantages, (advantages + values) * mask
-
-
-def group_relative_advantages(scores: torch.Tensor, group_size: int,
-                              eps: float = 1e-4) -> torch.Tensor:
-    """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std, where a
-    group is `group_size` consecutive samples of one prompt. A group whose samples all scored
-    the same gives 0 — nothing to learn from it."""
-    if scores.numel() % group_size:
-        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
-    grouped = scores.view(-1, group_size)
-    std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(grouped[:, :1])
-    return ((grouped - grouped.mean(-1, keepdim=True)) / (std + eps)).view(-1)
-
-
-# ---- losses --------------------------------------------------------------------------------------
-
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor,
-                        clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7), negated to minimise, and the
-    fraction of tokens where the clip was active:
-    mean over tokens of max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), ρ = π / π_old."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    return loss, clipfrac.detach()
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """½·mean of max((V − R)², (V_clip − R)²), V_clip = V_old + clip(V − V_old, −ε, ε): the value
-    may not move far from the rollout's estimate in one batch either. Also the clip fraction."""
-    clipped_values = old_values + (values - old_values).clamp(-clip_range, clip_range)
-    unclipped_err = (values - returns) ** 2
-    clipped_err = (clipped_values - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped_err, clipped_err), mask)
-    clipfrac = masked_mean((clipped_err > unclipped_err).float(), mask)
-    return loss, clipfrac.detach()
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax of logits [..., V] along the last axis: logsumexp(l) − Σ p·l."""
-    logits = logits.float()
-    return torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
-
-
-def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] for each position: logits [B, R, V], tokens [B, R] -> [B, R]."""
-    logits = logits.float()
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+from llmkit.rewards import Scorer, mixed_scorer, reward_model_scorer, verify_scorer
+from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
+from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
+from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
+                                 clip_scores, clipped_policy_loss, clipped_value_loss,
+                                 entropy_from_logits, gae, group_relative_advantages, kl_estimate,
+                                 logprobs_of, masked_mean, token_rewards, whiten)
+from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_split, load_start,
+                                    post_training_inputs)
+from llmkit.train.rollouts import (Prompt, Samples, rank_and_world, response_mask_of, select_rows,
+                                   strip_stop)
+from llmkit.train.stage import Fit, fit_stage
+from llmkit.train.task import Task
 
 
 # ---- configuration -------------------------------------------------------------------------------
 
 @dataclass
-class PPOConfig(GenerativeConfig):
+class PpoConfig(GenerativeConfig):
     """The engine's settings (flat, as for sft/rm/dpo: `--set lr=…`) plus PPO's own.
 
     One optimizer step takes micro_batch_size × grad_accum responses of the current rollout;
@@ -258,13 +84,10 @@ class PPOConfig(GenerativeConfig):
     reward_clip: float | None = 5.0  # scores are clamped to ±reward_clip; None = no clamp
     normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
     value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
-    # the engine's settings, with defaults for RL fine-tuning: a small constant lr, no warmup
-    max_steps: int = 200  # optimizer steps
+    # the engine's settings where RL fine-tuning differs from the others: a small constant lr
+    # (min_lr is post-training's 1e-5 too), no warmup
     lr: float = 1e-5  # learning rate (constant unless min_lr is set lower)
-    min_lr: float = 1e-5  # learning rate at the end of the cosine decay
     warmup_steps: int = 0  # linear warmup steps
-    weight_decay: float = 0.0  # AdamW decay of matrices
-    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     log_every: int = 1  # write metrics every N steps
     eval_every: int = 0  # ppo has no validation loss; held-out exact match runs at start and end
 
@@ -310,118 +133,7 @@ class PPOConfig(GenerativeConfig):
         return self.prompts_per_rollout * self.samples_per_prompt
 
 
-# ---- the trained module --------------------------------------------------------------------------
-
-class ActorCritic(nn.Module):
-    """The module PPO trains: the policy plus (for ppo) a value head, reading either the policy's
-    own trunk (`value_trunk=None`: cheaper) or a trunk of its own (no interference between the
-    two objectives). Only `policy` is the stage's output; the rest serves training.
-
-    `forward(input_ids, attention_mask, prompt_len)` -> (logits [N, R, V], values [N, R] or None)
-    of the response columns: position P + t − 1 predicts response token t, and its hidden state
-    is the state whose value is V_t.
-    """
-
-    def __init__(self, policy: Transformer, with_value: bool = True,
-                 value_trunk: Transformer | None = None):
-        super().__init__()
-        self.policy = policy
-        self.value_trunk = value_trunk
-        self.value_head = None
-        if with_value:
-            width = (value_trunk or policy).config.hidden_size
-            # zero: the first value estimates are 0 and the value loss sends no gradient into a
-            # shared trunk until the head has learnt something
-            self.value_head = nn.Linear(width, 1)
-            nn.init.zeros_(self.value_head.weight)
-            nn.init.zeros_(self.value_head.bias)
-
-    @property
-    def config(self):
-        return self.policy.config
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        return self.policy.gradient_checkpointing
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, on: bool) -> None:
-        for trunk in (self.policy, self.value_trunk):
-            if trunk is not None:
-                trunk.gradient_checkpointing = on
-
-    def forward(self, input_ids, attention_mask, prompt_len: int):
-        hidden = response_hidden(self.policy, input_ids, attention_mask, prompt_len)
-        logits = self.policy.lm_head(hidden).float()
-        if self.value_head is None:
-            return logits, None
-        if self.value_trunk is not None:
-            hidden = response_hidden(self.value_trunk, input_ids, attention_mask, prompt_len)
-        return logits, self.value_head(hidden).squeeze(-1).float()
-
-
-def response_hidden(trunk: Transformer, input_ids, attention_mask, prompt_len: int):
-    """Hidden states of the positions that predict the response tokens: [N, R, hidden]."""
-    return trunk.hidden_states(input_ids, attention_mask=attention_mask)[:, prompt_len - 1:-1]
-
-
-def response_logprobs(model: Transformer, input_ids, attention_mask, prompt_len: int,
-                      temperature: float = 1.0):
-    """log π(response token) under `model` at `temperature` for every response column: [N, R]."""
-    hidden = response_hidden(model, input_ids, attention_mask, prompt_len)
-    return logprobs_of(model.lm_head(hidden) / temperature, input_ids[:, prompt_len:])
-
-
-# ---- rollouts ------------------------------------------------------------------------------------
-
-@dataclass
-class Prompt:
-    ids: list[int]  # the prompt rendered for generation (chat template), as token ids
-    answer: str | None = None  # the checkable answer, for the verifiable reward
-
-
-@dataclass
-class Samples:
-    """Sampled responses as a scorer sees them, one row per sample."""
-
-    input_ids: torch.Tensor       # [N, P + R] left-padded prompt, then the response
-    attention_mask: torch.Tensor  # [N, P + R] 1 = real token
-    prompt_len: int               # P
-    response_mask: torch.Tensor   # [N, R] 1 = real response token (its stop token included)
-    texts: list[str]              # decoded responses (stop token and padding left out)
-    answers: list[str | None]     # each sample's prompt's answer
-
-    @property
-    def responses(self) -> torch.Tensor:
-        return self.input_ids[:, self.prompt_len:]
-
-
-Scorer = Callable[[Samples], torch.Tensor]  # sampled responses -> one score per row [N]
-
-
-def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
-    """1 on each response token up to and including its first stop token, 0 after it."""
-    if not stop_ids:
-        return torch.ones_like(responses)
-    is_stop = torch.isin(responses, torch.tensor(stop_ids, device=responses.device)).long()
-    stops_before = is_stop.cumsum(-1) - is_stop  # stop tokens strictly before each position
-    return (stops_before == 0).long()
-
-
-def verify_scorer(partial: bool = False) -> Scorer:
-    """1 for a response that equals its prompt's answer (up to whitespace), else 0 — or, with
-    partial credit, its similarity to the answer (`llmkit.rewards.answer_similarity`)."""
-    from llmkit.rewards import verify_rewards
-
-    def score(samples: Samples) -> torch.Tensor:
-        if any(a is None for a in samples.answers):
-            raise ValueError("the verifiable reward needs an answer for every prompt")
-        return torch.tensor(verify_rewards(samples.texts, samples.answers, partial))
-
-    return score
-
-
-class PPOTask(Task):
+class PpoTask(Task):
     """PPO / GRPO as a task of the shared engine.
 
     `next_batch` serves minibatches of the current rollout and, when none is left, samples a new
@@ -438,7 +150,7 @@ class PPOTask(Task):
     perplexity = False  # a policy-gradient loss: exp(val_loss) is no perplexity
 
     def __init__(self, model: ActorCritic, reference: Transformer, prompts: list[Prompt],
-                 scorer: Scorer, cfg: PPOConfig, *, stop_ids: list[int], pad_id: int,
+                 scorer: Scorer, cfg: PpoConfig, *, stop_ids: list[int], pad_id: int,
                  decode: Callable[[list[int]], str]):
         super().__init__(model)
         if not prompts:
@@ -473,7 +185,7 @@ class PPOTask(Task):
     def _next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next rollout, each repeated samples_per_prompt times.
         All processes walk one seeded order and each takes its own slice of every block."""
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         n = self.cfg.prompts_per_rollout
         mine = self._take_prompts(n * world)[rank * n:(rank + 1) * n]
         return [p for p in mine for _ in range(self.cfg.samples_per_prompt)]
@@ -506,7 +218,7 @@ class PPOTask(Task):
         P = ids.shape[1]
         response_mask = response_mask_of(out[:, P:], self.stop_ids)
         responses = out[:, P:].masked_fill(response_mask == 0, self.pad_id)
-        texts = [self.decode(_strip_stop(r[m.bool()].tolist(), self.stop_ids))
+        texts = [self.decode(strip_stop(r[m.bool()].tolist(), self.stop_ids))
                  for r, m in zip(responses, response_mask)]
         return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
                        response_mask, texts, [p.answer for p in prompts])
@@ -585,9 +297,6 @@ class PPOTask(Task):
             metrics["kl_loss"] = kl_loss.detach()
         return loss, {**metrics, **self._rollout_metrics}
 
-    def batch_tokens(self, batch) -> int:
-        return int(batch["attention_mask"].sum())
-
     def checkpoint_module(self, module: ActorCritic) -> Transformer:
         return module.policy  # the stage's output is a plain policy; the value head stays in ds/
 
@@ -608,54 +317,9 @@ class PPOTask(Task):
         self._rollout, self._pending = None, []
 
 
-def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
-    """A minibatch: the rows `rows` of a rollout, trimmed to their longest response."""
-    P = rollout["prompt_len"]
-    width = max(int(rollout["response_mask"][rows].sum(-1).max()), 1)
-    batch = {"prompt_len": P}
-    for key, value in rollout.items():
-        if key == "prompt_len":
-            continue
-        columns = P + width if key in ("input_ids", "attention_mask") else width
-        batch[key] = value[rows, :columns]
-    return batch
-
-
-def _strip_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
-    return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
-
-
 # ---- the stage -----------------------------------------------------------------------------------
 
-def reward_model_scorer(reward_model) -> Scorer:
-    """The reward model's score of prompt + response, read at the response's last token."""
-
-    def score(samples: Samples) -> torch.Tensor:
-        device = samples.input_ids.device
-        return reward_model.to(device)(samples.input_ids, samples.attention_mask).float()
-
-    return score
-
-
-def mixed_scorer(reward_model, verify_weight: float, partial: bool = False) -> Scorer:
-    """Reward-model score plus verify_weight × the verifiable reward."""
-    by_model, by_answer = reward_model_scorer(reward_model), verify_scorer(partial)
-
-    def score(samples: Samples) -> torch.Tensor:
-        return by_model(samples) + verify_weight * by_answer(samples).to(samples.input_ids.device)
-
-    return score
-
-
-def reward_mode(cfg: PPOConfig, has_reward_model: bool) -> str:
+def reward_mode(cfg: PpoConfig, has_reward_model: bool) -> str:
     """model | verify | mix, checked against what was given."""
     mode = cfg.reward if cfg.reward != "auto" else ("model" if has_reward_model else "verify")
     if mode in ("model", "mix") and not has_reward_model:
@@ -664,7 +328,7 @@ def reward_mode(cfg: PPOConfig, has_reward_model: bool) -> str:
     return mode
 
 
-def prompt_set(tokenizer, rows: list[dict], cfg: PPOConfig, where, needs_answer: bool):
+def prompt_set(tokenizer, rows: list[dict], cfg: PpoConfig, where, needs_answer: bool):
     """(prompts rendered for generation, rows dropped because no reply would fit in seq_len)."""
     from llmkit.data.chat import prompt_messages
 
@@ -683,27 +347,10 @@ def prompt_set(tokenizer, rows: list[dict], cfg: PPOConfig, where, needs_answer:
             dropped += 1
             continue
         prompts.append(Prompt(ids, None if answer is None else str(answer)))
+    if not prompts:
+        raise UserError(f"{where}: no prompt leaves room for a reply within seq_len="
+                        f"{cfg.seq_len} and max_new_tokens={cfg.max_new_tokens}")
     return prompts, dropped
-
-
-def build_actor_critic(policy: Transformer, cfg: PPOConfig, reward_model=None) -> ActorCritic:
-    """The trained module: grpo has no value model; ppo's value head sits on the policy's trunk
-    or on a trunk of its own, started from the reward model when there is one (as InstructGPT
-    does: it already reads how good a response is), else from the policy."""
-    import copy
-
-    if cfg.algo == "grpo":
-        return ActorCritic(policy, with_value=False)
-    if cfg.value_model == "shared":
-        return ActorCritic(policy)
-    trunk = copy.deepcopy(reward_model.trunk if reward_model is not None else policy)
-    if not trunk.config.tie_embeddings:
-        trunk.lm_head.requires_grad_(False)  # a value trunk never predicts tokens
-    model = ActorCritic(policy, value_trunk=trunk)
-    if reward_model is not None:
-        with torch.no_grad():
-            model.value_head.weight.copy_(reward_model.score.weight)
-    return model
 
 
 def window_mean(values: list[float], first: bool) -> float | None:
@@ -715,85 +362,80 @@ def window_mean(values: list[float], first: bool) -> float | None:
     return sum(chunk) / len(chunk)
 
 
-def run_ppo(ctx, cfg: PPOConfig, policy: str = "sft", reward_model: str | None = None,
-            eval_data: str | None = None):
-    """`llmkit ppo`: PPO (or GRPO) of checkpoint `policy` on the prompts of --in (default
-    prompts_train), rewarded by a reward model and/or exact match against each prompt's answer.
+def rollout_scorer(mode: str, reward_model, cfg: PpoConfig) -> Scorer:
+    """The score of each sampled response under reward `mode` (see `reward_mode`)."""
+    if mode == "model":
+        return reward_model_scorer(reward_model)
+    if mode == "verify":
+        return verify_scorer(cfg.partial_credit)
+    return mixed_scorer(reward_model, cfg.verify_weight, cfg.partial_credit)
 
-    Held-out prompts (--eval, else a stable share of --in) are answered greedily before and
-    after training: exact match in `stats.base_accuracy` and `stats.accuracy`, the mean
-    similarity to the answer in `stats.base_similarity` and `stats.similarity`. `stats.reward_start` /
-    `reward_end` are the mean training reward of the first and last tenth of the rollouts.
-    """
-    import copy
-    import time
 
-    from llmkit.api import load_tokenizer
-    from llmkit.progress import print_summary
+def reward_model_for(rm_step, mode: str, cfg: PpoConfig, tokenizer, rm_art, policy_art):
+    """The reward model when the reward or a separate value trunk reads it, else None; it must
+    read the policy's tokens."""
     from llmkit.tokenizer import same_tokenizer
-    from llmkit.train.checkpoint import open_run, training_run
-    from llmkit.train.engine import Engine
-    from llmkit.train.pretrain import starting_weights
-    from llmkit.train.rm import load_reward_model
-    from llmkit.train.sft import evaluate_answers, load_start, read_rows, split_rows
 
-    policy_art, policy_step = starting_weights(ctx.workspace, policy)
-    prompts_art = ctx.input(default="prompts_train")
-    rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
-    eval_art = ctx.workspace.artifact(eval_data) if eval_data else None
-    mode = reward_mode(cfg, rm_art is not None)
-    inputs = [a for a in (policy_art, prompts_art, rm_art, eval_art) if a is not None]
-    b, plan = open_run(ctx, "ppo", cfg, inputs)
-    if b.up_to_date:
-        return b
+    if rm_step is None or (mode == "verify" and cfg.value_model != "separate"):
+        return None
+    reward_model = load_reward_model(rm_step)
+    if not same_tokenizer(tokenizer.path, load_tokenizer(rm_step).path):
+        raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
+                        "the reward model from the same base as the policy")
+    return reward_model
 
-    model, tokenizer = load_start(policy_step, cfg)
-    rm = None
-    if rm_art is not None and (mode != "verify" or cfg.value_model == "separate"):
-        rm = load_reward_model(rm_step)
-        if not same_tokenizer(tokenizer.path, load_tokenizer(rm_step).path):
-            raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
-                            "the reward model from the same base as the policy")
-    rows = read_rows(prompts_art, ())
-    train_rows, heldout = split_rows(rows, read_rows(eval_art, ()) if eval_art else None,
-                                     cfg.eval_fraction, cfg.seed)
-    prompts, dropped = prompt_set(tokenizer, train_rows, cfg, prompts_art.path,
-                                  needs_answer=mode != "model")
-    if not prompts:
-        raise UserError(f"{prompts_art.path}: no prompt leaves room for a reply within seq_len="
-                        f"{cfg.seq_len} and max_new_tokens={cfg.max_new_tokens}")
-    scorer = {"model": lambda: reward_model_scorer(rm),
-              "verify": lambda: verify_scorer(cfg.partial_credit),
-              "mix": lambda: mixed_scorer(rm, cfg.verify_weight, cfg.partial_credit)}[mode]()
-    scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
 
-    with training_run(b, plan) as dist:
-        model.to(dist.device)
-        # held-out generation on the main process alone; the others wait in the engine's setup
-        before = evaluate_answers(model, tokenizer, scored, cfg.max_new_tokens) if dist.is_main else None
-        reference = copy.deepcopy(model)
-        task = PPOTask(build_actor_critic(model, cfg, rm), reference, prompts, scorer, cfg,
-                       stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
-                       decode=tokenizer.decode)
-        result = Engine(b.dir, cfg.train_config(), task, tokenizer_dir=tokenizer.path,
-                        model_config=model.config).fit()
+def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
+    """`score(model, dist) -> {"accuracy", "similarity"}` of greedy replies to `records`, on the
+    main process alone (the others wait in the engine's setup), for `Fit.score`."""
+
+    def score(model, dist):
         if not dist.is_main:
-            return b
-        after = evaluate_answers(model, tokenizer, scored, cfg.max_new_tokens)
-        b.stats.update(
-            reward=mode, algo=cfg.algo, train_prompts=len(prompts), dropped_too_long=dropped,
-            heldout_rows=len(heldout), eval_records=len(scored), steps=result.step,
-            rollouts=task.rollouts_done, tokens_seen=result.tokens_seen,
-            reward_start=window_mean(task.reward_history, first=True),
-            reward_end=window_mean(task.reward_history, first=False),
-            kl=result.metrics.get("kl"), base_accuracy=before["exact_match"],
-            accuracy=after["exact_match"], base_similarity=before["similarity"],
-            similarity=after["similarity"])
-    print_summary(f"{b.name} done", [
-        ("steps", result.step), ("rollouts", task.rollouts_done),
-        ("reward", f"{b.stats['reward_start']:.3f} -> {b.stats['reward_end']:.3f} ({mode})"),
-        ("held-out exact match", f"{before['exact_match']:.3f} -> {after['exact_match']:.3f} "
-                                 f"({len(scored)} rows)"),
-        ("held-out similarity", f"{before['similarity']:.3f} -> {after['similarity']:.3f}"),
-        ("seconds", round(time.time() - b.started, 1))])
-    return b
+            return {"accuracy": None, "similarity": None}
+        scores = evaluate_answers(model, tokenizer, records, cfg.max_new_tokens)
+        return {"accuracy": scores["exact_match"], "similarity": scores["similarity"]}
+
+    return score
+
+
+def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Scorer, tokenizer,
+             reward_model=None) -> PpoTask:
+    reference = copy.deepcopy(policy)
+    return PpoTask(build_actor_critic(policy, cfg, reward_model), reference, prompts, scorer, cfg,
+                   stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
+
+
+def ppo_stats(result, task: PpoTask) -> dict:
+    return {"rollouts": task.rollouts_done,
+            "reward_start": window_mean(task.reward_history, first=True),
+            "reward_end": window_mean(task.reward_history, first=False)}
+
+
+def ppo_summary(s: dict) -> list[tuple]:
+    return [("rollouts", s["rollouts"]),
+            ("reward", f"{s['reward_start']:.3f} -> {s['reward_end']:.3f} ({s['reward']})"),
+            ("held-out exact match", f"{s['base_accuracy']:.3f} -> {s['accuracy']:.3f} "
+                                     f"({s['eval_records']} rows)"),
+            ("held-out similarity", f"{s['base_similarity']:.3f} -> {s['similarity']:.3f}")]
+
+
+def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
+    """`llmkit ppo`: PPO (or GRPO) of checkpoint `policy` on the prompts of --in (default
+    prompts_train), rewarded by a reward model and/or exact match with each prompt's answer."""
+    policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, policy, "prompts_train", eval_data)
+    rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
+    mode = reward_mode(cfg, rm_art is not None)
+
+    def prepare() -> Fit:
+        model, tokenizer = load_start(start, cfg)
+        rm = reward_model_for(rm_step, mode, cfg, tokenizer, rm_art, policy_art)
+        train_rows, heldout = heldout_split(prompts_art, eval_art, cfg)
+        prompts, dropped = prompt_set(tokenizer, train_rows, cfg, prompts_art.path, mode != "model")
+        scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
+        return Fit(lambda dist: ppo_task(model, cfg, prompts, rollout_scorer(mode, rm, cfg), tokenizer, rm),
+                   tokenizer.path, ppo_summary, model=model, model_config=model.config, after=ppo_stats,
+                   score=answers_scorer(cfg, tokenizer, scored), metrics={"kl": "kl"},
+                   stats={"reward": mode, "algo": cfg.algo, "train_prompts": len(prompts), "dropped_too_long":
+                          dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})
+
+    return fit_stage(ctx, "ppo", cfg, [policy_art, prompts_art, rm_art, eval_art], prepare)

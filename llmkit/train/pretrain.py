@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.engine import Task, TrainConfig
+from llmkit.train.config import TrainConfig
+from llmkit.train.loading import starting_weights
+from llmkit.train.stage import Fit, fit_stage
+from llmkit.train.task import Task
 
 
 @dataclass
@@ -73,9 +75,6 @@ class PretrainConfig(TrainConfig):
         if self.mixture_temperature < 0:
             raise ConfigError(f"mixture_temperature must be >= 0, got {self.mixture_temperature}")
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
-
 
 class PretrainTask(Task):
     """Causal LM loss on TokenLoader batches; validation on the val split in document order."""
@@ -118,19 +117,6 @@ def tokenizer_of(tokens_art, workspace):
                     "with `llmkit tokenize`")
 
 
-def starting_weights(workspace, from_: str):
-    """(input artifact, step folder) for --from: a checkpoint run (its latest) or one of its
-    step folders."""
-    from llmkit.train.checkpoint import WEIGHTS, resolve_step_dir
-    from llmkit.workspace import Artifact
-
-    path = Path(from_)
-    if (path / WEIGHTS).is_file():
-        return Artifact.open(path.parent), path
-    art = workspace.artifact(from_)
-    return art, resolve_step_dir(art.path)
-
-
 def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
     """Continued pretraining must read tokens made by the tokenizer the weights were trained
     with: ids from another vocabulary would train silently on garbage."""
@@ -144,43 +130,33 @@ def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: P
                           "or train a new model without --from")
 
 
-def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
-    """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
-    the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
-    from llmkit.api import load_model
-    from llmkit.data.loader import TokenLoader
+def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_dir, tokens_dir):
+    """The model a run starts from: --from's weights and architecture, else a fresh one of
+    cfg.model (the same initial weights on every process); checked against the data."""
     from llmkit.model import Transformer
-    from llmkit.progress import print_summary
-    from llmkit.train.checkpoint import open_run, training_run
-    from llmkit.train.distributed import seed_everything, setup_distributed
-    from llmkit.train.engine import Engine
+    from llmkit.train.distributed import seed_everything
+    from llmkit.train.loading import load_model
 
-    tokens_art = ctx.input(default="tokens")
-    tokenizer_art = tokenizer_of(tokens_art, ctx.workspace)
-    inputs = [tokens_art, tokenizer_art]
-    from_step = None
-    if from_ is not None:
-        from_art, from_step = starting_weights(ctx.workspace, from_)
-        inputs.append(from_art)
-    b, plan = open_run(ctx, "pretrain", cfg, inputs)
-    if b.up_to_date:
-        return b
-
-    vocab_size = tokens_art.manifest["stats"]["vocab_size"]
     seed_everything(cfg.seed)  # every rank builds the same initial weights
     if from_step is not None:
         model, _ = load_model(from_step)
-        b.extra["from"] = str(from_step)
+        require_tokens_of_the_run(from_step, tokenizer_dir, tokens_dir)
     else:
         model = Transformer(cfg.model.build(vocab_size))
-    if from_step is not None:
-        require_tokens_of_the_run(from_step, tokenizer_art.path, tokens_art.path)
     if model.config.vocab_size < vocab_size:
         raise ConfigError(f"the model's vocab_size ({model.config.vocab_size}) is smaller than the "
                           f"tokenizer's ({vocab_size}); drop model.vocab_size or raise it")
     if cfg.seq_len > model.config.max_seq_len:
         raise ConfigError(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len="
                           f"{model.config.max_seq_len}; set model.max_seq_len or lower seq_len")
+    return model
+
+
+def token_loaders(tokens_art, cfg: PretrainConfig):
+    """(train loader, validation loader or None when the val split holds less than one sequence)
+    of this process."""
+    from llmkit.data.loader import TokenLoader
+    from llmkit.train.distributed import setup_distributed
 
     dist = setup_distributed()
     loader_args = dict(seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
@@ -193,24 +169,37 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         print(f"warning: {tokens_art.path} has {val_tokens:,} validation tokens, fewer than one "
               f"sequence (seq_len={cfg.seq_len}): no validation loss will be measured; tokenize with "
               "a larger --set val_fraction=…", file=sys.stderr, flush=True)
-    task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
-    parameters = model.num_parameters()  # before the engine: ZeRO-3 leaves each process a shard
+    return train, val
 
-    with training_run(b, plan):
-        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=tokenizer_art.path,
-                        model_config=model.config).fit()
-        last = result.metrics
-        b.stats.update(
-            steps=result.step, tokens_seen=result.tokens_seen, skipped_steps=result.skipped_steps,
-            parameters=parameters, final_loss=last.get("loss"),
-            val_loss=last.get("val_loss"), val_ppl=last.get("val_ppl"),
-            tokens_per_s=last.get("tokens_per_s"), mfu=last.get("mfu"),
-            mixture=train.probabilities, checkpoint=str(result.checkpoint))
-    if dist.is_main:
-        print_summary(f"{b.name} done", [
-            ("steps", result.step), ("parameters", f"{parameters:,}"),
-            ("tokens seen", f"{result.tokens_seen:,}"), ("final loss", last.get("loss")),
-            ("val perplexity", last.get("val_ppl", "none (no validation split)")),
-            ("checkpoint", result.checkpoint),
-            ("seconds", round(time.time() - b.started, 1))])
-    return b
+
+def pretrain_summary(stats: dict) -> list[tuple]:
+    val_ppl = stats["val_ppl"] if stats["val_ppl"] is not None else "none (no validation split)"
+    return [("parameters", f"{stats['parameters']:,}"), ("tokens seen", f"{stats['tokens_seen']:,}"),
+            ("final loss", stats["final_loss"]), ("val perplexity", val_ppl),
+            ("checkpoint", stats["checkpoint"])]
+
+
+PRETRAIN_METRICS = {"final_loss": "loss", "val_loss": "val_loss", "val_ppl": "val_ppl",
+                    "tokens_per_s": "tokens_per_s", "mfu": "mfu"}
+
+
+def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
+    """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
+    the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
+    tokens_art = ctx.input(default="tokens")
+    tokenizer_art = tokenizer_of(tokens_art, ctx.workspace)
+    from_art, from_step = starting_weights(ctx.workspace, from_) if from_ is not None else (None, None)
+
+    def prepare() -> Fit:
+        model = pretrain_start(cfg, tokens_art.manifest["stats"]["vocab_size"], from_step,
+                               tokenizer_art.path, tokens_art.path)
+        train, val = token_loaders(tokens_art, cfg)
+        task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
+        return Fit(lambda dist: task, tokenizer_art.path, pretrain_summary, model_config=model.config,
+                   # counted before the engine: ZeRO-3 leaves each process a shard
+                   stats={"parameters": model.num_parameters(), "mixture": train.probabilities},
+                   metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {},
+                   after=lambda result, task: {"skipped_steps": result.skipped_steps,
+                                               "checkpoint": str(result.checkpoint)})
+
+    return fit_stage(ctx, "pretrain", cfg, [tokens_art, tokenizer_art, from_art], prepare)

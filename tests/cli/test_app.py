@@ -6,7 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 import llmkit
-from llmkit.cli.app import COMMANDS, build_app, command_line, main
+from llmkit.cli.app import build_app, command_line, main
+from llmkit.stages import CONFIGURED, STAGES
 from tests.conftest import write_jsonl
 
 runner = CliRunner()
@@ -25,27 +26,29 @@ def test_help_does_not_import_torch_or_deepspeed():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+STAGE_COMMANDS = [s.command for s in STAGES if s.kind != "helper"]
+
+
 def test_command_table_lists_every_stage_of_the_design():
-    assert list(COMMANDS) == ["ingest", "clean", "dedup", "ppl-filter", "tokenizer", "tokenize",
+    assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "tokenizer", "tokenize",
                               "pretrain", "sft", "rm", "dpo", "ppo", "eval", "generate",
                               "export", "import", "report", "status"]
 
 
 def test_helper_commands_come_after_the_stages():
-    from llmkit.cli.app import HELPERS
-
-    assert list(HELPERS) == ["config"]
+    helpers = [s.command for s in STAGES if s.kind == "helper"]
+    assert helpers == ["config"]
     names = [c.name for c in build_app().registered_commands]
-    assert names == [*COMMANDS, *HELPERS]
+    assert names == [*STAGE_COMMANDS, *helpers]
 
 
-@pytest.mark.parametrize("stage", [c for c in COMMANDS if c != "status"])
+@pytest.mark.parametrize("stage", CONFIGURED)
 def test_stage_help_ends_with_every_key_of_its_config(stage):
     """Every field of the stage's config class (nested sections' too), with its type, default
     and the comment beside it in the source."""
     from llmkit.config import dotted_keys
     from llmkit.keydocs import documented_keys
-    from llmkit.recipes import STAGE_CONFIGS, config_class
+    from llmkit.stages import BY_COMMAND, config_class
 
     r = runner.invoke(build_app(), [stage, "--help"], terminal_width=200)
     assert r.exit_code == 0, r.output
@@ -53,7 +56,7 @@ def test_stage_help_ends_with_every_key_of_its_config(stage):
     assert sep and "--help" in head
     shown = [line.split(":", 1)[0].strip() for line in tail.splitlines()[2:] if line.strip()]
     assert shown == dotted_keys(config_class(stage))
-    docs = {d.key: d for d in documented_keys(STAGE_CONFIGS[stage])}
+    docs = {d.key: d for d in documented_keys(BY_COMMAND[stage].config)}
     for line in tail.splitlines()[2:]:
         doc = docs[line.split(":", 1)[0].strip()]
         assert line.strip().startswith(f"{doc.key}: {doc.type}")

@@ -39,9 +39,9 @@ def test_printed_config_marks_sources_and_resolves_back_to_itself(tmp_path):
 
 
 def test_every_stage_prints_a_config_and_a_typo_is_named(tmp_path):
-    from llmkit.recipes import STAGE_CONFIGS
+    from llmkit.stages import CONFIGURED
 
-    for stage in STAGE_CONFIGS:
+    for stage in CONFIGURED:
         assert llmkit("config", stage).startswith(f"{stage}:\n")
     assert "did you mean 'pretrain'" in llmkit("config", "pretrian", expect=2)
     assert "did you mean 'max_steps'" in llmkit("config", "sft", "--set", "max_step=3", expect=2)

@@ -5,7 +5,7 @@ import torch
 from typer.testing import CliRunner
 
 import llmkit
-from llmkit.api import GenerateConfig, generate_texts
+from llmkit.generation import GenerateConfig, generate_texts
 from llmkit.cli.app import build_app
 from llmkit.train import checkpoint as ckpt
 from tests.train.posttrain_fixtures import make_tokenizer, memorizing_model, write_checkpoint_run

@@ -20,8 +20,8 @@ from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, bucket_edges, 
                                     perplexities, removal_reasons)
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import ModelConfig, Transformer
-from llmkit.tokenizer import (CONFIG_FILE, MODEL_FILE, Tokenizer, TokenizerConfig,
-                              tokenizer_config_json, train_sentencepiece)
+from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
 from llmkit.workspace import Workspace
 from tests.train.posttrain_fixtures import write_checkpoint_run
 

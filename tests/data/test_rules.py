@@ -159,14 +159,12 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
     "ab，“cd” ef -- | 42 x_1 _ 3.14 Привет — 😀 𝐀bc"])
 def test_compiled_word_pass_agrees_with_python_string_methods(text):
     d = doc(text)
-    codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
-    hashes, lengths, counts = rules.kernels().word_stats(codes, rules._char_classes(),
-                                                          CFG._stop_hashes)
+    hashes, lengths, counts = rules.word_stats(text, CFG._stop_hashes)  # the compiled pass
     words = d.words
     assert lengths.tolist() == [len(w) for w in words]
     assert hashes.tolist() == [rules.word_hash(w) for w in words]
     symbols = [w for w in words if not any(c.isalnum() or c == "_" for c in w)]
-    assert rules.WordCounts(*counts.tolist()) == rules.WordCounts(
+    assert counts == rules.WordCounts(
         words=len(words), symbol_words=len(symbols), symbol_chars=sum(map(len, symbols)),
         letterless_words=sum(not any(c.isalpha() for c in w) for w in words),
         cjk_chars=len(rules.CJK_CHAR.findall(text)), word_chars=sum(map(len, words)),
@@ -179,8 +177,8 @@ def test_compiled_word_pass_agrees_with_python_string_methods(text):
 def repetition(text):
     words = text.split()
     hashes = np.array([hash(w) for w in words], np.int64).view(np.uint64)
-    kernel = rules.kernels().repetition_stats  # the compiled form the rules use
-    return kernel(hashes, np.array([len(w) for w in words]), np.array([2, 3]), np.array([5, 6]))
+    return rules.repetition_stats(hashes, np.array([len(w) for w in words]), np.array([2, 3]),
+                                  np.array([5, 6]))
 
 
 def test_repetition_stats_match_a_direct_count():

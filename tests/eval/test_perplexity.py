@@ -81,7 +81,7 @@ def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
     """One convention for plain text before a pretrained model (Tokenizer.document_start_ids):
     the </s> that ended the document before, as in the token shards — never <s>."""
     import llmkit.decoding
-    from llmkit.api import GenerateConfig, generate_texts
+    from llmkit.generation import GenerateConfig, generate_texts
     from llmkit.data.ppl_filter import ModelScorer, PplFilterConfig
     from llmkit.eval.choice import continuation_requests
     from llmkit.eval.generation import prompt_ids

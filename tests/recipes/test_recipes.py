@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from llmkit.cli.app import COMMANDS
 from llmkit.config import load_recipe
 from llmkit.errors import ConfigError
-from llmkit.recipes import STAGE_CONFIGS, check_recipe
+from llmkit.recipes import check_recipe
+from llmkit.stages import CONFIGURED, STAGES
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].glob("recipes/*/recipe.yaml"))
 
@@ -24,7 +24,7 @@ def test_recipe_parses_against_the_stage_configs(path):
 
 
 def test_every_configurable_command_has_a_config_class():
-    assert set(STAGE_CONFIGS) == set(COMMANDS) - {"status"}
+    assert set(CONFIGURED) == {s.command for s in STAGES} - {"status", "config"}
 
 
 def test_a_typo_in_a_recipe_names_the_section_and_key():

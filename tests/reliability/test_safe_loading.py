@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from llmkit.api import load_model
+from llmkit.train.loading import load_model
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
 from llmkit.train import checkpoint as ckpt

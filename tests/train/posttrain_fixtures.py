@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from llmkit.model import ModelConfig, Transformer
-from llmkit.tokenizer import (CONFIG_FILE, MODEL_FILE, Tokenizer, TokenizerConfig,
-                              tokenizer_config_json, train_sentencepiece)
+from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
 from llmkit.train import checkpoint as ckpt
 
 LETTERS = "abcdefgh"

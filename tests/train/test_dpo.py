@@ -9,8 +9,9 @@ from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
                               run_dpo)
-from llmkit.train.losses import sequence_logps, token_logps
-from llmkit.api import load_model
+from llmkit.train.loading import load_model
+from llmkit.train.losses import token_logps
+from tests.train.reference_losses import sequence_logps
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (constant_model, make_tokenizer, preference_rows,
                                             separable_pairs, tiny_model, write_checkpoint_run,

@@ -1,7 +1,6 @@
 import copy
 import dataclasses
 import json
-import math
 
 import pytest
 import torch
@@ -9,179 +8,17 @@ import torch
 from llmkit.errors import ConfigError, UserError
 from llmkit.decoding import left_pad
 from llmkit.model import ModelConfig, Transformer
+from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
-from llmkit.train.ppo import (AdaptiveKLController, PPOConfig, PPOTask, Prompt, build_actor_critic,
-                              mixed_scorer, select_rows,
-                              RunningMoments, Samples, clip_scores, clipped_policy_loss,
-                              clipped_value_loss, entropy_from_logits, gae,
-                              group_relative_advantages, kl_estimate, logprobs_of,
-                              masked_mean, response_mask_of, run_ppo, token_rewards, verify_scorer,
-                              whiten)
+from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
+from llmkit.train.rollouts import Prompt, Samples, response_mask_of, select_rows
 from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, memorizing_model, preference_rows,
                                             tiny_model, write_checkpoint_run, write_dataset)
 
 
-# ---- pure functions against hand-computed cases ------------------------------------------------
-
-
-def test_gae_matches_hand_computation_and_ignores_padding():
-    rewards = torch.tensor([[0.0, 0.0, 1.0, 9.0]])  # the 9 sits on padding and must not count
-    values = torch.tensor([[0.5, 0.4, 0.3, 7.0]])
-    mask = torch.tensor([[1, 1, 1, 0]])
-    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8)
-    # δ2 = 1 − 0.3 = 0.7;  δ1 = 0.9·0.3 − 0.4 = −0.13;  δ0 = 0.9·0.4 − 0.5 = −0.14
-    a2 = 0.7
-    a1 = -0.13 + 0.72 * a2
-    a0 = -0.14 + 0.72 * a1
-    assert advantages.tolist()[0] == pytest.approx([a0, a1, a2, 0.0])
-    assert returns.tolist()[0] == pytest.approx([a0 + 0.5, a1 + 0.4, a2 + 0.3, 0.0])
-
-
-def test_gae_with_gamma_lambda_one_is_reward_to_go_minus_value():
-    rewards = torch.tensor([[1.0, 2.0, 3.0]])
-    values = torch.tensor([[0.5, 0.5, 0.5]])
-    advantages, returns = gae(rewards, values, torch.ones(1, 3), gamma=1.0, lam=1.0)
-    assert advantages.tolist()[0] == pytest.approx([5.5, 4.5, 2.5])
-    assert returns.tolist()[0] == pytest.approx([6.0, 5.0, 3.0])
-
-
-def test_whiten_gives_zero_mean_unit_std_over_masked_positions():
-    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    w = whiten(x, mask)
-    real = w[mask.bool()]
-    assert real.mean().item() == pytest.approx(0.0, abs=1e-6)
-    assert real.std().item() == pytest.approx(1.0, abs=1e-6)  # unbiased, as torch.std
-    expected = (torch.tensor([1.0, 2, 3, 4, 5]) - 3) / math.sqrt(2.5)
-    assert real.tolist() == pytest.approx(expected.tolist(), abs=1e-6)
-    assert w[~mask.bool()].abs().sum() == 0
-
-
-def test_whiten_without_mean_shift_keeps_the_mean():
-    x = torch.tensor([[1.0, 3.0]])
-    w = whiten(x, torch.ones(1, 2), shift_mean=False)
-    assert w.tolist()[0] == pytest.approx([2 - 1 / math.sqrt(2), 2 + 1 / math.sqrt(2)], abs=1e-6)
-
-
-def test_k1_and_k3_estimators():
-    logp = torch.tensor([math.log(0.5), math.log(0.2)])
-    ref = torch.tensor([math.log(0.25), math.log(0.4)])
-    assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx([math.log(2), math.log(0.5)])
-    # k3 = ρ − 1 − log ρ with ρ = π_ref / π
-    assert kl_estimate(logp, ref, "k3").tolist() == pytest.approx(
-        [0.5 - 1 - math.log(0.5), 2 - 1 - math.log(2)])
-    same = kl_estimate(logp, logp, "k3")
-    assert same.abs().max() == 0 and kl_estimate(logp, logp, "k1").abs().max() == 0
-    with pytest.raises(ValueError, match="k2"):
-        kl_estimate(logp, ref, "k2")
-
-
-def test_k1_and_k3_are_unbiased_estimates_of_the_true_kl():
-    p = torch.tensor([0.6, 0.3, 0.1])
-    q = torch.tensor([0.2, 0.5, 0.3])
-    true_kl = (p * (p / q).log()).sum().item()
-    logp, logq = p.log(), q.log()
-    for estimator in ("k1", "k3"):  # expectation under p, computed exactly
-        assert (p * kl_estimate(logp, logq, estimator)).sum().item() == pytest.approx(true_kl)
-
-
-def test_clipped_policy_loss_equals_the_ppo_formula():
-    old = torch.zeros(1, 4)
-    ratios = torch.tensor([[1.5, 0.5, 1.1, 0.7]])
-    advantages = torch.tensor([[1.0, 1.0, -2.0, -1.0]])
-    mask = torch.tensor([[1, 1, 1, 1]])
-    loss, clipfrac = clipped_policy_loss(ratios.log(), old, advantages, mask, clip_range=0.2)
-    # per token: max(−A·ρ, −A·clip(ρ, 0.8, 1.2))
-    per_token = [max(-1.0 * 1.5, -1.0 * 1.2),   # A>0, ρ above the range: clipped -> −1.2
-                 max(-1.0 * 0.5, -1.0 * 0.8),   # A>0, ρ below: unclipped −0.5 (pessimistic)
-                 max(2.0 * 1.1, 2.0 * 1.1),     # inside the range
-                 max(1.0 * 0.7, 1.0 * 0.8)]     # A<0, ρ below: clipped 0.8
-    assert loss.item() == pytest.approx(sum(per_token) / 4)
-    assert clipfrac.item() == pytest.approx(2 / 4)
-
-
-def test_clipped_policy_loss_gradient_vanishes_where_clipped():
-    logp = torch.tensor([[math.log(1.5), math.log(1.1)]], requires_grad=True)
-    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), 0.2)
-    loss.backward()
-    assert logp.grad[0, 0] == 0  # clipped: no incentive to move further
-    assert logp.grad[0, 1].item() == pytest.approx(-1.1 / 2)
-
-
-def test_clipped_policy_loss_ignores_padding():
-    logp = torch.tensor([[0.1, 5.0]])
-    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 2), torch.ones(1, 2),
-                                  torch.tensor([[1, 0]]), 0.2)
-    assert loss.item() == pytest.approx(-math.exp(0.1))
-
-
-def test_clipped_value_loss_equals_its_formula():
-    values = torch.tensor([[1.0, 0.0, 2.0]])
-    old = torch.tensor([[0.0, 0.0, 1.9]])
-    returns = torch.tensor([[0.5, 1.0, 0.0]])
-    loss, clipfrac = clipped_value_loss(values, old, returns, torch.ones(1, 3), clip_range=0.2)
-    # V_clip = [0.2, 0.0, 2.0]
-    per_token = [max((1.0 - 0.5) ** 2, (0.2 - 0.5) ** 2), max(1.0, 1.0), max(4.0, 4.0)]
-    assert loss.item() == pytest.approx(0.5 * sum(per_token) / 3)
-    assert clipfrac.item() == 0.0
-    values = torch.tensor([[1.0]])  # moved away from the return: the clipped error is larger
-    loss, clipfrac = clipped_value_loss(values, torch.zeros(1, 1), torch.full((1, 1), 3.0),
-                                        torch.ones(1, 1), clip_range=0.2)
-    assert loss.item() == pytest.approx(0.5 * 2.8 ** 2) and clipfrac.item() == 1.0
-
-
-def test_group_relative_advantages_are_zero_mean_unit_std_per_group():
-    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0, 3.0, 3.0, 0.0, 1.0, 2.0, 5.0])
-    adv = group_relative_advantages(scores, group_size=4).view(3, 4)
-    assert adv.mean(-1).abs().max().item() < 1e-6
-    assert adv[0].tolist() == pytest.approx([0.5 / (0.57735 + 1e-4) * x for x in (1, -1, -1, 1)],
-                                            rel=1e-4)
-    assert adv[1].abs().max() == 0  # every sample scored the same: no signal
-    assert adv[2].std().item() == pytest.approx(1.0, rel=1e-3)
-    with pytest.raises(ValueError, match="groups of 5"):
-        group_relative_advantages(scores, group_size=5)
-
-
-def test_token_rewards_put_the_score_on_the_last_real_token():
-    kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    rewards = token_rewards(torch.tensor([2.0, -1.0]), kl, mask, kl_coef=0.5)
-    assert rewards.flatten().tolist() == pytest.approx([-0.05, -0.1, -0.15 + 2.0, -0.2 - 1.0, 0.0, 0.0])
-
-
-def test_clip_scores():
-    assert clip_scores(torch.tensor([-9.0, 1.0, 7.0]), 5.0).tolist() == [-5.0, 1.0, 5.0]
-    assert clip_scores(torch.tensor([-9.0]), None).tolist() == [-9.0]
-
-
-def test_adaptive_kl_controller_moves_beta_towards_the_target():
-    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
-    ctl.update(current_kl=12.0, n_steps=100)  # error clipped to +0.2
-    assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 100 / 10000))
-    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
-    ctl.update(current_kl=5.7, n_steps=100)  # error −0.05
-    assert ctl.value == pytest.approx(0.1 * (1 - 0.05 * 100 / 10000))
-
-
-def test_running_moments_match_the_statistics_of_everything_seen():
-    moments = RunningMoments()
-    chunks = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([10.0]), torch.tensor([-4.0, 0.5])]
-    for c in chunks:
-        moments.update(c)
-    everything = torch.cat(chunks).double()
-    assert moments.mean == pytest.approx(everything.mean().item())
-    assert moments.std == pytest.approx(everything.std(unbiased=False).item())
-    assert moments.normalize(torch.tensor([moments.mean])).item() == pytest.approx(0.0, abs=1e-6)
-
-
-def test_entropy_and_logprobs_from_logits():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0]]])
-    assert entropy_from_logits(logits)[0, 0].item() == pytest.approx(math.log(4))
-    p = torch.softmax(logits[0, 1], -1)
-    assert entropy_from_logits(logits)[0, 1].item() == pytest.approx(-(p * p.log()).sum().item())
-    lp = logprobs_of(logits, torch.tensor([[2, 0]]))
-    assert lp.tolist()[0] == pytest.approx([math.log(0.25), p[0].log().item()])
+# ---- rollouts (the per-token maths are tested in tests/train/test_losses.py, the scorers in
+# tests/test_rewards.py) ---------------------------------------------------------------------------
 
 
 def test_left_pad_and_response_mask():
@@ -192,12 +29,6 @@ def test_left_pad_and_response_mask():
     assert response_mask_of(responses, [9, 8]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0],
                                                             [1, 1, 1, 1]]
     assert response_mask_of(responses, []).tolist() == [[1] * 4] * 3
-
-
-def test_masked_mean_along_a_dimension():
-    x = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert masked_mean(x, mask, dim=1).tolist() == [2.0, 2.0]
 
 
 # ---- the task on a tiny model ------------------------------------------------------------------
@@ -222,10 +53,10 @@ def tiny_setup(algo="ppo", max_steps=20, scorer=fraction_of_target, tie_embeddin
     settings = dict(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
                     ppo_epochs=2, max_new_tokens=6, kl_coef=0.01, max_steps=max_steps,
                     micro_batch_size=8, lr=2e-2, min_lr=2e-2, peak_flops=1e9)
-    cfg = PPOConfig(**{**settings, **overrides})
+    cfg = PpoConfig(**{**settings, **overrides})
     prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
     model = build_actor_critic(policy, cfg)
-    task = PPOTask(model, reference, prompts, scorer, cfg, stop_ids=[], pad_id=0,
+    task = PpoTask(model, reference, prompts, scorer, cfg, stop_ids=[], pad_id=0,
                    decode=lambda ids: " ".join(map(str, ids)))
     return task, cfg
 
@@ -356,14 +187,14 @@ def test_entropy_coef_subtracts_the_entropy_bonus_and_its_gradient():
 
 
 def test_separate_value_model_trains_its_own_trunk_and_leaves_the_policy_alone(tmp_path):
-    from llmkit.train.rm import RewardModel
+    from llmkit.train.reward_model import RewardModel
 
     torch.manual_seed(1)
     rm = RewardModel(Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
                                              n_kv_heads=1, intermediate_size=64, max_seq_len=16,
                                              tie_embeddings=False)))
     policy = tiny_setup(tie_embeddings=False)[0].model.policy
-    started = build_actor_critic(policy, PPOConfig(value_model="separate", micro_batch_size=8), rm)
+    started = build_actor_critic(policy, PpoConfig(value_model="separate", micro_batch_size=8), rm)
     # InstructGPT's start: the value model is a copy of the reward model, head included
     assert started.value_trunk is not rm.trunk
     for name, value in rm.state_dict().items():
@@ -382,18 +213,6 @@ def test_separate_value_model_trains_its_own_trunk_and_leaves_the_policy_alone(t
     assert frozen == ["value_trunk.lm_head.weight"]  # a value trunk never predicts tokens
     unchanged = sorted(k for k in before if torch.equal(before[k], after[k]))
     assert unchanged == frozen
-
-
-def test_mixed_scorer_adds_the_weighted_verifiable_reward():
-    samples = Samples(torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.long), 2,
-                      torch.ones(3, 2, dtype=torch.long), ["42", "41", " 42 "], ["42", "42", "42"])
-
-    class FixedRewardModel(torch.nn.Module):
-        def forward(self, input_ids, attention_mask):
-            return torch.tensor([0.5, -1.0, 2.0])
-
-    assert mixed_scorer(FixedRewardModel(), 2.0)(samples).tolist() == [2.5, -1.0, 4.0]
-    assert mixed_scorer(FixedRewardModel(), 2.0, partial=True)(samples).tolist() == [2.5, 0.0, 4.0]
 
 
 # ---- the make fragment ----------------------------------------------------------------------------
@@ -434,7 +253,7 @@ def prompt_rows(n: int, start: int = 0) -> list[dict]:
 
 @pytest.fixture
 def stage_ws(tmp_path, tok):
-    from llmkit.train.rm import RewardModel
+    from llmkit.train.reward_model import RewardModel
 
     ws = tmp_path / "ws"
     write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
@@ -452,7 +271,7 @@ def run_stage(make_ctx, reward_model=None, policy="sft", eval_data="prompts_eval
                 max_new_tokens=4, seq_len=64, eval_records=4, lr=1e-3, min_lr=1e-3)
     ctx = make_ctx(inputs=["prompts_train"], **({"out": out} if out else {}))
     ctx.overrides = {k: _Raw(str(v)) for k, v in {**base, **overrides}.items()}
-    return run_ppo(ctx, ctx.config(PPOConfig, "ppo"), policy=policy, reward_model=reward_model,
+    return run_ppo(ctx, ctx.config(PpoConfig, "ppo"), policy=policy, reward_model=reward_model,
                    eval_data=eval_data)
 
 
@@ -468,7 +287,7 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
                                                                          answers_42):
     """The policy answers 42 to every sum; half the held-out sums are 42 and the others 41 and 40
     (similarity 0.5 each), and two small steps do not change a greedy answer."""
-    from llmkit.api import load_model
+    from llmkit.train.loading import load_model
 
     write_checkpoint_run(stage_ws, "sft42", answers_42, tok)
     write_dataset(stage_ws, "sums_eval", [{"id": f"e{i}", "prompt": f"What is {a}+{b}?", "answer": str(a + b)}
@@ -517,13 +336,6 @@ def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, st
     for when in ("base_", ""):
         # "42" against 42, 42, 41 and 45: right twice, and half right (one digit of two) twice
         assert (b.stats[f"{when}accuracy"], b.stats[f"{when}similarity"]) == (0.5, 0.75)
-
-
-def test_verify_scorer_gives_partial_credit_when_asked():
-    samples = Samples(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), 1,
-                      torch.ones(2, 2, dtype=torch.long), ["c b x", "c b a"], ["c b a", "c b a"])
-    assert verify_scorer()(samples).tolist() == [0.0, 1.0]
-    assert verify_scorer(partial=True)(samples).tolist() == pytest.approx([0.8, 1.0])
 
 
 def test_stage_rejects_a_model_reward_without_a_reward_model(make_ctx, stage_ws):

@@ -5,7 +5,9 @@ import torch
 
 from llmkit.config import _Raw
 from llmkit.errors import UserError
-from llmkit.train.rm import RewardModel, RmConfig, load_reward_model, run_rm
+from llmkit.train.loading import load_reward_model
+from llmkit.train.reward_model import RewardModel
+from llmkit.train.rm import RmConfig, run_rm
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (make_tokenizer, separable_pairs, tiny_model,
                                             write_checkpoint_run, write_dataset)

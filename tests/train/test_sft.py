@@ -3,13 +3,14 @@ import json
 import pytest
 import torch
 
-from llmkit.api import load_model
 from llmkit.data.chat import collate_sft, encode_conversation, packed_row
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.losses import sft_loss, token_logps
-from llmkit.train.sft import (SftConfig, evaluate_exact_match, generate_replies,
-                              labelled_token_logps, run_sft)
+from llmkit.train.losses import token_logps
+from llmkit.train.loading import load_model
+from llmkit.train.posttrain import evaluate_exact_match, generate_replies, labelled_token_logps
+from llmkit.train.sft import SftConfig, run_sft
 from tests.make_fragments import make_command
+from tests.train.reference_losses import sft_loss
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,
                                             write_checkpoint_run, write_dataset)
 

@@ -1,0 +1,154 @@
+"""Finding and loading checkpoints: a name in the workspace or a path, a run folder or one of
+its step folders, into a model (language or reward) and the tokenizer it carries.
+
+`llmkit.load` and every stage that starts from a checkpoint (`--from`, `--ref`, `--reward`,
+eval, export) read through here; the files themselves are read by `train.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.train.checkpoint import (TOKENIZER, WEIGHTS, is_complete, load_weights, resolve_step_dir,
+                                     step_dirs, step_of)
+
+CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
+
+
+def load(name_or_path, device=None, workspace=None):
+    """(Transformer in eval mode, Tokenizer) of a checkpoint run (its `latest`) or a step folder,
+    named in `workspace` (default $LLMKIT_WORKSPACE, else ./workspace) or given as a path.
+
+    The model is float32 on `device` (default CPU); `model(input_ids)` returns logits
+    [batch, seq, vocab] and `generate` completes prompts. `model.trained_on_chats` says whether
+    the run was trained on chats (an sft / dpo / ppo run): `generate` then uses the chat template."""
+    from llmkit.workspace import Workspace
+
+    root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
+    model, step_dir = load_model(find_checkpoint(Workspace(root), name_or_path), device)
+    tokenizer = load_tokenizer(step_dir)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(f"{step_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                        f"vocab_size is {model.config.vocab_size}; the checkpoint's tokenizer/ folder "
+                        "belongs to another model")
+    model.trained_on_chats = trained_on_chats(step_dir)
+    return model, tokenizer
+
+
+def trained_on_chats(step_dir) -> bool:
+    """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its manifest."""
+    from llmkit.workspace import MANIFEST, Artifact
+
+    step_dir = Path(step_dir)
+    run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
+    return run is not None and Artifact.open(run).stage in CHAT_STAGES
+
+
+def load_model(path, device=None):
+    """(Transformer in eval mode, the step folder it came from) of a language-model checkpoint."""
+    from llmkit.model import Transformer
+    from llmkit.train.reward_model import HEAD_KEY
+
+    step_dir = checkpoint_step_dir(path)
+    state_dict, config = load_weights(step_dir)
+    if config.get(HEAD_KEY):
+        raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; start from a "
+                        "pretrain / sft / dpo checkpoint (a reward model loads with "
+                        "llmkit.train.loading.load_reward_model)")
+    if "model_type" in config:
+        raise UserError(f"{step_dir} holds a Hugging Face transformers config.json; turn the folder into an "
+                        "llmkit checkpoint with `llmkit import --from DIR --out NAME` first")
+    model = Transformer(model_config_from(config, step_dir))
+    try:
+        model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:
+        raise UserError(f"{step_dir}: model.safetensors does not fit config.json ({str(e)[:300]}); the "
+                        "checkpoint is damaged or mixes two models") from None
+    return model.to(device or "cpu").eval(), step_dir
+
+
+def load_tokenizer(step_dir):
+    """The tokenizer a step folder carries (its `tokenizer/` copy)."""
+    from llmkit.tokenizer import Tokenizer
+
+    folder = Path(step_dir) / TOKENIZER
+    if not folder.is_dir():
+        raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; llmkit checkpoints carry their tokenizer "
+                        "(an imported model needs `llmkit import --tokenizer DIR`)")
+    return Tokenizer(folder)
+
+
+def checkpoint_step_dir(path) -> Path:
+    """The step folder `path` names: itself, or a run's `latest` (else newest complete) step."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path} does not exist; give a checkpoint run (a folder of step-* folders) or "
+                        "one of its step-* folders")
+    if step_of(path) is not None and not is_complete(path):
+        raise UserError(f"{path} has no 'complete' marker: its save was interrupted; use another step "
+                        f"of {path.parent} or the run folder itself")
+    if step_of(path) is None and not (path / "model.safetensors").is_file():
+        started = step_dirs(path)
+        if started and not any(is_complete(p) for p in started):
+            raise UserError(f"{path} holds no complete checkpoint yet ({len(started)} interrupted save(s)); "
+                            "resume training with the same command to write one")
+    return resolve_step_dir(path)
+
+
+def find_checkpoint(workspace, name_or_path) -> Path:
+    """A checkpoint named in the workspace (`sft`), or a path to a run or step folder."""
+    return find_in_workspace(workspace, name_or_path, "checkpoint",
+                             "train one first (see `llmkit status`) or give a run or step folder")
+
+
+def find_in_workspace(workspace, name_or_path, what: str, hint: str) -> Path:
+    """`workspace/name_or_path` when it exists (an artifact name such as `sft` or `export/hf`),
+    else `name_or_path` as a path; a UserError saying where it looked, and `hint`, when neither."""
+    path = Path(name_or_path)
+    places = [path] if path.is_absolute() else [workspace.root / path, path]
+    for place in places:
+        if place.exists():
+            return place
+    looked = f"neither {places[0]} nor {path} exists" if len(places) == 2 else f"{path} does not exist"
+    raise UserError(f"no {what} {str(name_or_path)!r}: {looked}; {hint}")
+
+
+def starting_weights(workspace, from_: str):
+    """(input artifact, step folder) for --from: a checkpoint run (its latest) or one of its
+    step folders."""
+    from llmkit.workspace import Artifact
+
+    path = Path(from_)
+    if (path / WEIGHTS).is_file():
+        return Artifact.open(path.parent), path
+    art = workspace.artifact(from_)
+    return art, resolve_step_dir(art.path)
+
+
+def model_config_from(config: dict, path):
+    """ModelConfig of a checkpoint's config.json, without llmkit's own marker keys."""
+    import dataclasses
+
+    from llmkit.model import ModelConfig
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    try:
+        return ModelConfig(**{k: v for k, v in config.items() if k in fields})
+    except (TypeError, ConfigError) as e:
+        raise UserError(f"{path}: config.json is not an llmkit model config ({e})") from None
+
+
+def load_reward_model(path):
+    """The `RewardModel` of a checkpoint run (its latest step) or step folder, in eval mode."""
+    from llmkit.model import Transformer
+    from llmkit.train.reward_model import HEAD_KEY, REWARD_HEAD, RewardModel
+
+    state_dict, config = load_weights(path)
+    if config.get(HEAD_KEY) != REWARD_HEAD:
+        raise UserError(f"{path} is not a reward model (its config.json lacks "
+                        f'"{HEAD_KEY}": "{REWARD_HEAD}"); train one with `llmkit rm`')
+    reward_model = RewardModel(Transformer(model_config_from(config, path)))
+    reward_model.load_state_dict(state_dict, strict=True)
+    return reward_model.eval()

@@ -1,0 +1,78 @@
+"""The skeleton of every training stage (pretrain, sft, rm, dpo, ppo): one function, `fit_stage`.
+
+A trainer names its inputs and hands over a `prepare` function; `fit_stage` opens the
+checkpoint run (and stops there when it is up to date), calls `prepare` on every process to
+load the start and the data into a `Fit`, and inside the run builds the trainer's Task, scores
+the model before and after the engine trains it, records the stats (main process) and prints
+the summary:
+
+    def run_sft(ctx, cfg, base, eval_data=None):
+        base_art, base_step, data_art, eval_art = post_training_inputs(...)
+
+        def prepare() -> Fit:
+            model, tokenizer = load_start(base_step, cfg)
+            ...
+            return Fit(lambda dist: SftTask(model, ...), tokenizer.path, sft_summary, model=model, ...)
+
+        return fit_stage(ctx, "sft", cfg, [base_art, data_art, eval_art], prepare)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# the stats most stages take from the engine's last logged record: stat name -> record key
+LOSSES = {"final_loss": "loss", "val_loss": "val_loss"}
+
+
+@dataclass
+class Fit:
+    """What a trainer hands `fit_stage` once its start and data are loaded (on every process)."""
+
+    task: Callable  # (DistEnv) -> Task, built inside the run: batches are sharded by rank
+    tokenizer_dir: Path  # copied into every checkpoint
+    summary: Callable[[dict], list]  # the stats -> the summary lines between "steps" and "seconds"
+    model: Any = None  # the start: moved to the device before `score` and the Task see it
+    model_config: Any = None  # each checkpoint's config.json; None = the Task model's `config`
+    score: Callable | None = None  # (model, DistEnv) -> {name: value}: recorded as base_<name>
+    #                                 (before training) and <name> (after)
+    stats: dict = field(default_factory=dict)  # what is known before training (data counts)
+    metrics: dict = field(default_factory=dict)  # stat name -> key of the engine's last record
+    after: Callable | None = None  # (FitResult, Task) -> the stats only the finished run knows
+    extra: dict = field(default_factory=dict)  # manifest entries beside the stats
+
+
+def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
+    """Train the checkpoint run `stage` (or ctx's --out) from `inputs` (None entries dropped, the
+    rest in the order the run records them); returns its builder."""
+    from llmkit.progress import print_summary
+    from llmkit.train.checkpoint import open_run, training_run
+    from llmkit.train.engine import Engine
+
+    b, plan = open_run(ctx, stage, cfg, [a for a in inputs if a is not None])
+    if b.up_to_date:
+        return b
+    fit = prepare()
+    b.extra.update(fit.extra)
+    with training_run(b, plan) as dist:
+        if fit.model is not None:
+            fit.model.to(dist.device)
+        before = fit.score(fit.model, dist) if fit.score else {}
+        task = fit.task(dist)
+        result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=fit.tokenizer_dir,
+                        model_config=fit.model_config).fit()
+        after = fit.score(fit.model, dist) if fit.score else {}
+        if dist.is_main:
+            b.stats.update(fit.stats, steps=result.step, tokens_seen=result.tokens_seen)
+            b.stats.update({name: result.metrics.get(key) for name, key in fit.metrics.items()})
+            b.stats.update(fit.after(result, task) if fit.after else {})
+            for name, value in after.items():
+                b.stats.update({f"base_{name}": before[name], name: value})
+    if dist.is_main:
+        print_summary(f"{b.name} done", [("steps", result.step), *fit.summary(b.stats),
+                                         ("seconds", round(time.time() - b.started, 1))])
+    return b
