@@ -32,7 +32,7 @@ def eval_input(ws, spec: str) -> Artifact:
 def resolve_checkpoint(ws, spec: str, step: str | None = None):
     """(run artifact, step folder name) of `--from`: one of a run's step folders, or a run and
     `step` (default its latest complete one)."""
-    from llmkit.api import checkpoint_step_dir
+    from llmkit.train.loading import checkpoint_step_dir
     from llmkit.train.checkpoint import step_of
 
     path = Path(spec)
@@ -72,23 +72,15 @@ def read_rows(art: Artifact, limit: int | None = None, columns: list[str] | None
 
 
 def _jsonl_rows(path: Path, limit: int | None) -> list[dict]:
-    import gzip
+    from llmkit.data.io import read_jsonl
 
     rows = []
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{path}:{n}: malformed JSON ({e}); fix or remove the line") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object per line")
-            rows.append(row)
+    for n, row in read_jsonl(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{n}: expected a JSON object per line")
+        rows.append(row)
     return rows
 
 
