@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
+from llmkit.train.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -97,7 +98,9 @@ def run(line: str) -> str:
         return result.output
     at = argv.index(llmkit)
     launcher, command = argv[:at], tiny(["llmkit", *argv[at + 1:]])
-    argv = [str(bin_dir / launcher[0]), *launcher[1:], llmkit, *command[1:]]
+    # a port of its own: the launchers' default (29500) may still be held by an earlier test's run
+    port = ["--master_port", str(free_port())]
+    argv = [str(bin_dir / launcher[0]), *port, *launcher[1:], llmkit, *command[1:]]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"README: `{line}` exited {done.returncode}:\n{done.stderr[-3000:]}"
@@ -143,3 +146,13 @@ def test_every_readme_python_example_runs(scratch, monkeypatch):
     monkeypatch.chdir(scratch[0])
     for block in readme_blocks("python"):
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_the_architecture_map_names_the_package_as_it_is():
+    section = (REPO / "README.md").read_text().split("## Architecture", 1)[1]
+    tree = FENCE.search(section).group(2)
+    package = REPO / "llmkit"
+    named = set(re.findall(r"\b(\w+\.py|\w+/)", tree)) - {"llmkit/"}
+    assert not [n for n in named if not (package / n).exists() and not list(package.glob(f"*/{n}"))]
+    folders = {f"{p.name}/" for p in package.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert folders <= named, folders - named
