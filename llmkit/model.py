@@ -1,5 +1,7 @@
 """The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
-attention and a Mixtral-style mixture of experts.
+attention and a Mixtral-style mixture of experts; the deltas of the public families llmkit imports are
+fields of ModelConfig: an explicit head_dim (Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5),
+q/k norm (Qwen3), Llama 3.1's RoPE scaling.
 
 Parameter names and the RoPE layout are those of Hugging Face `LlamaForCausalLM` (`MixtralForCausalLM`
 on-disk names for MoE), so `model.state_dict()` loads into transformers as is (`llmkit.hf.mapping`
@@ -59,26 +61,37 @@ class ModelConfig:
     n_layers: int = 6  # transformer blocks
     n_heads: int = 6  # query heads; head_dim = hidden_size // n_heads
     n_kv_heads: int = 2  # key/value heads; fewer than n_heads = grouped-query attention
+    head_dim: int | None = None  # width of one attention head; None = hidden_size // n_heads
     intermediate_size: int = 1024  # SwiGLU inner width (per expert when n_experts > 0)
     max_seq_len: int = 512  # longest sequence (prompt + generation); RoPE tables are built up to it
     rope_theta: float = 10000.0  # RoPE base frequency
+    rope_scaling: dict | None = None  # long-context RoPE: {"rope_type": "llama3", "factor", "low_freq_factor",
+    #                                   "high_freq_factor", "original_max_position_embeddings"}; None = plain
     norm: str = "rmsnorm"  # "rmsnorm" or "layernorm" (layernorm has no HF Llama equivalent: no export)
     norm_eps: float = 1e-5  # epsilon inside every norm
     sliding_window: int | None = None  # a token sees itself and the window-1 tokens before it; None = all
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
+    attention_bias: bool = False  # a bias on the q, k and v projections, none on o (Qwen2 / Qwen2.5)
+    qk_norm: bool = False  # RMSNorm over each head of q and of k before RoPE (Qwen3)
     n_experts: int = 0  # 0 = dense SwiGLU MLP; >= 2 = top-k mixture of experts in every block
     experts_top_k: int = 2  # experts each token is routed to (MoE only)
     router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss put in model.aux_loss
     init_std: float = 0.02  # std of the normal init; residual projections get init_std / sqrt(2 * n_layers)
+    family: str | None = None  # the Hugging Face model_type `llmkit export` writes (import sets it);
+    #                            None = the one the features above need (llmkit.hf.mapping)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
                      "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.n_heads or (self.hidden_size // self.n_heads) % 2:
-            raise ConfigError(f"model.hidden_size ({self.hidden_size}) must split into n_heads ({self.n_heads}) "
-                              "heads of even size (RoPE rotates pairs)")
+        if self.head_dim is None:
+            if self.hidden_size % self.n_heads:
+                raise ConfigError(f"model.hidden_size ({self.hidden_size}) must split into n_heads "
+                                  f"({self.n_heads}) heads, or set model.head_dim")
+            self.head_dim = self.hidden_size // self.n_heads
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise ConfigError(f"model.head_dim must be even and >= 2 (RoPE rotates pairs), got {self.head_dim}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_heads ({self.n_heads}) must be a multiple of "
                               f"n_kv_heads ({self.n_kv_heads})")
@@ -93,10 +106,28 @@ class ModelConfig:
                               f"got {self.experts_top_k}")
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.router_aux_loss_coef < 0:
             raise ConfigError("model.rope_theta, norm_eps and init_std must be > 0, router_aux_loss_coef >= 0")
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling)
+        if self.family is not None and self.family not in FAMILIES:
+            raise ConfigError(f"model.family {self.family!r} is not one llmkit implements; "
+                              f"choose one of {', '.join(FAMILIES)} or null")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.n_heads
+
+# the Hugging Face families this file implements (llmkit.hf.mapping reads and writes their configs)
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rope_scaling(scaling: dict) -> None:
+    kind = scaling.get("rope_type")
+    if kind != "llama3":
+        raise ConfigError(f"model.rope_scaling rope_type {kind!r} is not implemented; llmkit implements "
+                          "plain RoPE (rope_scaling null) and 'llama3'")
+    missing = [k for k in LLAMA3_ROPE_KEYS if not isinstance(scaling.get(k), (int, float))]
+    if missing:
+        raise ConfigError(f"model.rope_scaling (llama3) needs numbers for {', '.join(missing)}")
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"] or scaling["factor"] <= 0:
+        raise ConfigError("model.rope_scaling (llama3) needs factor > 0 and high_freq_factor > low_freq_factor")
 
 
 # Shapes only; vocab_size is a placeholder the tokenizer overrides.
@@ -147,9 +178,24 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [max_seq_len, head_dim] in the HF Llama layout (frequencies repeated over both halves)."""
     inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim)
+    if cfg.rope_scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, cfg.rope_scaling)
     angles = torch.outer(torch.arange(cfg.max_seq_len, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's long-context frequencies: wavelengths longer than the original context / low_freq_factor
+    are stretched by `factor`, shorter than original / high_freq_factor kept, those between interpolated
+    (transformers' _compute_llama3_parameters)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    stretched = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    between = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(between, (1 - smooth) * stretched / factor + smooth * stretched, stretched)
 
 
 def rotate_half(x):
@@ -162,15 +208,22 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps), RMSNorm(cfg.head_dim, cfg.norm_eps)
 
     def forward(self, x, cos, sin, mask, is_causal, kv_cache):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
@@ -325,7 +378,8 @@ class Transformer(nn.Module):
         self.init_weights()
 
     def init_weights(self, seed: int | None = None):
-        """Normal(0, init_std) weights, GPT-2's 1/sqrt(2 * n_layers) on residual projections, unit norms.
+        """Normal(0, init_std) weights, GPT-2's 1/sqrt(2 * n_layers) on residual projections, unit norms,
+        zero biases.
         With a seed the result does not depend on the global RNG. Also rebuilds the RoPE tables, so a
         model materialised from the meta device (to_empty) is complete after this call."""
         cfg = self.config
@@ -338,7 +392,9 @@ class Transformer(nn.Module):
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         residual_projections = ("o_proj.weight", "down_proj.weight", "w2.weight")
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:
                 nn.init.ones_(p)
             else:
                 std = residual_std if name.endswith(residual_projections) else cfg.init_std

@@ -1,13 +1,15 @@
 """Hugging Face interchange of the model: config.json <-> ModelConfig and transformers' weight names
-<-> llmkit's (the same names: `Transformer` follows `LlamaForCausalLM`, and `MixtralForCausalLM`'s
-on-disk names for MoE), for `llmkit export` (to_*) and `llmkit import` (from_*)."""
+<-> llmkit's (the same names: `Transformer` follows `LlamaForCausalLM`, Qwen2's q/k/v biases, Qwen3's
+q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE), for `llmkit export` (to_*) and
+`llmkit import` (from_*), for the families of `llmkit.model.FAMILIES`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
-from llmkit.model import ModelConfig
+from llmkit.model import FAMILIES, LLAMA3_ROPE_KEYS, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -15,23 +17,52 @@ if TYPE_CHECKING:
     from llmkit.model import Transformer
 
 
-def to_hf_config(cfg: ModelConfig) -> dict:
-    """config.json for transformers: LlamaForCausalLM; MistralForCausalLM when a sliding window is set
-    (Llama has none; same parameter names); MixtralForCausalLM for MoE."""
+def hf_family(cfg: ModelConfig) -> str:
+    """The transformers model_type a model exports as: the family it was imported from, else the one
+    its features need (q/k norm: qwen3; q/k/v bias: qwen2; experts: mixtral; a window: mistral;
+    else llama). A family that cannot express the features is a ConfigError."""
     if cfg.norm != "rmsnorm":
-        raise ConfigError("model.norm='layernorm' has no Hugging Face Llama equivalent; export needs rmsnorm")
-    model_type = "mixtral" if cfg.n_experts else ("mistral" if cfg.sliding_window else "llama")
+        raise ConfigError("model.norm='layernorm' has no Hugging Face equivalent; export needs rmsnorm")
+    family = cfg.family or features_family(cfg)
+    needs = {"qwen3": dict(qk_norm=True, attention_bias=False, n_experts=0),
+             "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0),
+             "mixtral": dict(qk_norm=False, attention_bias=False),
+             "mistral": dict(qk_norm=False, attention_bias=False, n_experts=0),
+             "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None)}[family]
+    wrong = [k for k, v in needs.items() if (getattr(cfg, k) or 0) != (v or 0)]
+    if wrong:
+        raise ConfigError(f"a {family} model cannot have {', '.join(f'{k}={getattr(cfg, k)}' for k in wrong)}")
+    return family
+
+
+def features_family(cfg: ModelConfig) -> str:
+    return ("qwen3" if cfg.qk_norm else "qwen2" if cfg.attention_bias else
+            "mixtral" if cfg.n_experts else "mistral" if cfg.sliding_window else "llama")
+
+
+def to_hf_config(cfg: ModelConfig) -> dict:
+    """config.json for transformers' <Family>ForCausalLM (hf_family), with the RoPE settings in both
+    spellings: rope_theta / rope_scaling (transformers 4) and rope_parameters (transformers 5)."""
+    family = hf_family(cfg)
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
     out = dict(
-        architectures=[f"{model_type.capitalize()}ForCausalLM"], model_type=model_type,
+        architectures=[ARCHITECTURES[family]], model_type=family,
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,  # rope_theta for transformers 4, parameters for 5
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std, attention_bias=False,
+        rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, rope_parameters=rope,
+        tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
     )
-    if model_type == "llama":
+    if cfg.rope_scaling:
+        out["rope_scaling"] = cfg.rope_scaling
+    if family in ("llama", "qwen3"):
+        out["attention_bias"] = False
+    if family == "llama":
         out["mlp_bias"] = False
+    elif family in ("qwen2", "qwen3"):
+        # transformers windows the layers from max_window_layers on; llmkit windows all or none
+        out.update(use_sliding_window=cfg.sliding_window is not None, sliding_window=cfg.sliding_window,
+                   max_window_layers=0 if cfg.sliding_window else cfg.n_layers)
     else:
         out["sliding_window"] = cfg.sliding_window
     if cfg.n_experts:
@@ -41,42 +72,77 @@ def to_hf_config(cfg: ModelConfig) -> dict:
     return out
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 def from_hf_config(hf: dict) -> ModelConfig:
-    """ModelConfig from a transformers config.json of a llama / mistral / mixtral model."""
-    model_type = hf.get("model_type")
-    if model_type not in ("llama", "mistral", "mixtral"):
-        raise ConfigError(f"config.json model_type {model_type!r} is not supported; "
-                          "expected llama, mistral or mixtral")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"config.json rope type {rope.get('rope_type')!r} is not supported (only default RoPE)")
-    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ConfigError("config.json needs hidden_act=silu and no attention/MLP biases")
-    n_heads = hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, hf["hidden_size"] // n_heads):
-        raise ConfigError(f"config.json head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads")
+    """ModelConfig from a transformers config.json of a family llmkit implements (FAMILIES); any
+    setting of it that llmkit does not implement is a ConfigError naming it."""
+    family = hf.get("model_type")
+    if family not in FAMILIES:
+        raise ConfigError(f"config.json model_type {family!r} is not supported; llmkit implements "
+                          f"{', '.join(FAMILIES)}")
+    refused = [f"{k}={hf[k]!r}" for k, ok in [("hidden_act", "silu"), ("mlp_bias", False),
+                                               ("partial_rotary_factor", 1.0)] if hf.get(k, ok) != ok]
+    if hf.get("attention_bias") and family != "qwen2":  # Llama / Qwen3's flag also puts a bias on o_proj
+        refused.append(f"attention_bias=True ({family} biases o_proj too)")
+    if refused:
+        raise ConfigError(f"config.json sets {', '.join(refused)}, which llmkit does not implement")
+    theta, scaling = read_rope(hf)
     shape = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        intermediate_size=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",
-        norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
-        init_std=hf.get("initializer_range", 0.02),
+        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
+        max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta, rope_scaling=scaling,
+        norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
+        init_std=hf.get("initializer_range", 0.02), attention_bias=family == "qwen2",
+        qk_norm=family == "qwen3", sliding_window=read_sliding_window(hf),
     )
-    if model_type != "llama":
-        shape["sliding_window"] = hf.get("sliding_window")
-    if model_type == "mixtral":
+    if family == "mixtral":
         top_k = hf.get("num_experts_per_tok", 2)
         shape.update(n_experts=hf["num_local_experts"], experts_top_k=top_k,
                      router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001) * top_k)  # see to_hf_config
-    return ModelConfig(**shape)
+    cfg = ModelConfig(**shape)
+    # the family is recorded only where the features would export as another (a Mistral without a
+    # window is a Llama in shape), so an llmkit export imports back to the config it came from
+    return cfg if features_family(cfg) == family else dataclasses.replace(cfg, family=family)
+
+
+def read_rope(hf: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from transformers 5's rope_parameters or transformers 4's
+    rope_theta + rope_scaling; a scaling type llmkit does not implement is refused by name."""
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ConfigError(f"config.json RoPE scaling {kind!r} is not implemented (llmkit implements default "
+                          "and llama3 RoPE)")
+    return theta, {"rope_type": "llama3", **{k: rope.get(k) for k in LLAMA3_ROPE_KEYS}}
+
+
+def read_sliding_window(hf: dict) -> int | None:
+    """The attention window of every layer, or None. Qwen2/3 window only with use_sliding_window, and
+    then only the layers from max_window_layers on: llmkit windows all layers or none, so a split is
+    refused."""
+    window = hf.get("sliding_window")
+    if hf["model_type"] in ("qwen2", "qwen3"):
+        first = hf.get("max_window_layers", hf["num_hidden_layers"])
+        if not hf.get("use_sliding_window") or window is None or first >= hf["num_hidden_layers"]:
+            return None
+        if first > 0:
+            raise ConfigError(f"config.json windows attention in layers {first}.. only (use_sliding_window with "
+                              f"max_window_layers={first}); llmkit windows every layer or none")
+        return window
+    return window if hf["model_type"] != "llama" else None
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """Weights as a transformers checkpoint stores them (model.safetensors): our names, minus the tied
     lm_head (save_pretrained drops it too; safetensors refuses shared tensors)."""
-    if model.config.norm != "rmsnorm":
-        raise ConfigError("model.norm='layernorm' has no Hugging Face Llama equivalent; export needs rmsnorm")
+    hf_family(model.config)
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight")

@@ -30,17 +30,22 @@ class ModelSection:
     n_layers: int | None = None  # transformer blocks
     n_heads: int | None = None  # query heads
     n_kv_heads: int | None = None  # key/value heads (fewer = grouped-query attention)
+    head_dim: int | None = None  # width of one attention head; None = hidden_size // n_heads
     intermediate_size: int | None = None  # SwiGLU inner width (per expert for MoE)
     max_seq_len: int | None = None  # longest sequence the model handles (RoPE table size)
     rope_theta: float | None = None  # RoPE base frequency
+    rope_scaling: dict | None = None  # long-context RoPE ({"rope_type": "llama3", ...}); None = plain
     norm: str | None = None  # rmsnorm | layernorm
     norm_eps: float | None = None  # epsilon inside the norms
     sliding_window: int | None = None  # attention window; None = the preset's (full attention)
     tie_embeddings: bool | None = None  # share the embedding matrix with the output head
+    attention_bias: bool | None = None  # bias on the q, k, v projections (Qwen2)
+    qk_norm: bool | None = None  # RMSNorm over each head of q and k before RoPE (Qwen3)
     n_experts: int | None = None  # 0 = dense MLP; >= 2 = mixture of experts
     experts_top_k: int | None = None  # experts per token (MoE)
     router_aux_loss_coef: float | None = None  # weight of the MoE load-balancing loss
     init_std: float | None = None  # std of the normal weight init
+    family: str | None = None  # Hugging Face model_type for export; None = from the features
 
     def __post_init__(self):
         self.build(vocab_size=self.vocab_size or 2)  # validates preset and fields now

@@ -1,0 +1,152 @@
+"""The public families llmkit imports (Qwen2 tied and untied, Qwen3 with its own head_dim, Llama with
+llama3 RoPE scaling, a SmolLM2-shaped Llama, Mistral with a window): tiny random models built and
+saved by transformers, read by llmkit.hf.mapping, give transformers' logits to 1e-4 in fp32 and its
+greedy tokens; each delta switched off makes them differ."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from llmkit.decoding import generate
+from llmkit.errors import ConfigError
+from llmkit.hf.import_ import read_hf_weights
+from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
+from llmkit.model import Transformer, rope_tables
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 24}
+FAMILIES = {  # name -> (transformers config class, its settings, the ModelConfig field of the delta)
+    "qwen2-tied": ("Qwen2Config", dict(tie_word_embeddings=True), "attention_bias"),
+    "qwen2-untied": ("Qwen2Config", dict(tie_word_embeddings=False), "attention_bias"),
+    "qwen3-head-dim": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True), "qk_norm"),
+    "llama3-rope": ("LlamaConfig", dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False), "rope_scaling"),
+    "smollm2": ("LlamaConfig", dict(rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                                    tie_word_embeddings=True, num_key_value_heads=4), "rope_theta"),
+    "mistral-window": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False), "sliding_window"),
+}
+OFF = {"attention_bias": False, "qk_norm": False, "rope_scaling": None, "rope_theta": 10000.0,
+       "sliding_window": None}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, transformers model in fp32, its folder): random weights, every norm and bias perturbed
+    so that a delta llmkit ignored would show."""
+    cls, settings, delta = FAMILIES[request.param]
+    config = getattr(transformers, cls)(**{**SHAPE, **settings})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return request.param, model, folder, delta
+
+
+def llmkit_model(folder, **change) -> Transformer:
+    cfg = from_hf_config(json.loads((folder / "config.json").read_text()))
+    model = Transformer(dataclasses.replace(cfg, **change))
+    model.load_state_dict(from_hf_state_dict(read_hf_weights(folder), cfg), strict=not change)
+    return model.eval()
+
+
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, SHAPE["vocab_size"], (2, 40), generator=generator)
+
+
+def test_logits_equal_transformers_on_a_full_sequence(family):
+    name, hf, folder, _ = family
+    ids = batch()
+    with torch.no_grad():
+        diff = (llmkit_model(folder)(ids) - hf(ids).logits).abs().max().item()
+    assert diff < 1e-4, (name, diff)
+
+
+def test_logits_equal_transformers_on_a_left_padded_batch(family):
+    name, hf, folder, _ = family
+    ids = batch()
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ours = llmkit_model(folder)(ids, attention_mask=mask)
+        theirs = hf(ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()
+    assert (ours[real] - theirs[real]).abs().max().item() < 1e-4, name
+
+
+def test_sixteen_greedy_tokens_with_the_kv_cache_equal_transformers(family):
+    name, hf, folder, _ = family
+    ids = batch()[:, :20]
+    ours = generate(llmkit_model(folder), ids, 16, greedy=True)[:, 20:]
+    with torch.no_grad():
+        theirs = hf.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[:, 20:]
+    assert ours.tolist() == theirs.tolist(), name
+
+
+def test_each_delta_switched_off_changes_the_logits(family):
+    """The parity above is evidence only because the delta matters: without it llmkit differs by ten
+    times the tolerance or more (RoPE scaling least at 40 tokens: its tables are compared below)."""
+    name, hf, folder, delta = family
+    ids = batch()
+    with torch.no_grad():
+        diff = (llmkit_model(folder, **{delta: OFF[delta]})(ids) - hf(ids).logits).abs().max().item()
+    assert diff > 1e-3, (name, delta, diff)
+
+
+def test_export_config_loads_back_as_the_same_family(family):
+    name, hf, folder, _ = family
+    cfg = from_hf_config(json.loads((folder / "config.json").read_text()))
+    exported = to_hf_config(cfg)
+    assert exported["model_type"] == hf.config.model_type
+    assert exported["architectures"] == [type(hf).__name__]
+    assert from_hf_config(exported) == cfg
+    rebuilt = transformers.AutoConfig.for_model(**exported)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in transformers.AutoModelForCausalLM.from_config(rebuilt).state_dict().items()}
+    assert shapes == {k: v.shape for k, v in hf.state_dict().items()}
+
+
+def test_llama3_rope_tables_equal_transformers_beyond_the_original_context():
+    config = transformers.LlamaConfig(**{**SHAPE, "max_position_embeddings": 512}, rope_parameters=LLAMA3_ROPE)
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)
+    positions = torch.arange(512)[None]
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    ours_cos, ours_sin = rope_tables(from_hf_config(config.to_dict()))
+    assert (ours_cos - cos[0]).abs().max() < 1e-5 and (ours_sin - sin[0]).abs().max() < 1e-5
+    plain_cos, _ = rope_tables(dataclasses.replace(from_hf_config(config.to_dict()), rope_scaling=None))
+    assert (plain_cos[400:] - cos[0, 400:]).abs().max() > 0.1  # the scaling is what makes them equal
+
+
+@pytest.mark.parametrize("settings, window", [
+    (dict(use_sliding_window=False, sliding_window=16, max_window_layers=0), None),
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=2), None),  # from layer 2 of 2: none
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), 16),
+])
+def test_qwen2_windows_attention_only_with_use_sliding_window(settings, window):
+    hf = transformers.Qwen2Config(**SHAPE, **settings).to_dict()
+    assert from_hf_config(hf).sliding_window == window
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(model_type="gemma"), "'gemma' is not supported; llmkit implements llama, mistral, mixtral, qwen2, qwen3"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "RoPE scaling 'yarn' is not implemented"),
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), "layers 1.. only"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+])
+def test_what_llmkit_does_not_implement_is_refused_by_name(change, named):
+    hf = {**transformers.Qwen2Config(**SHAPE).to_dict(), **change}
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        from_hf_config(hf)
