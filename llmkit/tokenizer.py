@@ -1,4 +1,5 @@
-"""The tokenizer: exact encode/decode (batches: llmkit.chunk_cache) and the chat format.
+"""Tokenizer folders (`open_tokenizer`), and the sentencepiece backend: exact encode/decode
+(batches: llmkit.chunk_cache).
 
 `decode(encode(x)) == x` for every string: normalisation is the identity, whitespace is kept
 as is, and every character outside the vocabulary falls back to its UTF-8 bytes. The one
@@ -14,8 +15,10 @@ With `jieba=true` Chinese runs are first segmented into words by jieba (llmkit.c
 pieces never cross a word boundary (training marks the boundaries, encoding encodes word by
 word), so the round trip stays exact.
 
-The chat format (`ChatEncoding`) needs of a tokenizer only its ids and its special tokens; a
-backend (`Tokenizer`: sentencepiece) gives those. Training is llmkit.tokenizer_training.
+The interface every backend shares (`ChatEncoding`, with llmkit's own chat format) is in
+llmkit.tokenizer_base; `open_tokenizer` opens a folder with the backend its files call for
+(this sentencepiece `Tokenizer`, or llmkit.hf_tokenizer's `HFTokenizer` for a `tokenizer.json`).
+Training is llmkit.tokenizer_training.
 """
 
 from __future__ import annotations
@@ -28,96 +31,47 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from llmkit.errors import UserError
+from llmkit.tokenizer_base import (CHAT_TEMPLATE, CONFIG_FILE, END_OF_TURN, JSON_FILE, MODEL_FILE,
+                                   ROLE_TOKENS, ChatEncoding)
 
-MODEL_FILE = "tokenizer.model"
-CONFIG_FILE = "tokenizer_config.json"
-
-
-def same_tokenizer(dir_a, dir_b) -> bool:
-    """Whether two tokenizer folders hold the same sentencepiece model, i.e. the same ids."""
-    return (Path(dir_a) / MODEL_FILE).read_bytes() == (Path(dir_b) / MODEL_FILE).read_bytes()
-
+# the names callers import from here, some of them defined in llmkit.tokenizer_base
+__all__ = ["open_tokenizer", "same_tokenizer", "tokenizer_file", "Tokenizer", "ChatEncoding",
+           "CHAT_TEMPLATE", "CONFIG_FILE", "END_OF_TURN", "JSON_FILE", "MODEL_FILE", "ROLE_TOKENS",
+           "UNK", "BOS", "EOS", "PAD", "WS_MARK"]
 
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
-END_OF_TURN = "<|end|>"
-# A turn is `<|role|>content<|end|>`; the tokenizer adds <s> before the first one. Matches
-# `ChatEncoding.format_chat`, for transformers' apply_chat_template after export.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
-    "'<|end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
-
 WS_MARK = "\u2581"        # sentencepiece's whitespace symbol "▁"
 
 
-class ChatEncoding:
-    """Texts and chats as ids, the same for every tokenizer backend.
+def tokenizer_file(directory) -> Path | None:
+    """The file that gives a tokenizer folder its ids: tokenizer.model (sentencepiece), else
+    tokenizer.json (Hugging Face); None when it has neither. A folder llmkit exported holds
+    both, and its ids are the sentencepiece model's."""
+    for name in (MODEL_FILE, JSON_FILE):
+        if (Path(directory) / name).is_file():
+            return Path(directory) / name
+    return None
 
-    A backend sets `config` (its tokenizer_config.json), `bos_id`, `eos_id`, `role_ids`
-    (role -> id of its token) and `end_of_turn_id`, and gives `encode_flat` and `decode`.
-    """
 
-    config: dict
-    bos_id: int
-    eos_id: int
-    role_ids: dict[str, int]
-    end_of_turn_id: int
+def open_tokenizer(directory: str | Path):
+    """The tokenizer of a folder, with the backend its files call for (`tokenizer_file`)."""
+    found = tokenizer_file(directory)
+    if found is None:
+        raise UserError(f"{directory} is not a tokenizer: it needs {MODEL_FILE} (sentencepiece) or "
+                        f"{JSON_FILE} (Hugging Face), and {CONFIG_FILE}; build one with "
+                        "`llmkit tokenizer` or give a model's tokenizer folder")
+    if found.name == MODEL_FILE:
+        return Tokenizer(directory)
+    from llmkit.hf_tokenizer import HFTokenizer
 
-    def encode_flat(self, texts: Sequence[str]):
-        """All texts' ids concatenated (int32 numpy array) and the number of ids of each."""
-        raise NotImplementedError
+    return HFTokenizer(directory)
 
-    def decode(self, ids: Iterable[int]) -> str:
-        raise NotImplementedError
 
-    @property
-    def stop_ids(self) -> list[int]:
-        """Ids that end a generated reply."""
-        return [self.end_of_turn_id, self.eos_id]
-
-    @property
-    def chat_template(self) -> str:
-        return self.config.get("chat_template", CHAT_TEMPLATE)
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`, without <s> or </s>."""
-        return self.encode_flat([text])[0].tolist()
-
-    def document_start_ids(self) -> list[int]:
-        """The ids a plain-text context starts with: `[</s>]`. Token shards hold documents
-        separated by </s> and never <s>, so a pretrained model saw </s> before every document it
-        learnt from; generation, perplexity, choice scoring and ppl-filter all start plain text
-        this way (`document_start_ids() + encode(text)`). Chats start with <s> (`encode_chat`)."""
-        return [self.eos_id]
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        ids, counts = self.encode_flat(texts)
-        ids = ids.tolist()
-        out, pos = [], 0
-        for n in counts.tolist():
-            out.append(ids[pos:pos + n])
-            pos += n
-        return out
-
-    def format_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
-        """The chat as text (no <s>): `<|user|>Hi<|end|><|assistant|>Hello<|end|>`."""
-        return "".join(ROLE_TOKENS[r] + c + END_OF_TURN for r, c in _turns(messages)) + (
-            ROLE_TOKENS["assistant"] if add_generation_prompt else "")
-
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False):
-        """(ids, loss_mask): <s> then each turn; the mask is 1 on assistant content and its
-        <|end|>, the tokens an SFT model learns to produce. ids == [<s>] + encode(format_chat)."""
-        turns = _turns(messages)
-        contents = self.encode_batch([c for _, c in turns])
-        ids, mask = [self.bos_id], [0]
-        for (role, _), content in zip(turns, contents):
-            learn = int(role == "assistant")
-            ids += [self.role_ids[role], *content, self.end_of_turn_id]
-            mask += [0, *([learn] * len(content)), learn]
-        if add_generation_prompt:
-            ids.append(self.role_ids["assistant"])
-            mask.append(0)
-        return ids, mask
+def same_tokenizer(dir_a, dir_b) -> bool:
+    """Whether two tokenizer folders give the same ids: the same backend file
+    (`tokenizer_file`: tokenizer.model or tokenizer.json), byte for byte."""
+    a, b = tokenizer_file(dir_a), tokenizer_file(dir_b)
+    return a is not None and b is not None and a.read_bytes() == b.read_bytes()
 
 
 _SMALL_BATCH_CHARS = 4096  # smaller batches go to sentencepiece directly
@@ -206,16 +160,3 @@ class Tokenizer(ChatEncoding):
         for name in (MODEL_FILE, CONFIG_FILE):
             shutil.copyfile(self.path / name, directory / name)
 
-
-def _turns(messages: Sequence[dict]) -> list[tuple[str, str]]:
-    turns = []
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        content = m.get("content") if isinstance(m, dict) else None
-        if role not in ROLE_TOKENS:
-            raise UserError(f"message {i}: role must be one of {', '.join(ROLE_TOKENS)}, "
-                            f"got {role!r}")
-        if not isinstance(content, str):
-            raise UserError(f"message {i} ({role}): content must be a string, got {content!r}")
-        turns.append((role, content))
-    return turns

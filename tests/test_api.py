@@ -76,9 +76,11 @@ def test_load_errors_say_what_is_wrong(tmp_path, tok, model):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no complete checkpoint"):
         llmkit.load(tmp_path / "empty")
-    bigger = write_checkpoint_run(tmp_path, "big", tiny_model(tok.vocab_size + 2), tok)
-    with pytest.raises(UserError, match=f"{tok.vocab_size} tokens but the model's vocab_size is {tok.vocab_size + 2}"):
-        llmkit.load(bigger)
+    smaller = write_checkpoint_run(tmp_path, "small", tiny_model(tok.vocab_size - 2), tok)
+    with pytest.raises(UserError, match=f"{tok.vocab_size} tokens but the model's vocab_size is {tok.vocab_size - 2}"):
+        llmkit.load(smaller)
+    padded = write_checkpoint_run(tmp_path, "big", tiny_model(tok.vocab_size + 2), tok)
+    assert llmkit.load(padded)[0].config.vocab_size == tok.vocab_size + 2  # an embedding padded past the tokens
     reward = write_checkpoint_run(tmp_path, "rm", model, tok,
                                   config={**dataclasses.asdict(model.config), "llmkit_head": "reward"})
     with pytest.raises(UserError, match="load_reward_model"):

@@ -198,7 +198,7 @@ def test_import_errors_exit_2_and_say_what_to_do(tokenizer, tmp_path):
     src.mkdir()
     r = runner.invoke(build_app(), ["import", "--from", str(src), "-w", ws])
     assert r.exit_code == 2 and "config.json" in r.output
-    cfg = dict(model_type="llama", vocab_size=tokenizer.vocab_size + 8, hidden_size=32, intermediate_size=64,
+    cfg = dict(model_type="llama", vocab_size=tokenizer.vocab_size - 8, hidden_size=32, intermediate_size=64,
                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     (src / "config.json").write_text(json.dumps(cfg))
     (src / "pytorch_model.bin").write_bytes(b"pickle")
@@ -209,12 +209,18 @@ def test_import_errors_exit_2_and_say_what_to_do(tokenizer, tmp_path):
     r = runner.invoke(build_app(), ["import", "--from", str(src), "-w", ws])
     assert r.exit_code == 2 and "--tokenizer" in r.output  # no tokenizer.model in the folder
     r = runner.invoke(build_app(), ["import", "--from", str(src), "-w", ws, "--tokenizer", str(tokenizer.path)])
-    assert r.exit_code == 2 and f"{tokenizer.vocab_size} tokens" in r.output
+    # more ids than the model's embedding: an error; fewer is fine (below)
+    assert r.exit_code == 2 and f"{tokenizer.vocab_size} tokens but the model's embedding has only" in r.output
     shutil.copyfile(tokenizer.path / MODEL_FILE, src / MODEL_FILE)
     (src / "tokenizer_config.json").unlink(missing_ok=True)
     r = runner.invoke(build_app(), ["import", "--from", str(src), "-w", ws])
-    assert r.exit_code == 2 and "vocab_size" in r.output
+    assert r.exit_code == 2 and f"has only {tokenizer.vocab_size - 8}" in r.output
     assert not (Path(ws) / "imported").exists()
+    # an embedding padded past the tokenizer (Qwen2.5: 151,936 rows for 151,665 tokens) imports
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**cfg, "vocab_size": tokenizer.vocab_size + 8})
+                                  ).save_pretrained(src)
+    r = runner.invoke(build_app(), ["import", "--from", str(src), "-w", ws])
+    assert r.exit_code == 0, r.output
 
 
 def test_export_errors_exit_2(tokenizer, tmp_path):

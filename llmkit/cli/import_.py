@@ -9,10 +9,11 @@ from llmkit.cli.common import stage_command
 def import_(
     ctx,
     from_: Annotated[str, typer.Option(
-        "--from", help="Transformers model folder (Llama/Mistral/Mixtral): an artifact name "
-                       "such as export/hf, or a path.")],
+        "--from", help="Transformers model folder (Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3, Mistral, "
+                       "Mixtral): an artifact name such as export/hf, or a path; or a .gguf file.")],
     tokenizer: Annotated[Optional[str], typer.Option(
-        "--tokenizer", help="llmkit tokenizer (name or path) when the folder has no usable tokenizer.model.")] = None,
+        "--tokenizer", help="Tokenizer folder (name or path) to use instead of the model's own tokenizer.model / "
+             "tokenizer.json.")] = None,
 ):
     """Turn a transformers folder into a checkpoint run (--out NAME, default imported) to fine-tune."""
     from llmkit.train.loading import find_in_workspace

@@ -96,9 +96,19 @@ def _take_tokenizer(tokenizers) -> None:
     _local.tokenizer = tokenizers.get_nowait()
 
 
+def with_prefix(ids, lengths, prefix: list[int]):
+    """(ids, lengths) of documents laid end to end, with `prefix` put before each document."""
+    import numpy as np
+
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
+    ids = np.insert(ids, np.repeat(starts, len(prefix)), np.tile(np.asarray(prefix, ids.dtype), len(lengths)))
+    return ids, lengths + len(prefix)
+
+
 def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
     """Encode the documents of record batches (columns id, text): (train tokens, val tokens,
-    per-document length incl. </s>, per-document is_val)."""
+    per-document length incl. </s> (and the document start, where it is not </s>), per-document
+    is_val)."""
     import numpy as np
     import pyarrow as pa
 
@@ -106,6 +116,9 @@ def encode_documents(batches, cfg: TokenizeConfig, tokenizer=None):
     texts = [b.column("text") for b in batches]
     offsets, raw = packed_strings(texts[0] if len(texts) == 1 else pa.concat_arrays(texts))
     ids, lengths = tok.encode_utf8(raw, offsets[1:], end_id=tok.eos_id)
+    start = tok.document_start_ids()
+    if start != [tok.eos_id]:  # Llama 3 begins each document with <|begin_of_text|>; others see </s>
+        ids, lengths = with_prefix(ids, lengths, start)
     tokens = ids.astype(token_dtype(tok.vocab_size))
     in_val = np.concatenate([val_mask(b.column("id"), cfg.val_fraction, cfg.split_seed)
                              for b in batches])
@@ -266,10 +279,11 @@ def plan_shards(datasets) -> list[tuple[Path, str]]:
 
 def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
     from llmkit.progress import Progress, print_summary
-    from llmkit.tokenizer import Tokenizer
+    from llmkit.tokenizer import open_tokenizer
+    from llmkit.train.loading import tokenizer_folder
 
-    tok_art = ctx.workspace.artifact(tokenizer)
-    tok = Tokenizer(tok_art.path)  # fails early on a directory that is not a tokenizer
+    tok_art = ctx.workspace.artifact(tokenizer)  # a tokenizer, or a checkpoint run carrying one
+    tok = open_tokenizer(tokenizer_folder(tok_art.path))  # fails early on a folder that is not one
     datasets = ctx.input_list("dedup")
     b = ctx.workspace.builder(ctx.out_name("tokens"), stage="tokenize", config=cfg,
                               inputs=[tok_art, *datasets], force=ctx.force)

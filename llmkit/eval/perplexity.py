@@ -92,10 +92,10 @@ def _summary(nll, counts, n_bytes) -> dict:
 
 def require_same_tokenizer(tokens_dir: Path, tokenizer) -> None:
     """Token ids mean nothing to a model with another tokenizer: refuse to score them."""
-    from llmkit.tokenizer import MODEL_FILE, same_tokenizer
+    from llmkit.tokenizer import same_tokenizer, tokenizer_file
 
     made_with = Path(tokens_dir) / "tokenizer"
-    if (made_with / MODEL_FILE).is_file() and not same_tokenizer(made_with, tokenizer.path):
+    if tokenizer_file(made_with) is not None and not same_tokenizer(made_with, tokenizer.path):
         raise UserError(f"{tokens_dir} was tokenized with another tokenizer than the model's "
                         f"({tokenizer.path}); evaluate on its text instead: set tokens=null and "
                         "ppl.datasets=<the dataset>")

@@ -95,10 +95,12 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
     write_json(out_dir / HF_GENERATION_CONFIG, generation_config(tokenizer))
     write_hf_tokenizer(tokenizer, out_dir, model.config.max_seq_len)
 
+    own_tokenizer = not (tokenizer.path / "tokenizer.model").is_file()  # an imported tokenizer.json
     record = {"format": "hf", "source": str(step_dir), "step": step_of(step_dir),
               "architecture": hf_config["architectures"][0], "dtype": dtype,
               "parameters": model.num_parameters(), "max_abs_logit_diff": None, "greedy_tokens_equal": None,
-              "tokenizer_identical": None, "tokenizer_notes": TOKENIZER_NOTES}
+              "tokenizer_identical": None,
+              "tokenizer_notes": "the model's own tokenizer files, copied" if own_tokenizer else TOKENIZER_NOTES}
     if tokenizer.jieba:
         record["tokenizer_notes"] += "; jieba word segmentation has no transformers equivalent"
     if cfg.probe:

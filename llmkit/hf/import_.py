@@ -1,5 +1,7 @@
-"""`llmkit import`: a local Llama / Mistral / Mixtral transformers folder (safetensors, sharded or
-not) -> a checkpoint run with one complete step folder, `step-00000000/`."""
+"""`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
+Qwen2/2.5, Qwen3, Mistral, Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by
+transformers) -> a checkpoint run with one complete step folder, `step-00000000/`, that carries the
+model's own tokenizer (sentencepiece `tokenizer.model`, or `tokenizer.json` with its chat template)."""
 
 from __future__ import annotations
 
@@ -26,19 +28,22 @@ def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None
     from llmkit.progress import print_summary
 
     src = Path(source)
-    if not (src / HF_CONFIG).is_file():
-        raise UserError(f"{src} is not a transformers model folder (no {HF_CONFIG}); give the folder that "
-                        "save_pretrained wrote")
+    if not src.suffix == ".gguf" and not (src / HF_CONFIG).is_file():
+        raise UserError(f"{src} is not a transformers model folder (no {HF_CONFIG}) nor a .gguf file; give "
+                        "the folder that save_pretrained wrote")
     tokenizer_dir = _tokenizer_source(ctx.workspace, tokenizer) if tokenizer else None
+    files = [src] if src.is_file() else sorted(p for p in src.iterdir() if p.is_file())
     identity = {"source": str(src.resolve()), "tokenizer": str(tokenizer_dir) if tokenizer_dir else None,
-                "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(src.iterdir())
-                          if p.is_file()}}
+                "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
     b = ctx.workspace.builder(ctx.out_name("imported"), stage="import",
                               config={**dataclasses.asdict(cfg), **identity}, force=ctx.force)
     if b.up_to_date:
         return b
     with b:
-        b.stats.update(import_hf(src, b.dir, cfg, tokenizer_dir))
+        if src.suffix == ".gguf":
+            b.stats.update(import_gguf(src, b.dir, cfg, tokenizer_dir))
+        else:
+            b.stats.update(import_hf(src, b.dir, cfg, tokenizer_dir))
     print_summary(f"import done: {b.final}", [(k, v) for k, v in b.stats.items()])
     return b
 
@@ -46,20 +51,50 @@ def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None
 def import_hf(src: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path | None = None) -> dict:
     """Write `run_dir/step-00000000/` (weights, config.json, trainer_state.json, tokenizer/,
     complete) and `run_dir/latest` from a transformers folder; returns counts for the manifest."""
+    src = Path(src)
+    tokenizer_dir = tokenizer_dir or src
+    return write_imported_run(read_json(src / HF_CONFIG), read_hf_weights(src), src, run_dir, cfg,
+                              tokenizer_dir)
+
+
+def import_gguf(path: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path | None = None) -> dict:
+    """The same run from a GGUF file: transformers dequantises its weights (to float32) and rebuilds
+    its tokenizer (tokenizer.json + chat template), which the run carries."""
+    import importlib.util
+    import tempfile
+
+    missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{path}: reading GGUF needs {', '.join(missing)}: pip install 'llmkit[gguf]'")
+    import torch
+    import transformers
+
+    folder, name = str(path.parent), path.name
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (ValueError, OSError, KeyError) as e:
+        raise UserError(f"{path}: transformers cannot read this GGUF file ({str(e)[:300]})") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        if tokenizer_dir is None:
+            hf_tokenizer.save_pretrained(tmp)
+        return write_imported_run(model.config.to_dict(), model.state_dict(), path, run_dir, cfg,
+                                  tokenizer_dir or Path(tmp))
+
+
+def write_imported_run(hf_config: dict, weights: dict, src: Path, run_dir: Path, cfg: ImportConfig,
+                       tokenizer_dir: Path) -> dict:
     import torch
 
     from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
     from llmkit.model import Transformer
     from llmkit.train import checkpoint as ckpt
 
-    src = Path(src)
-    hf_config = read_json(src / HF_CONFIG)
     try:
         model_config = from_hf_config(hf_config)
     except (ConfigError, KeyError) as e:
-        raise UserError(f"{src / HF_CONFIG}: {e if isinstance(e, ConfigError) else f'missing key {e}'}; "
-                        "llmkit imports Llama, Mistral and Mixtral models") from None
-    state_dict = from_hf_state_dict(read_hf_weights(src), model_config)
+        raise UserError(f"{src}: {e if isinstance(e, ConfigError) else f'config.json lacks the key {e}'}") from None
+    state_dict = from_hf_state_dict(weights, model_config)
     if cfg.dtype != "auto":
         state_dict = {k: v.to(getattr(torch, cfg.dtype)) for k, v in state_dict.items()}
     with torch.device("meta"):
@@ -73,11 +108,11 @@ def import_hf(src: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path |
 
     step_dir = Path(run_dir) / ckpt.step_dir_name(0)
     step_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_vocab = write_llmkit_tokenizer(tokenizer_dir, step_dir / ckpt.TOKENIZER, model_config.vocab_size)
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if model_config.tie_embeddings else {}
     ckpt.save_weights(step_dir / ckpt.WEIGHTS, state_dict, tied)
     write_json(step_dir / ckpt.MODEL_CONFIG, dataclasses.asdict(model_config))
     write_json(step_dir / ckpt.TRAINER_STATE, {"step": 0, "tokens_seen": 0, "imported_from": str(src)})
-    tokenizer_vocab = write_llmkit_tokenizer(src, step_dir / ckpt.TOKENIZER, model_config.vocab_size, tokenizer_dir)
     ckpt.mark_complete(step_dir)
     n_params = sum(v.numel() for k, v in state_dict.items() if k not in tied)
     return {"architecture": (hf_config.get("architectures") or [hf_config["model_type"]])[0],
@@ -112,9 +147,12 @@ def read_hf_weights(src: Path) -> dict:
 
 def _tokenizer_source(workspace, name_or_path: str) -> Path:
     """A tokenizer folder: a workspace artifact name, or a path."""
+    from llmkit.tokenizer import MODEL_FILE
+    from llmkit.hf.folder import HF_TOKENIZER
+
     candidates = [workspace.root / name_or_path, Path(name_or_path)]
     for c in candidates:
-        if (c / "tokenizer.model").is_file():
+        if (c / MODEL_FILE).is_file() or (c / HF_TOKENIZER).is_file():
             return c.resolve()
-    raise UserError(f"--tokenizer {name_or_path}: no tokenizer.model in {' or '.join(map(str, candidates))}; "
-                    "build one with `llmkit tokenizer` or give its folder")
+    raise UserError(f"--tokenizer {name_or_path}: no {MODEL_FILE} or {HF_TOKENIZER} in "
+                    f"{' or '.join(map(str, candidates))}; build one with `llmkit tokenizer` or give its folder")

@@ -81,11 +81,12 @@ def load_transformers(folder: Path):
 
 
 def probe_batch(tokenizer, model_config, cfg):
-    """[2, T]: <s> + the probe texts, and random ids that reach every part of the vocabulary."""
+    """[2, T]: the document start + the probe texts, and random ids that reach every part of the
+    vocabulary."""
     import torch
 
     length = max(2, min(cfg.probe_tokens, model_config.max_seq_len - cfg.probe_new_tokens))
-    text_ids = [tokenizer.bos_id] + [i for t in PROBE_TEXTS for i in tokenizer.encode(t)]
+    text_ids = tokenizer.document_start_ids() + [i for t in PROBE_TEXTS for i in tokenizer.encode(t)]
     text_ids = (text_ids * (length // len(text_ids) + 1))[:length]
     generator = torch.Generator().manual_seed(0)
     random_ids = torch.randint(0, model_config.vocab_size, (length,), generator=generator)

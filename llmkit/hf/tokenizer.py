@@ -23,7 +23,11 @@ def generation_config(tokenizer) -> dict:
 
 
 def write_hf_tokenizer(tokenizer, out_dir: Path, max_length: int) -> None:
-    """tokenizer.model, tokenizer.json and tokenizer_config.json for AutoTokenizer."""
+    """tokenizer.model, tokenizer.json and tokenizer_config.json for AutoTokenizer; a model's own
+    Hugging Face tokenizer (an imported one) is written as it came."""
+    if not (tokenizer.path / "tokenizer.model").is_file():
+        tokenizer.save(out_dir)
+        return
     shutil.copyfile(tokenizer.path / "tokenizer.model", out_dir / "tokenizer.model")
     write_json(out_dir / HF_TOKENIZER, hf_tokenizer_json(tokenizer))
     write_json(out_dir / HF_TOKENIZER_CONFIG, hf_tokenizer_config(tokenizer, max_length))
@@ -104,25 +108,36 @@ def _chat_special_tokens(tokenizer) -> list[str]:
 # -- import ---------------------------------------------------------------------------------
 
 
-def write_llmkit_tokenizer(src: Path, dest: Path, vocab_size: int, tokenizer_dir: Path | None) -> int:
-    """Give the imported run a tokenizer: `tokenizer_dir` (an llmkit tokenizer), else the folder's own
-    sentencepiece model when llmkit encodes with it exactly as it was trained. Returns its vocab size."""
-    from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
+HF_TOKENIZER_FILES = (HF_TOKENIZER, HF_TOKENIZER_CONFIG, "chat_template.jinja", "special_tokens_map.json")
 
-    if tokenizer_dir is not None:
-        tokenizer = Tokenizer(tokenizer_dir)
-        tokenizer.save(dest)
-    elif (src / MODEL_FILE).is_file():
-        dest.mkdir(parents=True, exist_ok=True)
+
+def write_llmkit_tokenizer(src: Path, dest: Path, vocab_size: int) -> int:
+    """Give the imported run the tokenizer of folder `src`: an llmkit tokenizer, a sentencepiece
+    `tokenizer.model` that llmkit encodes with exactly as it was trained, or a Hugging Face
+    `tokenizer.json` (with its tokenizer_config.json and chat template), used as it is. A tokenizer
+    with fewer ids than the model's embedding is fine (Qwen2.5 pads its embedding), more is an
+    error. Returns its vocab size."""
+    from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, open_tokenizer
+
+    src = Path(src)
+    dest.mkdir(parents=True, exist_ok=True)
+    if (src / MODEL_FILE).is_file():
         shutil.copyfile(src / MODEL_FILE, dest / MODEL_FILE)
-        write_json(dest / CONFIG_FILE, _llmkit_tokenizer_config(src))
-        tokenizer = Tokenizer(dest)
+        config = read_json(src / CONFIG_FILE) if (src / CONFIG_FILE).is_file() else {}
+        if not {"special_tokens", "vocab_size"} <= config.keys():  # not llmkit's own tokenizer_config.json
+            config = _llmkit_tokenizer_config(src)
+        write_json(dest / CONFIG_FILE, config)
+    elif (src / HF_TOKENIZER).is_file():
+        for name in HF_TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dest / name)
     else:
-        raise UserError(f"{src} has no {MODEL_FILE} (sentencepiece); give an llmkit tokenizer with "
-                        "--tokenizer NAME_OR_PATH whose vocabulary matches the model's")
-    if tokenizer.vocab_size != vocab_size:
-        raise UserError(f"the tokenizer ({tokenizer.path}) has {tokenizer.vocab_size} tokens but the model's "
-                        f"vocab_size is {vocab_size}; give a matching one with --tokenizer")
+        raise UserError(f"{src} has no tokenizer ({MODEL_FILE} or {HF_TOKENIZER}); give one with "
+                        "--tokenizer NAME_OR_PATH whose vocabulary fits the model's")
+    tokenizer = open_tokenizer(dest)
+    if tokenizer.vocab_size > vocab_size:
+        raise UserError(f"the tokenizer ({src}) has {tokenizer.vocab_size} tokens but the model's embedding "
+                        f"has only {vocab_size}; give a matching one with --tokenizer")
     return tokenizer.vocab_size
 
 

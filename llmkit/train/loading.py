@@ -29,7 +29,7 @@ def load(name_or_path, device=None, workspace=None):
     root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
     model, step_dir = load_model(find_checkpoint(Workspace(root), name_or_path), device)
     tokenizer = load_tokenizer(step_dir)
-    if tokenizer.vocab_size != model.config.vocab_size:
+    if tokenizer.vocab_size > model.config.vocab_size:  # fewer is fine: an embedding padded past the vocabulary
         raise UserError(f"{step_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                         f"vocab_size is {model.config.vocab_size}; the checkpoint's tokenizer/ folder "
                         "belongs to another model")
@@ -71,13 +71,27 @@ def load_model(path, device=None):
 
 def load_tokenizer(step_dir):
     """The tokenizer a step folder carries (its `tokenizer/` copy)."""
-    from llmkit.tokenizer import Tokenizer
+    from llmkit.tokenizer import open_tokenizer
 
     folder = Path(step_dir) / TOKENIZER
     if not folder.is_dir():
         raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; llmkit checkpoints carry their tokenizer "
                         "(an imported model needs `llmkit import --tokenizer DIR`)")
-    return Tokenizer(folder)
+    return open_tokenizer(folder)
+
+
+def tokenizer_folder(path) -> Path:
+    """A tokenizer folder: `path` itself when it holds a tokenizer (`llmkit tokenizer`'s artifact, a
+    model's folder), else the copy a checkpoint run (its latest step) or step folder carries, so an
+    imported model's tokenizer is named by its run (`tokenize --tokenizer imported`)."""
+    from llmkit.tokenizer import tokenizer_file
+
+    path = Path(path)
+    if tokenizer_file(path) is not None:
+        return path
+    if (path / TOKENIZER).is_dir() or step_dirs(path):
+        return checkpoint_step_dir(path) / TOKENIZER
+    return path  # not a tokenizer: open_tokenizer says what one needs
 
 
 def checkpoint_step_dir(path) -> Path:

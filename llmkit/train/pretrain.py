@@ -113,11 +113,15 @@ class PretrainTask(Task):
 
 
 def tokenizer_of(tokens_art, workspace):
-    """The tokenizer artifact the token shards were made with (an input in their manifest)."""
+    """The tokenizer artifact the token shards were made with (an input in their manifest: a
+    tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
+    from llmkit.tokenizer import tokenizer_file
+    from llmkit.train.loading import tokenizer_folder
+
     for entry in tokens_art.manifest.get("inputs", []):
         path = Path(entry["path"])
-        if (path / "tokenizer.model").is_file():
-            return workspace.artifact(path)
+        if path.is_dir() and tokenizer_file(tokenizer_folder(path)) is not None:
+            return workspace.artifact(path), tokenizer_folder(path)
     raise UserError(f"{tokens_art.path} does not name the tokenizer it was built with; rebuild it "
                     "with `llmkit tokenize`")
 
@@ -125,11 +129,11 @@ def tokenizer_of(tokens_art, workspace):
 def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
     """Continued pretraining must read tokens made by the tokenizer the weights were trained
     with: ids from another vocabulary would train silently on garbage."""
-    from llmkit.tokenizer import MODEL_FILE, same_tokenizer
+    from llmkit.tokenizer import same_tokenizer, tokenizer_file
     from llmkit.train.checkpoint import TOKENIZER
 
     ours = step_dir / TOKENIZER
-    if (ours / MODEL_FILE).is_file() and not same_tokenizer(ours, tokenizer_dir):
+    if tokenizer_file(ours) is not None and not same_tokenizer(ours, tokenizer_dir):
         raise ConfigError(f"{tokens_dir} was tokenized with {tokenizer_dir}, but {step_dir} was trained "
                           f"with another tokenizer ({ours}); tokenize the corpus with that tokenizer, "
                           "or train a new model without --from")
@@ -192,15 +196,15 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
     the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
     tokens_art = ctx.input(default="tokens")
-    tokenizer_art = tokenizer_of(tokens_art, ctx.workspace)
+    tokenizer_art, tokenizer_dir = tokenizer_of(tokens_art, ctx.workspace)
     from_art, from_step = starting_weights(ctx.workspace, from_) if from_ is not None else (None, None)
 
     def prepare() -> Fit:
         model = pretrain_start(cfg, tokens_art.manifest["stats"]["vocab_size"], from_step,
-                               tokenizer_art.path, tokens_art.path)
+                               tokenizer_dir, tokens_art.path)
         train, val = token_loaders(tokens_art, cfg)
         task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
-        return Fit(lambda dist: task, tokenizer_art.path, pretrain_summary, model_config=model.config,
+        return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,
                    # counted before the engine: ZeRO-3 leaves each process a shard
                    stats={"parameters": model.num_parameters(), "mixture": train.probabilities},
                    metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {},
