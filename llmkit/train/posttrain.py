@@ -164,7 +164,8 @@ def exact_match_scorer(cfg: GenerativeConfig, tokenizer, records: list[dict]):
     def score(model, dist):
         if not holds_whole_model(cfg, dist):
             return {"accuracy": None}
-        return {"accuracy": round(evaluate_exact_match(model, tokenizer, records, cfg.max_new_tokens), 4)}
+        accuracy = evaluate_exact_match(model, tokenizer, records, cfg.max_new_tokens)
+        return {"accuracy": None if accuracy is None else round(accuracy, 4)}
 
     return score
 
@@ -235,8 +236,8 @@ def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int 
     from llmkit.data.chat import prompt_messages, reference_answer
     from llmkit.rewards import verify_rewards
 
-    if not records:
-        return {"exact_match": float("nan"), "similarity": float("nan")}
+    if not records:  # nothing held out: no score (None in the manifest, not NaN, which JSON lacks)
+        return {"exact_match": None, "similarity": None}
     replies = generate_replies(model, tokenizer, [prompt_messages(r) for r in records],
                                max_new_tokens)
     answers = [reference_answer(r) for r in records]

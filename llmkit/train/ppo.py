@@ -412,11 +412,14 @@ def ppo_stats(result, task: PpoTask) -> dict:
 
 
 def ppo_summary(s: dict) -> list[tuple]:
+    def score(x):  # None: nothing held out, or the process held a ZeRO-3 shard of the policy
+        return "n/a" if x is None else f"{x:.3f}"
+
     return [("rollouts", s["rollouts"]),
             ("reward", f"{s['reward_start']:.3f} -> {s['reward_end']:.3f} ({s['reward']})"),
-            ("held-out exact match", f"{s['base_accuracy']:.3f} -> {s['accuracy']:.3f} "
+            ("held-out exact match", f"{score(s['base_accuracy'])} -> {score(s['accuracy'])} "
                                      f"({s['eval_records']} rows)"),
-            ("held-out similarity", f"{s['base_similarity']:.3f} -> {s['similarity']:.3f}")]
+            ("held-out similarity", f"{score(s['base_similarity'])} -> {score(s['similarity'])}")]
 
 
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
