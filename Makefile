@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo test bench lint clean-workspace
+.PHONY: setup demo smollm2 test bench lint clean-workspace
 
 setup: $(INSTALLED)
 
@@ -21,6 +21,11 @@ $(INSTALLED): pyproject.toml
 
 demo: setup
 	$(MAKE) --no-print-directory -C recipes/demo LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
+
+# SmolLM2-135M-Instruct from its GGUF file: import, SFT, DPO (recipes/smollm2; ~15 min, not in demo)
+smollm2: setup
+	$(BIN)/pip install -q -e ".[gguf]"
+	$(MAKE) --no-print-directory -C recipes/smollm2 LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
 
 test: setup
 	$(BIN)/python -m pytest -q tests

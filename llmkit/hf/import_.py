@@ -52,9 +52,10 @@ def import_hf(src: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path |
     """Write `run_dir/step-00000000/` (weights, config.json, trainer_state.json, tokenizer/,
     complete) and `run_dir/latest` from a transformers folder; returns counts for the manifest."""
     src = Path(src)
-    tokenizer_dir = tokenizer_dir or src
-    return write_imported_run(read_json(src / HF_CONFIG), read_hf_weights(src), src, run_dir, cfg,
-                              tokenizer_dir)
+    hf_config = read_json(src / HF_CONFIG)
+    model_config = imported_model_config(hf_config, src)  # before the weights: a refusal costs nothing
+    return write_imported_run(hf_config, model_config, read_hf_weights(src), src, run_dir, cfg,
+                              tokenizer_dir or src)
 
 
 def import_gguf(path: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path | None = None) -> dict:
@@ -78,22 +79,29 @@ def import_gguf(path: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Pat
     with tempfile.TemporaryDirectory() as tmp:
         if tokenizer_dir is None:
             hf_tokenizer.save_pretrained(tmp)
-        return write_imported_run(model.config.to_dict(), model.state_dict(), path, run_dir, cfg,
-                                  tokenizer_dir or Path(tmp))
+        hf_config = model.config.to_dict()
+        return write_imported_run(hf_config, imported_model_config(hf_config, path), model.state_dict(), path,
+                                  run_dir, cfg, tokenizer_dir or Path(tmp))
 
 
-def write_imported_run(hf_config: dict, weights: dict, src: Path, run_dir: Path, cfg: ImportConfig,
-                       tokenizer_dir: Path) -> dict:
+def imported_model_config(hf_config: dict, src: Path):
+    """The ModelConfig of a transformers config; a UserError naming what llmkit cannot read."""
+    from llmkit.hf.mapping import from_hf_config
+
+    try:
+        return from_hf_config(hf_config)
+    except (ConfigError, KeyError) as e:
+        raise UserError(f"{src}: {e if isinstance(e, ConfigError) else f'config.json lacks the key {e}'}") from None
+
+
+def write_imported_run(hf_config: dict, model_config, weights: dict, src: Path, run_dir: Path,
+                       cfg: ImportConfig, tokenizer_dir: Path) -> dict:
     import torch
 
-    from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
+    from llmkit.hf.mapping import from_hf_state_dict
     from llmkit.model import Transformer
     from llmkit.train import checkpoint as ckpt
 
-    try:
-        model_config = from_hf_config(hf_config)
-    except (ConfigError, KeyError) as e:
-        raise UserError(f"{src}: {e if isinstance(e, ConfigError) else f'config.json lacks the key {e}'}") from None
     state_dict = from_hf_state_dict(weights, model_config)
     if cfg.dtype != "auto":
         state_dict = {k: v.to(getattr(torch, cfg.dtype)) for k, v in state_dict.items()}
