@@ -58,6 +58,13 @@ def pipeline(request, tokenizer_backend, tmp_path_factory):
     for name, rows in [("sft", addition_rows(28)), ("pref", preference_rows(28)), ("prompts", prompts)]:
         write_dataset(ws, f"{name}_train", rows[:24])
         write_dataset(ws, f"{name}_eval", rows[24:])  # scored by exact match before and after
+    # continued pretraining on the user's corpus, tokenized with the imported model's own tokenizer
+    write_dataset(ws, "corpus", [{"id": f"d{i}", "prompt": f"文档 {i}: the model reads this text. 😀 " * 4}
+                                 for i in range(40)])  # (write_dataset's text is the prompt)
+    llmkit_cli("tokenize", "--in", "corpus", "--tokenizer", "base", "-w", ws, "--set", "val_fraction=0")
+    llmkit_cli("pretrain", "--from", "base", "--in", "tokens", "--out", "continued", "-w", ws,
+               "--set", "max_steps=2", "--set", "warmup_steps=0", "--set", "micro_batch_size=2",
+               "--set", "seq_len=32", "--set", "eval_every=0")
     llmkit_cli("sft", "--from", "base", "--eval", "sft_eval", "-w", ws, *TINY, *GENERATIVE)
     llmkit_cli("dpo", "--from", "sft", "--eval", "pref_eval", "-w", ws, *TINY, *GENERATIVE)
     llmkit_cli("rm", "--from", "base", "--eval", "pref_eval", "-w", ws, *TINY)
@@ -106,6 +113,18 @@ def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
     trunk, _ = llmkit.load(ws / "base")
     reward_model = load_reward_model(ws / "rm")
     assert not torch.equal(reward_model.model.embed_tokens.weight, trunk.model.embed_tokens.weight)
+
+
+def test_continued_pretraining_reads_the_corpus_tokenized_by_the_models_own_tokenizer(pipeline):
+    _, _, ws, _ = pipeline
+    model, tokenizer = llmkit.load(ws / "base")
+    tokens = json.loads((ws / "tokens" / "manifest.json").read_text())["stats"]
+    texts = [f"文档 {i}: the model reads this text. 😀 " * 4 for i in range(40)]
+    assert tokens["tokens"] == sum(len(tokenizer.encode(t)) + 1 for t in texts)  # each, then <|endoftext|>
+    assert stats(ws, "continued")["steps"] == 2
+    continued, _ = llmkit.load(ws / "continued")
+    assert continued.config == model.config
+    assert not torch.equal(continued.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
 def test_sft_learns_only_the_replies_in_the_models_chat_template(pipeline):
