@@ -65,6 +65,8 @@ def pipeline(request, tokenizer_backend, tmp_path_factory):
     llmkit_cli("pretrain", "--from", "base", "--in", "tokens", "--out", "continued", "-w", ws,
                "--set", "max_steps=2", "--set", "warmup_steps=0", "--set", "micro_batch_size=2",
                "--set", "seq_len=32", "--set", "eval_every=0")
+    llmkit_cli("ppl-filter", "--in", "corpus", "--model", "base", "-w", ws)
+    llmkit_cli("eval", "--from", "base", "-w", ws, "--set", "tokens=null", "--set", "ppl.datasets=corpus")
     llmkit_cli("sft", "--from", "base", "--eval", "sft_eval", "-w", ws, *TINY, *GENERATIVE)
     llmkit_cli("dpo", "--from", "sft", "--eval", "pref_eval", "-w", ws, *TINY, *GENERATIVE)
     llmkit_cli("rm", "--from", "base", "--eval", "pref_eval", "-w", ws, *TINY)
@@ -125,6 +127,16 @@ def test_continued_pretraining_reads_the_corpus_tokenized_by_the_models_own_toke
     continued, _ = llmkit.load(ws / "continued")
     assert continued.config == model.config
     assert not torch.equal(continued.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_ppl_filter_and_eval_score_with_the_imported_model(pipeline):
+    _, _, ws, _ = pipeline
+    filtered = stats(ws, "filtered")
+    assert filtered["rows_in"] == 40 == filtered["rows_out"] + filtered["rows_removed"]
+    ppl = json.loads((ws / "eval" / "base" / "results.json").read_text())["ppl"]["corpus"]
+    _, tokenizer = llmkit.load(ws / "base")
+    assert ppl["docs"] == 40
+    assert tokenizer.vocab_size / 2 < ppl["ppl"] < tokenizer.vocab_size * 2  # a random model: ~ the vocabulary
 
 
 def test_sft_learns_only_the_replies_in_the_models_chat_template(pipeline):
