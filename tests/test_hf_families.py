@@ -16,10 +16,11 @@ from llmkit.errors import ConfigError
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
 from llmkit.model import Transformer, rope_tables
+from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
 transformers = pytest.importorskip("transformers")
 
-SHAPE = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+SHAPE = dict(vocab_size=832, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96)
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 24}
@@ -50,6 +51,7 @@ def family(request, tmp_path_factory):
                 p.add_(0.3 * torch.randn_like(p))
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
+    save_folder(folder, train_bpe(QWEN_SPECIALS), QWEN25_TEMPLATE, eos_token="<|im_end|>")
     return request.param, model, folder, delta
 
 
@@ -117,6 +119,28 @@ def test_export_config_loads_back_as_the_same_family(family):
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in transformers.AutoModelForCausalLM.from_config(rebuilt).state_dict().items()}
     assert shapes == {k: v.shape for k, v in hf.state_dict().items()}
+
+
+def test_import_export_import_round_trips_and_transformers_loads_the_export(family, tmp_path):
+    from typer.testing import CliRunner
+
+    import llmkit
+    from llmkit.cli.app import build_app
+
+    name, hf, folder, _ = family
+    ws, out = tmp_path / "ws", tmp_path / "export"
+    for args in (["import", "--from", folder, "--out", "run"], ["export", "--from", "run", "--to", out],
+                 ["import", "--from", out, "--out", "back"]):
+        r = CliRunner().invoke(build_app(), [*map(str, args), "-w", str(ws)])
+        assert r.exit_code == 0, r.output
+    record = json.loads((out / "llmkit_export.json").read_text())
+    assert record["architecture"] == type(hf).__name__ and record["max_abs_logit_diff"] < 1e-4
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = batch()
+    with torch.no_grad():
+        assert (exported(ids).logits - hf(ids).logits).abs().max() < 1e-4
+    run, back = llmkit.load(ws / "run")[0].state_dict(), llmkit.load(ws / "back")[0].state_dict()
+    assert run.keys() == back.keys() and all(torch.equal(run[k], back[k]) for k in run)
 
 
 def test_llama3_rope_tables_equal_transformers_beyond_the_original_context():
