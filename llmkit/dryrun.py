@@ -47,6 +47,9 @@ class Shape:
     tie_embeddings: bool = True
     n_experts: int = 0
     experts_top_k: int = 2
+    head_dim: int | None = None  # None = hidden_size // n_heads
+    attention_bias: bool = False
+    qk_norm: bool = False
 
     @classmethod
     def of(cls, config) -> "Shape":
@@ -56,20 +59,40 @@ class Shape:
         return cls(**{k: get(k) for k in names if get(k) is not None})
 
     @property
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden_size // self.n_heads
+
+    @property
     def kv_width(self) -> int:
-        return self.n_kv_heads * (self.hidden_size // self.n_heads)
+        return self.n_kv_heads * self.head_width
+
+
+def block_linears(m: Shape) -> dict[str, tuple[int, int, int]]:
+    """The linear layers of one block: name -> (in features, out features, how many)."""
+    h, q, kv, i = m.hidden_size, m.n_heads * m.head_width, m.kv_width, m.intermediate_size
+    attention = {"q_proj": (h, q, 1), "k_proj": (h, kv, 1), "v_proj": (h, kv, 1), "o_proj": (q, h, 1)}
+    if m.n_experts:
+        return {**attention, "gate": (h, m.n_experts, 1), "w1": (h, i, m.n_experts),
+                "w3": (h, i, m.n_experts), "w2": (i, h, m.n_experts)}
+    return {**attention, "gate_proj": (h, i, 1), "up_proj": (h, i, 1), "down_proj": (i, h, 1)}
 
 
 def parameters(m: Shape) -> int:
     """Parameters of `llmkit.model.Transformer` of this shape (a tied head counted once)."""
-    h, kv = m.hidden_size, m.kv_width
-    attention = 2 * h * h + 2 * h * kv  # q, o; k, v
-    mlp = 3 * h * m.intermediate_size
-    if m.n_experts:
-        mlp = m.n_experts * mlp + h * m.n_experts  # experts and the router
-    block = attention + mlp + 2 * h  # two norms
+    h = m.hidden_size
+    block = sum(a * b * n for a, b, n in block_linears(m).values()) + 2 * h  # + two norms
+    block += (m.n_heads * m.head_width + 2 * m.kv_width) if m.attention_bias else 0
+    block += 2 * m.head_width if m.qk_norm else 0
     embeddings = m.vocab_size * h * (1 if m.tie_embeddings else 2)
     return m.n_layers * block + embeddings + h  # + the final norm
+
+
+def lora_parameters(m: Shape, r: int, target) -> int:
+    """Parameters of rank-r LoRA adapters (A: r × in, B: out × r) on the targeted linear layers of
+    every block (`target`: "all-linear" or names, as llmkit.train.lora.LoraConfig has it)."""
+    layers = block_linears(m)
+    names = layers if target == "all-linear" else [n for n in target if n in layers]
+    return m.n_layers * sum(r * (layers[n][0] + layers[n][1]) * layers[n][2] for n in names)
 
 
 def head_parameters(m: Shape) -> int:

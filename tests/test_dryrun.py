@@ -19,10 +19,15 @@ SHAPES = [
          n_experts=4, experts_top_k=2),
     dict(vocab_size=100, hidden_size=16, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=24,
          norm="layernorm"),
+    dict(vocab_size=100, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=48,
+         attention_bias=True),  # Qwen2
+    dict(vocab_size=100, hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=48,
+         head_dim=12, qk_norm=True),  # Qwen3
 ]
+IDS = ["gqa", "untied", "moe", "layernorm", "qkv-bias", "head-dim-qk-norm"]
 
 
-@pytest.mark.parametrize("fields", SHAPES, ids=["gqa", "untied", "moe", "layernorm"])
+@pytest.mark.parametrize("fields", SHAPES, ids=IDS)
 def test_parameters_are_the_models(fields):
     config = ModelConfig(**fields, max_seq_len=32)
     assert parameters(Shape.of(config)) == Transformer(config).num_parameters()
@@ -41,6 +46,23 @@ def saved_bytes(model, ids, doc_ids=None) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model.hidden_states(ids, doc_ids=doc_ids).sum()
     return sum(n for ptr, n in storages.items() if ptr not in own)
+
+
+@pytest.mark.parametrize("fields, target", [
+    (SHAPES[0], "all-linear"), (SHAPES[0], ["q_proj", "v_proj"]), (SHAPES[2], "all-linear"),
+    (SHAPES[2], ["w1", "gate"]), (SHAPES[5], "all-linear"), (SHAPES[5], ["o_proj", "down_proj"]),
+], ids=["gqa-all", "gqa-qv", "moe-all", "moe-w1-gate", "head-dim-all", "head-dim-o-down"])
+def test_lora_parameters_are_what_peft_adds(fields, target):
+    import peft
+
+    from llmkit.dryrun import lora_parameters
+    from llmkit.train.lora import LoraConfig, target_modules
+
+    model = Transformer(ModelConfig(**fields, max_seq_len=32))
+    names = target_modules(model, LoraConfig(r=4, target=target))
+    peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=names), model)
+    added = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    assert lora_parameters(Shape.of(model.config), 4, target) == added > 0
 
 
 @pytest.mark.parametrize("dense_mask", [False, True])

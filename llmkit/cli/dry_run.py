@@ -108,7 +108,9 @@ def plan_pretrain(ctx, cfg, from_: str | None) -> None:
     if shape.vocab_size < vocab:
         raise ConfigError(f"the model's vocab_size ({shape.vocab_size}) is smaller than the "
                           f"tokenizer's ({vocab}); drop model.vocab_size or raise it")
-    show(ctx, plan("pretrain", shape, trainable=n, total=n, unit="tokens", per_step=per_step,
+    trainable, base = lora_split(shape, n, cfg)
+    show(ctx, plan("pretrain", shape, trainable=trainable, total=trainable + base, unit="tokens",
+              per_step=per_step, frozen=base, saved=trainable if base else None,
               tokens_per_step=per_step, sequences=cfg.micro_batch_size, seq_len=cfg.seq_len, cfg=cfg,
               world_size=world, chunked_loss=True, notes=notes))
 
@@ -137,8 +139,10 @@ def plan_sft(ctx, cfg, base: str, eval_data: str | None) -> None:
     shape, _ = model_shape(step_dir)
     n, world = parameters(shape), world_size()
     sequences = cfg.micro_batch_size * cfg.grad_accum * world
-    show(ctx, plan("sft", shape, trainable=n, total=n, unit="packed sequences" if cfg.packing else "sequences",
-              per_step=sequences, tokens_per_step=sequences * cfg.seq_len,
+    trainable, base = lora_split(shape, n, cfg)
+    show(ctx, plan("sft", shape, trainable=trainable, total=trainable + base, frozen=base,
+              saved=trainable if base else None,
+              unit="packed sequences" if cfg.packing else "sequences", per_step=sequences, tokens_per_step=sequences * cfg.seq_len,
               sequences=cfg.micro_batch_size, seq_len=cfg.seq_len, cfg=cfg, world_size=world,
               dense_mask=cfg.packing and dense_attention_mask(), notes=notes))
 
@@ -151,7 +155,10 @@ def plan_rm(ctx, cfg, base: str, eval_data: str | None) -> None:
     n = parameters(shape) - head_parameters(shape) + shape.hidden_size  # score head, no LM head
     world = world_size()
     pairs = cfg.micro_batch_size * cfg.grad_accum * world
-    show(ctx, plan("rm", shape, trainable=n, total=n, unit="pairs", per_step=pairs,
+    adapters, base = lora_split(shape, n - shape.hidden_size, cfg)
+    trainable = adapters + shape.hidden_size if base else n  # the score head trains in full
+    show(ctx, plan("rm", shape, trainable=trainable, total=trainable + base, frozen=base,
+              saved=trainable if base else None, unit="pairs", per_step=pairs,
               tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
               seq_len=cfg.seq_len, cfg=cfg, world_size=world, loss_positions=0,
               dense_mask=dense_attention_mask(), notes=notes))
@@ -173,9 +180,13 @@ def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> Non
     shape, _ = model_shape(step_dir)
     n, world = parameters(shape), world_size()
     pairs = cfg.micro_batch_size * cfg.grad_accum * world
-    show(ctx, plan("dpo", shape, trainable=n, total=n + frozen, unit="pairs", per_step=pairs,
-              tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
-              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=frozen, saved=n,
+    trainable, base = lora_split(shape, n, cfg)
+    if base and not ref:
+        frozen = 0  # LoRA: the reference is the frozen base itself, adapters disabled
+    show(ctx, plan("dpo", shape, trainable=trainable, total=trainable + base + frozen, unit="pairs",
+              per_step=pairs, tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
+              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=base + frozen,
+              saved=trainable if base else n,
               dense_mask=dense_attention_mask(), notes=notes))
 
 
@@ -191,11 +202,13 @@ def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | N
     n, world = parameters(shape), world_size()
     rm_params = trunk_parameters(rm_dir) if rm_dir is not None and (
         mode != "verify" or cfg.value_model == "separate") else 0
-    trainable = n
+    trainable, base = lora_split(shape, n, cfg)
+    saved = trainable
     if cfg.algo == "ppo":
         trainable += (rm_params or n) if cfg.value_model == "separate" else 0
         trainable += shape.hidden_size + 1  # the value head
-    frozen = n + (rm_params if mode != "verify" else 0)  # the reference policy (+ the reward model)
+    # the reference policy (under LoRA the frozen base itself, adapters disabled) + the reward model
+    frozen = (base or n) + (rm_params if mode != "verify" else 0)
     responses = cfg.micro_batch_size * cfg.grad_accum * world
     kv_cache = 2 * shape.n_layers * shape.kv_width * cfg.rollout_size * cfg.seq_len * BYTES[cfg.precision]
     notes.append(f"rollouts            {cfg.rollout_size} responses of up to {cfg.max_new_tokens} "
@@ -203,6 +216,16 @@ def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | N
     show(ctx, plan("ppo", shape, trainable=trainable, total=trainable + frozen, unit="responses",
               per_step=responses, tokens_per_step=responses * cfg.seq_len,
               sequences=cfg.micro_batch_size * (2 if cfg.value_model == "separate" and cfg.algo == "ppo" else 1),
-              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=frozen, saved=n,
+              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=frozen, saved=saved,
               loss_positions=cfg.micro_batch_size * cfg.max_new_tokens,
               dense_mask=dense_attention_mask(), notes=notes))
+
+
+def lora_split(shape, n: int, cfg) -> tuple[int, int]:
+    """(trained parameters, frozen base parameters) of a model of `n` parameters: all trained and
+    no frozen base, or under LoRA (`lora.r` > 0) the adapters trained and the `n` weights frozen."""
+    from llmkit.dryrun import lora_parameters
+
+    if not cfg.lora.enabled:
+        return n, 0
+    return lora_parameters(shape, cfg.lora.r, cfg.lora.target), n

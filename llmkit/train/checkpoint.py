@@ -4,7 +4,8 @@ a `latest` file naming the newest complete one.
 A step folder holds `model.safetensors` (consolidated weights, tied matrices stored once),
 `config.json` (model config), `trainer_state.json` (step, tokens seen, per-rank data position
 and RNG states, metrics), a copy of the tokenizer, and `ds/` (DeepSpeed's optimizer / ZeRO
-shards, for exact resume). Everything here reads safetensors and JSON; DeepSpeed's own `.pt`
+shards, for exact resume). A LoRA run's step folder holds the adapters in peft's format instead
+of the weights (`llmkit.train.lora`). Everything here reads safetensors and JSON; DeepSpeed's own `.pt`
 files are read through `safe_torch_load`, never with the full unpickler.
 """
 
@@ -29,6 +30,8 @@ STEP_DIR = re.compile(r"^step-(\d{8,})$")
 COMPLETE = "complete"
 LATEST = "latest"
 WEIGHTS = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a LoRA run's step folders: peft's file names
+ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
 TRAINER_STATE = "trainer_state.json"
 TOKENIZER = "tokenizer"
@@ -65,13 +68,19 @@ def checkpoint_problem(step_dir: Path) -> str | None:
         json.loads((step_dir / TRAINER_STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return f"{TRAINER_STATE} unreadable: {e}"
-    problem = weights_problem(step_dir / WEIGHTS)
+    problem = weights_problem(weights_file(step_dir))
     if problem:
         return problem
     ds = step_dir / DEEPSPEED
     if not ds.is_dir() or not any(p.name.endswith("model_states.pt") for p in ds.rglob("*")):
         return f"{DEEPSPEED}/ has no DeepSpeed model states"
     return None
+
+
+def weights_file(step_dir) -> Path:
+    """The weights a step folder holds: model.safetensors, or a LoRA run's adapters."""
+    adapters = Path(step_dir) / ADAPTER_WEIGHTS
+    return adapters if adapters.is_file() and not (Path(step_dir) / WEIGHTS).is_file() else Path(step_dir) / WEIGHTS
 
 
 def weights_problem(path: Path) -> str | None:
@@ -177,11 +186,15 @@ def open_run(ctx, stage: str, cfg, inputs: list):
                               force=ctx.force, in_place=True)
     if b.up_to_date:
         return b, None
-    return b, plan_run(b, cfg.resume_from, type(cfg).CONTINUABLE, ctx.force)
+    defaults = _flat(dataclasses.asdict(type(cfg)()))
+    return b, plan_run(b, cfg.resume_from, type(cfg).CONTINUABLE, ctx.force, defaults)
 
 
-def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool) -> RunPlan:
-    """Continue, rewind (resume_from an older step, with --force) or start fresh; see above."""
+def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool,
+             defaults: dict | None = None) -> RunPlan:
+    """Continue, rewind (resume_from an older step, with --force) or start fresh; see above.
+    A setting the run's record lacks (one a later llmkit added, such as lora.r or model.head_dim)
+    is unchanged while it has its default in `defaults` (flat keys): it is what the run had."""
     complete = [p for p in step_dirs(b.final) if is_complete(p)]
     if not complete or (force and not resume_from):
         return RunPlan(resume=False)
@@ -193,7 +206,9 @@ def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool) ->
         else:
             raise _another_run(b, ["(unknown: the folder does not record its settings)"])
     old, new = _flat(record["config"]), _flat(b.config)
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    defaults = defaults or {}
+    added = {k for k in new.keys() - old.keys() if k in defaults and new[k] == defaults[k]}
+    changed = sorted(k for k in (old.keys() | new.keys()) - added if old.get(k) != new.get(k))
     fixed = [k for k in changed if k.split(".")[0] not in continuable]
     # inputs compare by fingerprint, in order: a copied or moved workspace is the same run
     old_inputs = [i["fingerprint"] for i in record["inputs"]]
@@ -376,7 +391,7 @@ def read_weights(path: Path) -> dict:
 def resolve_step_dir(path: str | Path) -> Path:
     """A step folder from a step folder, or a run folder (its `latest`, else its newest complete)."""
     path = Path(path)
-    if (path / WEIGHTS).is_file():
+    if weights_file(path).is_file():
         return path
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a checkpoint run or one of its step-* folders")

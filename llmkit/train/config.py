@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from llmkit.errors import ConfigError
 from llmkit.train import checkpoint as ckpt
+from llmkit.train.lora import LoraConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -40,6 +41,7 @@ class TrainConfig:
     max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
     resume_from: str | None = None  # step folder to resume from; None = the newest complete one
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.r > 0): train those, the weights stay frozen
 
     # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
     # and how observed it goes on. The rest (batch shape, precision, ZeRO stage, seed, optimizer

@@ -5,11 +5,13 @@ A completion's log-probability is the sum over its reply tokens (the mean for IP
 authors specify). By default the reference's log-probabilities are computed once, in one pass
 over the data before training, and stored in the batches, so the reference model is not held
 in memory while the policy trains (`precompute_ref=false` keeps it and recomputes per batch).
-The reference is `--ref`, by default the starting checkpoint `--from`.
+The reference is `--ref`, by default the starting checkpoint `--from`; under LoRA that is the
+policy itself with its adapters disabled (`lora.adapters_disabled`), so no second model is held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import torch
 from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt
 from llmkit.errors import ConfigError
 from llmkit.train.loading import load_model, starting_weights
+from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import DpoLossType, dpo_loss
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
                                     exact_match_summary, labelled_token_logps, load_start,
@@ -108,16 +111,21 @@ class DpoTask(Task):
                  reference_seconds: float = 0.0):
         super().__init__(model, train_data, eval_data)
         self.cfg = cfg
-        self.reference = reference  # held only when its log-probs are not precomputed
+        # held only when its log-probs are not precomputed; None then means the policy's own frozen
+        # base (LoRA: the adapters disabled)
+        self.reference = reference
         self.reference_seconds = reference_seconds  # time the precomputed log-probs took
 
-    def reference_logps(self, batch):
+    def reference_logps(self, model, batch):
         if not self.cfg.uses_reference:
             return None
         if "ref_logps" in batch:
             return batch["ref_logps"]
-        self.reference.to(self.device)
         with torch.no_grad():
+            if self.reference is None:
+                with adapters_disabled(model):
+                    return completion_logps(model, batch, self.cfg.average_logps)
+            self.reference.to(self.device)
             return completion_logps(self.reference, batch, self.cfg.average_logps)
 
     def loss(self, model, batch):
@@ -125,7 +133,7 @@ class DpoTask(Task):
         total, count = completion_sums(model, batch)
         policy = per_row(total, count, cfg.average_logps)
         half = len(policy) // 2
-        ref = self.reference_logps(batch)
+        ref = self.reference_logps(model, batch)
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             policy[:half], policy[half:], None if ref is None else ref[:half],
             None if ref is None else ref[half:], beta=cfg.beta, loss_type=cfg.loss_type,
@@ -149,17 +157,20 @@ class DpoTask(Task):
 
 
 def reference_policy(policy, ref_step, data, cfg: DpoConfig, pad_id: int, device):
-    """(the reference DpoTask holds — None when it is not needed or its log-probs are precomputed
-    into `data`'s pairs —, seconds the precomputation took). `ref_step` None: the starting policy."""
+    """(the reference DpoTask holds — None when it is not needed, when its log-probs are precomputed
+    into `data`'s pairs, or when it is the policy's own base under LoRA —, seconds the
+    precomputation took). `ref_step` None: the starting policy."""
     if not cfg.uses_reference:
         return None, 0.0
+    own_base = ref_step is None and adapters_of(policy) is not None  # the adapters off: no copy
     reference = (load_model(ref_step, device)[0] if ref_step
-                 else policy if cfg.precompute_ref else copy.deepcopy(policy))
+                 else policy if cfg.precompute_ref or own_base else copy.deepcopy(policy))
     if not cfg.precompute_ref:
-        return reference.requires_grad_(False), 0.0
+        return (None if own_base else reference.requires_grad_(False)), 0.0
     started = time.time()
-    precompute_reference_logps(reference, data.pairs + data.eval_pairs, pad_id,
-                               2 * cfg.micro_batch_size, cfg.average_logps)
+    with adapters_disabled(reference) if own_base else contextlib.nullcontext():
+        precompute_reference_logps(reference, data.pairs + data.eval_pairs, pad_id,
+                                   2 * cfg.micro_batch_size, cfg.average_logps)
     return None, time.time() - started  # the reference is not held while the policy trains
 
 
@@ -198,7 +209,8 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
         data = preference_data(tokenizer, data_art, eval_art, cfg)
         scored = one_per_prompt(data.heldout)[:cfg.eval_records]
         return Fit(lambda dist: dpo_task(policy, ref_step, data, cfg, tokenizer.pad_id, dist),
-                   tokenizer.path, dpo_summary, model=policy, metrics=DPO_METRICS, after=dpo_stats,
+                   tokenizer.path, dpo_summary, model=policy, start=base_step, metrics=DPO_METRICS,
+                   after=dpo_stats,
                    score=exact_match_scorer(cfg, tokenizer, scored),
                    stats={**data.counts, "train_rows": len(data.train_rows),
                           "heldout_pairs": len(data.eval_pairs), "eval_records": len(scored)})

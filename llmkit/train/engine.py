@@ -34,6 +34,7 @@ from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
+from llmkit.train import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.distributed import barrier, seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
@@ -66,7 +67,8 @@ class Engine:
     `tokenizer_dir` is copied into every checkpoint; `init_state_dict` (e.g. from
     `checkpoint.load_weights`) starts a new run from existing weights with a fresh optimizer and
     schedule — it is ignored when run_dir already holds a checkpoint to resume. `model_config` is
-    written as each checkpoint's config.json (default: `task.model.config`).
+    written as each checkpoint's config.json (default: `task.model.config`). A model with LoRA
+    adapters (`lora.add_adapters`) is checkpointed as its adapters and the base they adapt.
     """
 
     def __init__(self, run_dir, train_cfg: TrainConfig, task: Task, tokenizer_dir=None,
@@ -78,6 +80,7 @@ class Engine:
         self.init_state_dict = init_state_dict
         self.model_config = _as_dict(model_config if model_config is not None
                                      else getattr(task.model, "config", None))
+        self.adapters = lora.adapters_of(task.checkpoint_module(task.model))
         self.step = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
@@ -142,6 +145,8 @@ class Engine:
         if cfg.zero_stage == 0 and self.dist.world_size == 1:
             # alone, DeepSpeed would still flatten, scale and copy back every gradient
             self.model.enable_backward_allreduce = False
+        if self.adapters is not None:
+            _save_trained_state_only(self.model)
         self.device = self.task.device = torch.device(self.dist.device)
 
     # -- resume -------------------------------------------------------------------------------
@@ -190,12 +195,17 @@ class Engine:
                 f"{step_dir} was written by {state['world_size']} processes, this run has "
                 f"{self.dist.world_size}; resume with the same number, or start a new run from its "
                 "weights (--from)")
+        if self.adapters is not None:
+            recorded = lora.read_config(step_dir).get(lora.LORA_KEY, {}).get("base_fingerprint")
+            lora.check_same_base(step_dir, recorded, self.adapters.base_fingerprint, self.adapters.base)
         # every DeepSpeed read of the step folder (model, optimizer, ZeRO shards) goes through
         # its checkpoint engine: make those reads weights-only
         self.model.checkpoint_engine.load = ckpt.safe_torch_load
         load_path, _ = self.model.load_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED,
                                                   load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False)
+                                                  load_lr_scheduler_states=False,
+                                                  # a LoRA run's ds/ holds no frozen weights
+                                                  load_module_strict=self.adapters is None)
         if load_path is None:
             raise RuntimeError("no DeepSpeed checkpoint found")
         mine = state["ranks"][self.dist.rank]
@@ -358,8 +368,12 @@ class Engine:
             ranks = [None] * self.dist.world_size
             torch.distributed.all_gather_object(ranks, rank_state)
         if main:
-            ckpt.save_weights(step_dir / ckpt.WEIGHTS, tensors, tied)
-            _write_json(step_dir / ckpt.MODEL_CONFIG, self.model_config)
+            if self.adapters is None:
+                ckpt.save_weights(step_dir / ckpt.WEIGHTS, tensors, tied)
+            else:
+                lora.save_adapters(step_dir, tensors, self.adapters)
+            _write_json(step_dir / ckpt.MODEL_CONFIG,
+                        {**self.model_config, **lora.config_entry(step_dir, self.adapters)})
             _write_json(step_dir / ckpt.TRAINER_STATE, {
                 "step": self.step, "tokens_seen": self.tokens_seen,
                 "skipped_steps": self.skipped_steps, "bad_streak": self.bad_streak,
@@ -367,7 +381,9 @@ class Engine:
                 "train_config": dataclasses.asdict(self.cfg), "ranks": ranks})
             if self.tokenizer_dir is not None:
                 shutil.copytree(self.tokenizer_dir, step_dir / ckpt.TOKENIZER)
-        self.model.save_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED, save_latest=False)
+        # the frozen base is an input of the run, not its state: LoRA saves leave it out
+        self.model.save_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED, save_latest=False,
+                                   exclude_frozen_parameters=self.adapters is not None)
         barrier()
         if main:
             ckpt.mark_complete(step_dir)
@@ -377,11 +393,14 @@ class Engine:
         return step_dir
 
     def _consolidated_weights(self) -> tuple[dict, dict]:
-        """Full weights on rank 0 (ZeRO-3 gathers each parameter in turn; all ranks must call)."""
+        """Full weights on rank 0 (ZeRO-3 gathers each parameter in turn; all ranks must call);
+        only the trained ones (adapters, heads) of a model with LoRA adapters."""
         import deepspeed
 
         module = self.task.checkpoint_module(self.model.module)
         named = module.state_dict(keep_vars=True)
+        if self.adapters is not None:
+            named = {k: v for k, v in named.items() if v.requires_grad}
         tied = ckpt.tied_groups(named)
         out = {}
         for name, tensor in named.items():
@@ -413,6 +432,22 @@ class Engine:
     def _restore_signals(handlers) -> None:
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def _save_trained_state_only(engine) -> None:
+    """Make a DeepSpeed engine's checkpoints hold the trained parameters alone (a LoRA run's
+    adapters and heads): its `exclude_frozen_parameters` keeps a frozen tied matrix under its
+    second name (lm_head.weight), the largest matrix of a small model, in every step folder."""
+    full_state = engine.module_state_dict
+    trained = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+    def module_state_dict(*args, **kwargs):
+        state = full_state(*args, **kwargs)
+        for name in [k for k in state if k not in trained]:
+            del state[name]
+        return state
+
+    engine.module_state_dict = module_state_dict
 
 
 def _add_metrics(sums: dict, metrics: dict) -> None:

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.checkpoint import (TOKENIZER, WEIGHTS, is_complete, load_weights, resolve_step_dir,
-                                     step_dirs, step_of)
+from llmkit.train.checkpoint import (TOKENIZER, is_complete, load_weights, resolve_step_dir,
+                                     step_dirs, step_of, weights_file)
 
 CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
 
@@ -47,19 +47,18 @@ def trained_on_chats(step_dir) -> bool:
 
 
 def load_model(path, device=None):
-    """(Transformer in eval mode, the step folder it came from) of a language-model checkpoint."""
+    """(Transformer in eval mode, the step folder it came from) of a language-model checkpoint;
+    a LoRA checkpoint's adapters are merged into its base."""
     from llmkit.model import Transformer
-    from llmkit.train.reward_model import HEAD_KEY
+    from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
 
     step_dir = checkpoint_step_dir(path)
+    if holds_adapters(step_dir):
+        check_language_model(read_config(step_dir), step_dir)
+        model = load_adapters(load_model(base_of(step_dir))[0], step_dir)  # merged: a plain Transformer
+        return model.to(device or "cpu").eval(), step_dir
     state_dict, config = load_weights(step_dir)
-    if config.get(HEAD_KEY):
-        raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; start from a "
-                        "pretrain / sft / dpo checkpoint (a reward model loads with "
-                        "llmkit.train.loading.load_reward_model)")
-    if "model_type" in config:
-        raise UserError(f"{step_dir} holds a Hugging Face transformers config.json; turn the folder into an "
-                        "llmkit checkpoint with `llmkit import --from DIR --out NAME` first")
+    check_language_model(config, step_dir)
     model = Transformer(model_config_from(config, step_dir))
     try:
         model.load_state_dict(state_dict, strict=True)
@@ -67,6 +66,19 @@ def load_model(path, device=None):
         raise UserError(f"{step_dir}: model.safetensors does not fit config.json ({str(e)[:300]}); the "
                         "checkpoint is damaged or mixes two models") from None
     return model.to(device or "cpu").eval(), step_dir
+
+
+def check_language_model(config: dict, step_dir) -> None:
+    """A UserError unless a step folder's config.json is an llmkit language model's."""
+    from llmkit.train.reward_model import HEAD_KEY
+
+    if config.get(HEAD_KEY):
+        raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; start from a "
+                        "pretrain / sft / dpo checkpoint (a reward model loads with "
+                        "llmkit.train.loading.load_reward_model)")
+    if "model_type" in config:
+        raise UserError(f"{step_dir} holds a Hugging Face transformers config.json; turn the folder into an "
+                        "llmkit checkpoint with `llmkit import --from DIR --out NAME` first")
 
 
 def load_tokenizer(step_dir):
@@ -103,7 +115,7 @@ def checkpoint_step_dir(path) -> Path:
     if step_of(path) is not None and not is_complete(path):
         raise UserError(f"{path} has no 'complete' marker: its save was interrupted; use another step "
                         f"of {path.parent} or the run folder itself")
-    if step_of(path) is None and not (path / "model.safetensors").is_file():
+    if step_of(path) is None and not weights_file(path).is_file():
         started = step_dirs(path)
         if started and not any(is_complete(p) for p in started):
             raise UserError(f"{path} holds no complete checkpoint yet ({len(started)} interrupted save(s)); "
@@ -135,7 +147,7 @@ def starting_weights(workspace, from_: str):
     from llmkit.workspace import Artifact
 
     path = Path(from_)
-    if (path / WEIGHTS).is_file():
+    if weights_file(path).is_file():
         return Artifact.open(path.parent), path
     art = workspace.artifact(from_)
     return art, resolve_step_dir(art.path)
@@ -155,14 +167,20 @@ def model_config_from(config: dict, path):
 
 
 def load_reward_model(path):
-    """The `RewardModel` of a checkpoint run (its latest step) or step folder, in eval mode."""
+    """The `RewardModel` of a checkpoint run (its latest step) or step folder, in eval mode (a LoRA
+    one with its adapters merged)."""
     from llmkit.model import Transformer
+    from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
     from llmkit.train.reward_model import HEAD_KEY, REWARD_HEAD, RewardModel
 
-    state_dict, config = load_weights(path)
+    step_dir = resolve_step_dir(path)
+    adapted = holds_adapters(step_dir)
+    state_dict, config = (None, read_config(step_dir)) if adapted else load_weights(step_dir)
     if config.get(HEAD_KEY) != REWARD_HEAD:
         raise UserError(f"{path} is not a reward model (its config.json lacks "
                         f'"{HEAD_KEY}": "{REWARD_HEAD}"); train one with `llmkit rm`')
+    if adapted:
+        return load_adapters(RewardModel(load_model(base_of(step_dir))[0]), step_dir).eval()
     reward_model = RewardModel(Transformer(model_config_from(config, path)))
     reward_model.load_state_dict(state_dict, strict=True)
     return reward_model.eval()

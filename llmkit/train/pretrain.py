@@ -204,7 +204,10 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
                                tokenizer_dir, tokens_art.path)
         train, val = token_loaders(tokens_art, cfg)
         task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
+        # handed over as the start only for LoRA (`lora.r`): a model given as `Fit.model` is moved to
+        # the device whole, where ZeRO-3 would partition it straight from host memory
         return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,
+                   model=model if cfg.lora.enabled else None, start=from_step,
                    # counted before the engine: ZeRO-3 leaves each process a shard
                    stats={"parameters": model.num_parameters(), "mixture": train.probabilities},
                    metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {},

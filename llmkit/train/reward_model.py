@@ -28,6 +28,9 @@ class RewardModel(nn.Module):
     state_dict names are the trunk's `model.*` names, not `trunk.model.*`.
     """
 
+    heads_trained_in_full = ("score",)  # under LoRA: a new head has no weights to adapt
+    peft_task_type = "SEQ_CLS"  # what peft calls a trunk with a scalar head
+
     def __init__(self, trunk: Transformer):
         super().__init__()
         self.__dict__["trunk"] = trunk

@@ -105,7 +105,7 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
         reward_model = RewardModel(trunk)
         return Fit(lambda dist: RmTask(reward_model, batch_stream(data.pairs, data.collate, cfg, dist),
                                        eval_batches or None, cfg.center_coef, cfg.seq_len),
-                   tokenizer.path, rm_summary, model=reward_model, metrics=LOSSES,
+                   tokenizer.path, rm_summary, model=reward_model, start=base_step, metrics=LOSSES,
                    model_config=reward_model.checkpoint_config(),
                    score=pairwise_scorer(cfg, eval_batches),
                    stats={**data.counts, "train_rows": len(data.train_rows),

@@ -66,7 +66,7 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
         scored = heldout[:cfg.eval_records]
         return Fit(lambda dist: SftTask(model, batch_stream(sequences, collate, cfg, dist),
                                         eval_batches or None, cfg.seq_len, tokenizer.pad_id),
-                   tokenizer.path, sft_summary, model=model, metrics=LOSSES,
+                   tokenizer.path, sft_summary, model=model, start=base_step, metrics=LOSSES,
                    score=exact_match_scorer(cfg, tokenizer, scored),
                    stats={**counts, "train_rows": len(train_rows), "heldout_rows": len(heldout),
                           "sequences": len(sequences), "eval_records": len(scored)})

@@ -4,7 +4,8 @@ A trainer names its inputs and hands over a `prepare` function; `fit_stage` open
 checkpoint run (and stops there when it is up to date), calls `prepare` on every process to
 load the start and the data into a `Fit`, and inside the run builds the trainer's Task, scores
 the model before and after the engine trains it, records the stats (main process) and prints
-the summary:
+the summary. With `lora.r > 0` it freezes the model and adds LoRA adapters first (`train.lora`):
+the Task, the scores and the engine see the model with its adapters.
 
     def run_sft(ctx, cfg, base, eval_data=None):
         base_art, base_step, data_art, eval_art = post_training_inputs(...)
@@ -37,6 +38,7 @@ class Fit:
     tokenizer_dir: Path  # copied into every checkpoint
     summary: Callable[[dict], list]  # the stats -> the summary lines between "steps" and "seconds"
     model: Any = None  # the start: moved to the device before `score` and the Task see it
+    start: Path | None = None  # the step folder `model` was loaded from: the base of LoRA adapters
     model_config: Any = None  # each checkpoint's config.json; None = the Task model's `config`
     score: Callable | None = None  # (model, DistEnv) -> {name: value}: recorded as base_<name>
     #                                 (before training) and <name> (after)
@@ -58,6 +60,8 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
         return b
     fit = prepare()
     b.extra.update(fit.extra)
+    if cfg.lora.enabled:
+        add_lora(fit, cfg)
     with training_run(b, plan) as dist:
         if fit.model is not None:
             fit.model.to(dist.device)
@@ -76,3 +80,15 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
         print_summary(f"{b.name} done", [("steps", result.step), *fit.summary(b.stats),
                                          ("seconds", round(time.time() - b.started, 1))])
     return b
+
+
+def add_lora(fit: Fit, cfg) -> None:
+    """Adapters on the start of the run (`lora.add_adapters`), their size in the stats."""
+    from llmkit.errors import ConfigError
+    from llmkit.train.lora import add_adapters, trainable_share
+
+    if fit.model is None or fit.start is None:
+        raise ConfigError("lora.r > 0 trains adapters on existing weights: start from a checkpoint "
+                          "(--from), or set lora.r=0")
+    add_adapters(fit.model, cfg.lora, fit.start, seed=cfg.seed)
+    fit.stats.update(trainable_share(fit.model))

@@ -136,7 +136,7 @@ RUN_CONFIG = {"max_steps": 8, "lr": 1e-3, "seed": 0, "model": {"hidden_size": 32
 
 
 def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_from=None,
-            force=False, steps=(4, 8)):
+            force=False, steps=(4, 8), defaults=None):
     """The plan for a rerun of a run dir holding complete `steps`, started with RUN_CONFIG on an
     input whose fingerprint was "aaa"; `config`/`fingerprint` are the rerun's."""
     from llmkit.train.config import TrainConfig
@@ -153,12 +153,25 @@ def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_fro
              "changes": []}))
     b = Workspace(tmp_path).builder("run", stage="pretrain", config=config or RUN_CONFIG,
                                     inputs=[data], in_place=True, quiet=True)
-    return ckpt.plan_run(b, resume_from, TrainConfig.CONTINUABLE, force)
+    return ckpt.plan_run(b, resume_from, TrainConfig.CONTINUABLE, force, defaults)
 
 
 def test_rerun_with_the_same_settings_continues_from_the_newest_checkpoint(tmp_path):
     plan = planned(tmp_path)
     assert (plan.resume, plan.step, plan.changes) == (True, 8, {})
+
+
+def test_a_setting_a_later_version_added_is_unchanged_at_its_default(tmp_path):
+    """A run recorded before `lora` and `model.head_dim` existed: the same run while they keep
+    their defaults (it was trained without them), another one when they are set."""
+    newer = {**RUN_CONFIG, "lora": {"r": 0, "alpha": 16.0}, "model": {**RUN_CONFIG["model"], "head_dim": None}}
+    defaults = {"lora.r": 0, "lora.alpha": 16.0, "model.head_dim": None}
+    plan = planned(tmp_path / "a", config=newer, defaults=defaults)
+    assert plan.resume and plan.step == 8 and plan.changes == {}
+    with pytest.raises(ConfigError, match=r"other settings \(lora.r\)"):
+        planned(tmp_path / "b", config={**newer, "lora": {"r": 8, "alpha": 16.0}}, defaults=defaults)
+    with pytest.raises(ConfigError, match=r"other settings \(lora.alpha, lora.r\)"):
+        planned(tmp_path / "c", config=newer)  # without the defaults: a new key is a change
 
 
 def test_extending_a_run_continues_it_and_names_the_changes(tmp_path):

@@ -1,0 +1,287 @@
+"""LoRA (Hu et al. 2021) through `peft`: low-rank adapters trained in place of a model's weights.
+
+`--set lora.r=16` on any trainer (sft, rm, dpo, ppo, pretrain --from) freezes the starting
+weights and trains adapters on the linear layers of the decoder blocks (`lora.target`); a new
+head that the stage adds (rm's `score`) trains in full beside them. peft injects the adapters
+into llmkit's own `Transformer` by module name: its names are Hugging Face Llama's, so the
+adapters are peft's own format and load onto `AutoModelForCausalLM` as they are.
+
+A LoRA run's step folders hold the adapters (`adapter_model.safetensors`, `adapter_config.json`:
+what `peft.PeftModel.save_pretrained` writes) and, in `config.json` under `llmkit_lora`, the
+base step folder they adapt (relative to the step folder) and the fingerprint of its weights:
+loading refuses a base that changed since. `llmkit.load` merges the adapters into the base in
+memory, so generate / eval / export see a plain model.
+
+`import peft` (~3-6 s: it imports transformers) happens only in the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.train.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, WEIGHTS, weights_file
+
+ALL_LINEAR = "all-linear"
+LORA_KEY = "llmkit_lora"  # the section of a LoRA step's config.json naming its base
+PEFT_PREFIX = "base_model.model."  # what PeftModel.save_pretrained puts before module names
+ADAPTER_NAME = "default"  # peft's name of a model's one adapter
+
+
+@dataclass
+class LoraConfig:
+    """The `lora` section of every trainer's config; off while r is 0."""
+
+    r: int = 0  # adapter rank; 0 = no LoRA (every weight trains)
+    alpha: float = 16.0  # scale of the adapters' update: alpha / r (LoRA's α)
+    dropout: float = 0.0  # dropout on the adapters' input
+    target: str | list[str] = ALL_LINEAR  # all-linear (every linear layer of the blocks) or module names: q_proj,v_proj,...
+
+    def __post_init__(self):
+        if self.r < 0:
+            raise ConfigError(f"lora.r must be >= 0 (0 = off), got {self.r}")
+        if not self.alpha > 0:
+            raise ConfigError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        # a string is a comma list (`q_proj,v_proj`), brackets allowed (`[q_proj, v_proj]`)
+        names = (re.findall(r"[^\s,\[\]'\"]+", self.target) if isinstance(self.target, str)
+                 else [str(n).strip() for n in self.target if str(n).strip()])
+        if not names:
+            raise ConfigError(f"lora.target must be {ALL_LINEAR} or module names like q_proj,v_proj")
+        self.target = ALL_LINEAR if names == [ALL_LINEAR] else names
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_]\w*", n)] if self.target != ALL_LINEAR else []
+        if bad:
+            raise ConfigError(f"lora.target: {', '.join(map(repr, bad))} is not a module name; give "
+                              f"{ALL_LINEAR} or names like q_proj,v_proj")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
+@dataclass
+class Adapters:
+    """What a model with adapters carries beside them (as `model.llmkit_lora`): enough to write
+    a checkpoint that names its base."""
+
+    peft_config: object  # peft.LoraConfig the adapters were made with
+    base: Path  # the step folder of the frozen weights
+    base_fingerprint: str  # `weights_fingerprint(base)` when the adapters were added
+    trained_in_full: tuple[str, ...] = ()  # modules saved whole beside the adapters (rm's score)
+
+
+# -- adding, disabling and merging adapters -------------------------------------------------
+
+def import_peft():
+    """peft, or a UserError saying how to install it (it is an optional dependency)."""
+    try:
+        import peft
+    except ImportError:
+        raise UserError("lora.r > 0 needs the peft package: pip install 'llmkit[lora]' (or peft>=0.21)") from None
+    return peft
+
+
+def linear_layer_names(model) -> list[str]:
+    """The names (last part) of the linear layers in the model's decoder blocks: what
+    lora.target may name."""
+    import torch.nn as nn
+
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear) and ".layers." in f".{name}"})
+
+
+def target_modules(model, cfg: LoraConfig) -> list[str]:
+    """cfg.target as module names of `model`; a ConfigError names the ones that exist."""
+    known = linear_layer_names(model)
+    if cfg.target == ALL_LINEAR:
+        return known
+    unknown = [n for n in cfg.target if n not in known]
+    if unknown:
+        raise ConfigError(f"lora.target: the model has no linear layer {', '.join(map(repr, unknown))}; "
+                          f"its blocks' linear layers are {', '.join(known)} (or use {ALL_LINEAR})")
+    return list(cfg.target)
+
+
+def add_adapters(model, cfg: LoraConfig, base, seed: int = 0):
+    """Freeze `model` and inject LoRA adapters (peft's LoRA layers, lora_B zero: the model's
+    output is unchanged until it trains); the modules it lists in `heads_trained_in_full` stay
+    trainable. `base` is the step folder its weights came from. Returns the model (changed in
+    place). The adapters' initial values depend on `seed` only, so every process of a run
+    builds the same ones."""
+    import torch
+
+    peft = import_peft()
+    full = tuple(getattr(model, "heads_trained_in_full", ()))
+    peft_config = peft.LoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none",
+        target_modules=target_modules(model, cfg), modules_to_save=list(full) or None,
+        task_type=getattr(model, "peft_task_type", "CAUSAL_LM"))
+    injected = dataclasses.replace(peft_config, modules_to_save=None)  # trained whole by hand: their names stay
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft.inject_adapter_in_model(injected, model, adapter_name=ADAPTER_NAME)
+    for name in full:
+        model.get_submodule(name).requires_grad_(True)
+    model.llmkit_lora = Adapters(peft_config, Path(base).resolve(), weights_fingerprint(base), full)
+    return model
+
+
+def adapters_of(module) -> Adapters | None:
+    """The `Adapters` of a module that has them (see `add_adapters`), else None."""
+    return getattr(module, "llmkit_lora", None)
+
+
+@contextlib.contextmanager
+def adapters_disabled(module):
+    """Within: `module` computes as its frozen base (peft's `disable_adapter`), so the same
+    weights serve as the reference of DPO and PPO."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield module
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def merge_adapters(model):
+    """Fold each adapter into its base weight (W + B·A·alpha/r) and put the plain layer back:
+    a model without adapters, in place."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, module.get_base_layer())
+    for attr in ("llmkit_lora", "peft_config"):
+        model.__dict__.pop(attr, None)
+    return model
+
+
+def trainable_share(model) -> dict:
+    """Trainable parameters and their share of all parameters (for a run's stats)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable_parameters": trainable, "trainable_share": round(trainable / total, 6)}
+
+
+# -- step folders ---------------------------------------------------------------------------
+
+def weights_fingerprint(step_dir) -> str:
+    """blake2b of a step folder's weights file: the base a LoRA checkpoint was trained on."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(weights_file(step_dir), "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def peft_names(tensors: dict) -> dict:
+    """llmkit's names of trained tensors -> the names in peft's adapter_model.safetensors
+    (`base_model.model.<module>.lora_A.weight`: the adapter's name dropped)."""
+    return {PEFT_PREFIX + re.sub(rf"\.(lora_\w+)\.{ADAPTER_NAME}(?=\.|$)", r".\1", name): t
+            for name, t in tensors.items()}
+
+
+def llmkit_names(tensors: dict) -> dict:
+    """The inverse of `peft_names`."""
+    return {re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", name.removeprefix(PEFT_PREFIX)): t
+            for name, t in tensors.items()}
+
+
+def save_adapters(step_dir: Path, tensors: dict, adapters: Adapters) -> None:
+    """adapter_model.safetensors + adapter_config.json in `step_dir`, as peft writes them;
+    `tensors` are the trained ones (adapters and heads trained in full), llmkit's names."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous() for k, v in peft_names(tensors).items()},
+              str(step_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    write_adapter_config(adapters.peft_config, step_dir, base=os.path.relpath(adapters.base, step_dir))
+
+
+def write_adapter_config(peft_config, folder: Path, base: str) -> None:
+    """adapter_config.json as peft writes it, its target modules sorted (peft keeps a set, whose
+    order changes from process to process: a resumed run would write another file)."""
+    dataclasses.replace(peft_config, base_model_name_or_path=base).save_pretrained(str(folder))
+    path = folder / ADAPTER_CONFIG
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["target_modules"] = sorted(config["target_modules"])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def config_entry(step_dir: Path, adapters: Adapters | None) -> dict:
+    """What a step folder's config.json adds when it holds adapters: its base and fingerprint."""
+    if adapters is None:
+        return {}
+    return {LORA_KEY: {"base": os.path.relpath(adapters.base, step_dir),
+                       "base_fingerprint": adapters.base_fingerprint}}
+
+
+def holds_adapters(step_dir) -> bool:
+    """Whether a step folder holds LoRA adapters (instead of full weights)."""
+    return (Path(step_dir) / ADAPTER_CONFIG).is_file() and not (Path(step_dir) / WEIGHTS).is_file()
+
+
+def base_of(step_dir, config: dict | None = None) -> Path:
+    """The base step folder of a LoRA step folder, checked: it exists and its weights are the
+    ones the adapters were trained on (a UserError otherwise)."""
+    step_dir = Path(step_dir)
+    if config is None:
+        config = read_config(step_dir)
+    entry = config.get(LORA_KEY)
+    if not entry:
+        raise UserError(f"{step_dir / MODEL_CONFIG} names no base model ({LORA_KEY}); the LoRA checkpoint "
+                        "is damaged")
+    base = Path(os.path.normpath(step_dir / entry["base"]))
+    if not base.is_dir():
+        raise UserError(f"{step_dir} holds LoRA adapters of {base}, which no longer exists; restore that "
+                        "checkpoint (keep_last may have pruned it) or retrain the adapters")
+    check_same_base(step_dir, entry["base_fingerprint"], weights_fingerprint(base), base)
+    return base
+
+
+def check_same_base(step_dir, recorded: str, current: str, base) -> None:
+    if recorded != current:
+        raise UserError(f"{step_dir} holds LoRA adapters trained on other weights than {base} holds now "
+                        "(its fingerprint changed: the base was retrained or replaced); restore the base "
+                        "they were trained on, or train the adapters again (--force)")
+
+
+def read_config(step_dir: Path) -> dict:
+    try:
+        return json.loads((Path(step_dir) / MODEL_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{Path(step_dir) / MODEL_CONFIG} unreadable ({e}); the checkpoint is damaged") from None
+
+
+def load_adapters(model, step_dir, merge: bool = True):
+    """`model` (the base of LoRA step folder `step_dir`, see `base_of`) with the folder's adapters
+    (and heads trained in full) — merged into its weights unless merge=False. In place."""
+    from safetensors.torch import load_file
+
+    peft = import_peft()
+    step_dir = Path(step_dir)
+    peft_config = peft.LoraConfig.from_pretrained(str(step_dir))
+    full = tuple(peft_config.modules_to_save or ())
+    peft.inject_adapter_in_model(dataclasses.replace(peft_config, modules_to_save=None, inference_mode=True),
+                                 model, adapter_name=ADAPTER_NAME)
+    tensors = llmkit_names(load_file(str(step_dir / ADAPTER_WEIGHTS)))
+    expected = {n for n, _ in model.named_parameters() if ".lora_" in n or n.split(".")[0] in full}
+    missing, unexpected = expected - set(tensors), set(tensors) - expected
+    if missing or unexpected:
+        raise UserError(f"{step_dir / ADAPTER_WEIGHTS} does not fit its base model (missing "
+                        f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); the checkpoint is damaged")
+    model.load_state_dict(tensors, strict=False)
+    return merge_adapters(model) if merge else model
