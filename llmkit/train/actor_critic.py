@@ -41,6 +41,13 @@ class ActorCritic(nn.Module):
         return self.policy.config
 
     @property
+    def aux_loss(self):
+        """The MoE load-balancing loss of the last forward: the policy's, plus a value trunk's."""
+        if self.value_trunk is None:
+            return self.policy.aux_loss
+        return self.policy.aux_loss + self.value_trunk.aux_loss
+
+    @property
     def gradient_checkpointing(self) -> bool:
         return self.policy.gradient_checkpointing
 

@@ -25,6 +25,10 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "robust", "reference_free")
 DpoLossType = Literal["sigmoid", "ipo", "cdpo", "robust", "reference_free"]
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+GrpoLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+REWARD_SCALINGS = ("group", "batch", "none")
+RewardScaling = Literal["group", "batch", "none"]
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +194,14 @@ def clip_scores(scores: torch.Tensor, clip: float | None) -> torch.Tensor:
     return scores if clip is None else scores.clamp(-clip, clip)
 
 
+def penalize_missing_stop(scores: torch.Tensor, stopped: torch.Tensor,
+                          penalty: float | None) -> torch.Tensor:
+    """Scores less `penalty` where `stopped` is False, i.e. the response ran out of tokens before
+    its stop token (TRL's `missing_eos_penalty`): a reward model scores a cut-off reply as if it
+    were finished, and the policy would learn to ramble to the budget."""
+    return scores if penalty is None else scores - penalty * (~stopped.bool()).to(scores.dtype)
+
+
 class RunningMoments:
     """Running mean and standard deviation of every score seen so far (Chan et al.'s parallel
     merge), to normalise rewards by statistics that do not jump from batch to batch."""
@@ -254,32 +266,85 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, (advantages + values) * mask
 
 
-def group_relative_advantages(scores: torch.Tensor, group_size: int,
+def group_relative_advantages(scores: torch.Tensor, group_size: int, scale: RewardScaling = "group",
                               eps: float = 1e-4) -> torch.Tensor:
-    """GRPO (Shao et al. 2024): each score minus its group's mean, over the group's std, where a
-    group is `group_size` consecutive samples of one prompt. A group whose samples all scored
-    the same gives 0 — nothing to learn from it."""
+    """GRPO (Shao et al. 2024): each score minus its group's mean, where a group is `group_size`
+    consecutive samples of one prompt, divided by (TRL's `scale_rewards`)
+    - group: the group's std (the paper);
+    - batch: the std of every score given (more robust when a group's scores barely differ);
+    - none: nothing (Dr. GRPO, Liu et al. 2025: dividing by the std weighs prompts that are too
+      easy or too hard the most).
+    A group whose samples all scored the same gives 0 — nothing to learn from it."""
     if scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
     grouped = scores.view(-1, group_size)
-    std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(grouped[:, :1])
-    return ((grouped - grouped.mean(-1, keepdim=True)) / (std + eps)).view(-1)
+    centred = grouped - grouped.mean(-1, keepdim=True)
+    if scale == "none":
+        return centred.view(-1)
+    if scale == "group":
+        std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(grouped[:, :1])
+    elif scale == "batch":
+        std = scores.std() if scores.numel() > 1 else torch.ones_like(scores[0])
+    else:
+        raise ValueError(f"unknown scale_rewards {scale!r}; choose one of {REWARD_SCALINGS}")
+    return (centred / (std + eps)).view(-1)
 
 
 # ---- losses --------------------------------------------------------------------------------------
 
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor,
-                        clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7), negated to minimise, and the
-    fraction of tokens where the clip was active:
-    mean over tokens of max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), ρ = π / π_old."""
+def clipped_policy_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                              advantages: torch.Tensor,
+                              clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) per token, negated to minimise:
+    max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), ρ = π / π_old; and where the clip was active (bool)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    return loss, clipfrac.detach()
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                        advantages: torch.Tensor, mask: torch.Tensor,
+                        clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`clipped_policy_token_loss` averaged over the tokens, and the fraction of tokens where the
+    clip was active."""
+    per_token, was_clipped = clipped_policy_token_loss(logprobs, old_logprobs, advantages, clip_range)
+    return masked_mean(per_token, mask), masked_mean(was_clipped.float(), mask).detach()
+
+
+def aggregate_token_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: GrpoLossType, *,
+                         max_tokens: int | None = None,
+                         tokens_per_micro_batch: torch.Tensor | float | None = None) -> torch.Tensor:
+    """One micro-batch's loss from its per-token losses [B, R], as TRL's GRPOTrainer forms it
+    (`loss_type`); the engine then averages the micro-batches of a step over accumulation and
+    processes:
+    - grpo: the mean over sequences of each sequence's token mean (Shao et al. 2024, eq. 3);
+      a token of a short response weighs more than one of a long response;
+    - bnpo: the mean over every token of the micro-batch;
+    - dr_grpo: the token sum / (sequences × max_tokens, the generation budget) (Liu et al. 2025,
+      "Dr. GRPO"): no length bias, and a constant normaliser;
+    - dapo: the token sum / `tokens_per_micro_batch` (Yu et al. 2025, DAPO): given the response
+      tokens of the whole optimizer step, over every micro-batch and process, divided by the
+      number of those micro-batches, the engine's mean over them is the mean over every token of
+      the step (TRL's `num_items_in_batch`): each token weighs the same however the step's
+      sequences were split into micro-batches.
+    """
+    mask = mask.to(per_token.dtype)
+    total = (per_token * mask).sum()
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if loss_type == "bnpo":
+        return total / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        if max_tokens is None:
+            raise ValueError("loss_type dr_grpo divides by sequences × max_tokens: give max_tokens")
+        return total / (per_token.shape[0] * max_tokens)
+    if loss_type == "dapo":
+        if tokens_per_micro_batch is None:
+            raise ValueError("loss_type dapo divides by the step's tokens: give tokens_per_micro_batch")
+        return total / torch.as_tensor(tokens_per_micro_batch, dtype=total.dtype,
+                                       device=total.device).clamp(min=1)
+    raise ValueError(f"unknown GRPO loss_type {loss_type!r}; choose one of {GRPO_LOSS_TYPES}")
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

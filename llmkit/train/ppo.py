@@ -2,13 +2,16 @@
 
 PPO (Schulman et al. 2017, as applied to language models by Ziegler et al. 2019 and InstructGPT):
 each rollout samples responses from the current policy with the KV cache, scores them with a
-reward model and/or exact match against the prompt's answer (clipped, optionally normalised),
-adds a per-token KL penalty to the frozen reference (k1 or k3; fixed or adaptive β), and turns
+reward model and/or exact match against the prompt's answer (optionally penalised for a missing
+stop token, clipped and normalised),
+adds a per-token KL penalty to the frozen reference (k1 or k3; fixed or adaptive β; under LoRA
+the policy itself with its adapters disabled, not a copy), and turns
 rewards into advantages with GAE against a learnt value head (on the policy's trunk or its
 own), whitened. Several epochs of minibatches then minimise the clipped policy loss plus the
 clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per prompt instead,
 uses each score relative to its group as the advantage of every token, and needs no value
-model; its KL to the reference is a k3 term in the loss.
+model; its KL to the reference is a k3 term in the loss, and its per-token losses become one
+as TRL's `loss_type` says (default dapo: a mean over every token of the optimizer step).
 
 The file reads top to bottom: the config, the trained module, rollouts, the engine Task, the
 stage. The per-token maths (masked statistics, KL estimators and controllers, GAE, the clipped
@@ -26,8 +29,10 @@ are the mean training reward of the first and last tenth of the rollouts.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, ClassVar, Literal
 
 import torch
 
@@ -37,14 +42,17 @@ from llmkit.model import Transformer
 from llmkit.rewards import Scorer, mixed_scorer, reward_model_scorer, verify_scorer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
-from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
-                                 clip_scores, clipped_policy_loss, clipped_value_loss,
-                                 entropy_from_logits, gae, group_relative_advantages, kl_estimate,
-                                 logprobs_of, masked_mean, token_rewards, whiten)
+from llmkit.train.lora import adapters_disabled, adapters_of
+from llmkit.train.losses import (AdaptiveKLController, FixedKLController, GrpoLossType,
+                                 RewardScaling, RunningMoments, aggregate_token_loss, clip_scores,
+                                 clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
+                                 gae, group_relative_advantages, kl_estimate, logprobs_of,
+                                 masked_mean, penalize_missing_stop, token_rewards, whiten)
 from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_split, load_start,
                                     post_training_inputs)
-from llmkit.train.rollouts import (Prompt, Samples, rank_and_world, response_mask_of, select_rows,
-                                   strip_stop)
+from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, gathered_over_processes,
+                                   mean_over_processes, rank_and_world, response_mask_of,
+                                   select_rows, strip_stop, summed_over_processes)
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import Task
 
@@ -56,8 +64,14 @@ class PpoConfig(GenerativeConfig):
     """The engine's settings (flat, as for sft/rm/dpo: `--set lr=…`) plus PPO's own.
 
     One optimizer step takes micro_batch_size × grad_accum responses of the current rollout;
-    max_new_tokens bounds both rollouts and the held-out evaluation.
+    max_new_tokens bounds both rollouts and the held-out evaluation. A setting that only one of
+    the two algorithms reads is refused when set under the other (`PPO_ONLY`, `GRPO_ONLY`).
     """
+
+    # the value model, GAE and the KL penalty in the reward: grpo has none of them
+    PPO_ONLY: ClassVar[tuple] = ("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
+                                 "value_model", "kl_estimator")
+    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards")
 
     algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
@@ -70,6 +84,13 @@ class PpoConfig(GenerativeConfig):
     top_k: int | None = None  # sample among the k likeliest tokens only; None = all
     top_p: float = 1.0  # nucleus sampling threshold; 1 = off
     clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε]
+    # grpo: how per-token losses become one (TRL's loss_type and its default): grpo = mean of each
+    # sequence's token mean (the paper), bnpo = token mean of the micro-batch, dr_grpo = token sum
+    # / (sequences × max_new_tokens), dapo = token mean over the whole optimizer step (every
+    # micro-batch and process). ppo keeps the token mean of the micro-batch, as TRL's PPOTrainer
+    # and OpenRLHF (token_level_loss) do.
+    loss_type: GrpoLossType = "dapo"
+    scale_rewards: RewardScaling = "group"  # grpo: divide score − group mean by the group's std, the batch's (all processes), or nothing (Dr. GRPO)
     clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
     vf_coef: float = 0.1  # weight of the value loss beside the policy loss
     entropy_coef: float = 0.0  # weight of an entropy bonus (0 = none)
@@ -81,7 +102,8 @@ class PpoConfig(GenerativeConfig):
     adaptive_kl: bool = False  # steer β towards kl_target (Ziegler et al.) instead of keeping it fixed
     kl_target: float = 6.0  # adaptive_kl: the KL per sequence to aim for (nats)
     kl_horizon: int = 10000  # adaptive_kl: samples over which β adapts by about ±20%
-    reward_clip: float | None = 5.0  # scores are clamped to ±reward_clip; None = no clamp
+    reward_clip: float | None = None  # scores are clamped to ±reward_clip; None = no clamp (as TRL)
+    missing_eos_penalty: float | None = None  # subtracted from the score of a response cut off before its stop token (TRL's)
     normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
     value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
     # the engine's settings where RL fine-tuning differs from the others: a small constant lr
@@ -110,6 +132,8 @@ class PpoConfig(GenerativeConfig):
             raise ConfigError(f"top_k must be >= 1 or null, got {self.top_k}")
         if self.reward_clip is not None and not self.reward_clip > 0:
             raise ConfigError(f"reward_clip must be > 0 or null, got {self.reward_clip}")
+        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
+            raise ConfigError(f"missing_eos_penalty must be >= 0 or null, got {self.missing_eos_penalty}")
         if not self.kl_target > 0:
             raise ConfigError(f"kl_target must be > 0, got {self.kl_target}")
         if self.algo == "grpo" and self.group_size < 2:
@@ -122,6 +146,27 @@ class PpoConfig(GenerativeConfig):
                 f"a rollout of {self.rollout_size} responses does not split into minibatches of "
                 f"micro_batch_size={self.micro_batch_size}; make prompts_per_rollout"
                 f"{' × group_size' if self.algo == 'grpo' else ''} a multiple of it")
+        per_pass = self.rollout_size // self.micro_batch_size
+        if per_pass % self.grad_accum:
+            raise ConfigError(
+                f"grad_accum={self.grad_accum} does not divide the {per_pass} micro-batches of one "
+                f"pass over a rollout ({self.rollout_size} responses / micro_batch_size="
+                f"{self.micro_batch_size}): an optimizer step would mix two passes; use a grad_accum "
+                f"that divides {per_pass}, or change prompts_per_rollout or micro_batch_size")
+        self._refuse_settings_of_the_other_algo()
+
+    def _refuse_settings_of_the_other_algo(self) -> None:
+        """A setting the chosen algo never reads is an error, not silently ignored ("set" here:
+        different from its default)."""
+        unused = self.PPO_ONLY if self.algo == "grpo" else self.GRPO_ONLY
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [f"{name}={getattr(self, name)!r}" for name in unused
+                   if getattr(self, name) != defaults[name]]
+        if changed:
+            reads = ("the value model, GAE and the KL penalty in the reward are ppo's"
+                     if self.algo == "grpo" else "they shape group-relative (grpo) losses")
+            raise ConfigError(f"algo={self.algo} ignores {', '.join(changed)} ({reads}): remove "
+                              f"them, or use algo={'ppo' if self.algo == 'grpo' else 'grpo'}")
 
     @property
     def samples_per_prompt(self) -> int:
@@ -140,7 +185,10 @@ class PpoTask(Task):
     rollout from the current policy: `prompts_per_rollout` prompts (× group_size for grpo) in a
     seeded shuffled order, responses sampled with the KV cache, scored, and turned into
     advantages. Each rollout is used for `ppo_epochs` shuffled passes. `loss` is the clipped
-    policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo).
+    policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo), plus the
+    MoE load-balancing loss. The engine takes grad_accum batches per optimizer step and the
+    config makes that divide the micro-batches of a pass, so a rollout's first micro-batch always
+    starts a step: dapo's per-step token counts are known when the rollout is made.
 
     Resume: the prompt position, β and reward statistics are checkpointed; a run resumed from a
     checkpoint taken mid-rollout starts the next rollout (exact when save_every is a multiple of
@@ -149,13 +197,14 @@ class PpoTask(Task):
 
     perplexity = False  # a policy-gradient loss: exp(val_loss) is no perplexity
 
-    def __init__(self, model: ActorCritic, reference: Transformer, prompts: list[Prompt],
+    def __init__(self, model: ActorCritic, reference: Transformer | None, prompts: list[Prompt],
                  scorer: Scorer, cfg: PpoConfig, *, stop_ids: list[int], pad_id: int,
                  decode: Callable[[list[int]], str]):
         super().__init__(model)
         if not prompts:
             raise ValueError("PPO needs at least one prompt")
-        self.reference = reference.eval().requires_grad_(False)
+        # None: the policy's own frozen base is the reference (LoRA: its adapters disabled)
+        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
         self.stop_ids, self.pad_id, self.decode = list(stop_ids), pad_id, decode
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -166,6 +215,8 @@ class PpoTask(Task):
         self.reward_history: list[float] = []  # mean raw score of every rollout
         self._rollout: dict | None = None
         self._pending: list[torch.Tensor] = []  # row indices of the minibatches still to serve
+        self._pending_token_means: list[torch.Tensor] | None = None  # dapo: see _tokens_per_micro_batch
+        self._rollout_kl_coef = self.kl_ctl.value  # β of the current rollout's rewards / KL loss
         self._rollout_metrics: dict = {}
 
     # -- batches --------------------------------------------------------------------------------
@@ -174,13 +225,30 @@ class PpoTask(Task):
         if not self._pending:
             rollout = self.make_rollout(getattr(model, "module", model))
             self._start_rollout(rollout)
-        return select_rows(self._rollout, self._pending.pop(0))
+        batch = select_rows(self._rollout, self._pending.pop(0))
+        if self._pending_token_means is not None:
+            batch["tokens_per_micro_batch"] = self._pending_token_means.pop(0)
+        return batch
 
     def _start_rollout(self, rollout: dict) -> None:
-        n, size = len(rollout["input_ids"]), self.cfg.micro_batch_size
+        cfg = self.cfg
+        n, size = len(rollout["input_ids"]), cfg.micro_batch_size
         self._rollout = rollout
-        self._pending = [rows for _ in range(self.cfg.ppo_epochs)
-                         for rows in torch.randperm(n).split(size)]
+        self._pending = [rows for _ in range(cfg.ppo_epochs) for rows in torch.randperm(n).split(size)]
+        self._pending_token_means = (self._tokens_per_micro_batch(rollout["response_mask"])
+                                     if cfg.algo == "grpo" and cfg.loss_type == "dapo" else None)
+
+    def _tokens_per_micro_batch(self, mask: torch.Tensor) -> list[torch.Tensor]:
+        """dapo's normaliser of each pending micro-batch: the response tokens of its optimizer
+        step (its grad_accum micro-batches on every process) over the number of those
+        micro-batches. The engine divides each micro-batch's loss by grad_accum and averages
+        gradients over processes, so each token sum over this is a share of the step's mean over
+        every token (TRL's num_items_in_batch)."""
+        accum = self.cfg.grad_accum
+        tokens = torch.stack([mask[rows].sum() for rows in self._pending]).double()
+        per_step = summed_over_processes(tokens.view(-1, accum).sum(-1))
+        per_micro_batch = per_step / (accum * rank_and_world()[1])
+        return list(per_micro_batch.repeat_interleave(accum).cpu())
 
     def _next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next rollout, each repeated samples_per_prompt times.
@@ -227,7 +295,6 @@ class PpoTask(Task):
     def make_rollout(self, module: ActorCritic) -> dict:
         """Sample, score and compute advantages for the next prompts; logs the rollout metrics."""
         cfg = self.cfg
-        self.reference.to(self.device or "cpu", next(module.policy.parameters()).dtype)
         samples = self.sample(module.policy, self._next_prompts())
         ids, attn, P, mask = (samples.input_ids, samples.attention_mask, samples.prompt_len,
                               samples.response_mask)
@@ -235,9 +302,11 @@ class PpoTask(Task):
         # log-probs of the distribution the responses were sampled from (logits / temperature,
         # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
         logprobs = logprobs_of(logits / cfg.temperature, samples.responses)
-        ref_logprobs = response_logprobs(self.reference, ids, attn, P, cfg.temperature)
+        ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
         raw_scores = self.scorer(samples).to(logprobs.device, torch.float32)
-        scores = clip_scores(raw_scores, cfg.reward_clip)
+        stopped = ends_with_stop(samples.responses, mask, self.stop_ids)
+        scores = clip_scores(penalize_missing_stop(raw_scores, stopped, cfg.missing_eos_penalty),
+                             cfg.reward_clip)
         if cfg.normalize_reward:
             self.score_moments.update(scores)
             scores = self.score_moments.normalize(scores)
@@ -254,21 +323,41 @@ class PpoTask(Task):
                 advantages = whiten(advantages, mask)
             rollout.update(values=values, returns=returns)
         else:
-            advantages = group_relative_advantages(scores, cfg.group_size)[:, None] * mask
+            advantages = self.group_advantages(scores)[:, None] * mask
         rollout["advantages"] = advantages
 
         self.rollouts_done += 1
         self.reward_history.append(raw_scores.mean().item())
+        self._rollout_kl_coef = self.kl_ctl.value
         self._rollout_metrics = {
             "kl": sequence_kl,
-            "kl_coef": self.kl_ctl.value,
+            "kl_coef": self._rollout_kl_coef,
             "reward_mean": raw_scores.mean().item(),
             "reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
             "response_length": mask.sum(-1).float().mean().item(),
             "rollouts": float(self.rollouts_done),
         }
-        self.kl_ctl.update(sequence_kl, n_steps=len(ids))
+        # every process's KL and sample count: β must stay the same on every GPU
+        pooled_kl, samples_everywhere = mean_over_processes(log_ratio.sum(-1))
+        self.kl_ctl.update(pooled_kl, n_steps=samples_everywhere)
         return rollout
+
+    def group_advantages(self, scores: torch.Tensor) -> torch.Tensor:
+        """GRPO's advantages of this process's samples. Groups never straddle processes, but
+        scale_rewards=batch divides by the std of every process's scores, as TRL does."""
+        cfg = self.cfg
+        if cfg.scale_rewards != "batch":
+            return group_relative_advantages(scores, cfg.group_size, cfg.scale_rewards)
+        rank, n = rank_and_world()[0], len(scores)
+        everyone = gathered_over_processes(scores)
+        return group_relative_advantages(everyone, cfg.group_size, "batch")[rank * n:(rank + 1) * n]
+
+    def reference_logprobs(self, policy: Transformer, ids, attn, prompt_len: int):
+        if self.reference is None:
+            with adapters_disabled(policy):
+                return response_logprobs(policy, ids, attn, prompt_len, self.cfg.temperature)
+        self.reference.to(self.device or "cpu", next(policy.parameters()).dtype)
+        return response_logprobs(self.reference, ids, attn, prompt_len, self.cfg.temperature)
 
     # -- loss -----------------------------------------------------------------------------------
 
@@ -278,23 +367,32 @@ class PpoTask(Task):
         logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
         logits = logits / cfg.temperature  # the sampling distribution, as in make_rollout
         logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
-        policy_loss, clipfrac = clipped_policy_loss(logprobs, batch["logprobs"],
-                                                    batch["advantages"], mask, cfg.clip_range)
+        per_token, was_clipped = clipped_policy_token_loss(logprobs, batch["logprobs"],
+                                                           batch["advantages"], cfg.clip_range)
         entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
                               mask)
-        loss = policy_loss - cfg.entropy_coef * entropy
-        metrics = {"policy_loss": policy_loss.detach(), "clipfrac": clipfrac,
-                   "entropy": entropy.detach(),
+        metrics = {"clipfrac": masked_mean(was_clipped.float(), mask), "entropy": entropy.detach(),
                    "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask)}
         if cfg.algo == "ppo":
+            policy_loss = masked_mean(per_token, mask)
             value_loss, value_clipfrac = clipped_value_loss(
                 values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
-            loss = loss + cfg.vf_coef * value_loss
+            loss = policy_loss + cfg.vf_coef * value_loss
             metrics.update(value_loss=value_loss.detach(), value_clipfrac=value_clipfrac)
         else:
-            kl_loss = masked_mean(kl_estimate(logprobs, batch["ref_logprobs"], "k3"), mask)
-            loss = loss + cfg.kl_coef * kl_loss
+            aggregate = functools.partial(
+                aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
+                # a batch not served by next_batch is an optimizer step of its own
+                tokens_per_micro_batch=batch.get("tokens_per_micro_batch", mask.sum()))
+            policy_loss = aggregate(per_token)
+            kl_loss = aggregate(kl_estimate(logprobs, batch["ref_logprobs"], "k3"))
+            # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
+            # with the β this rollout logged (adaptive_kl moves it between rollouts)
+            loss = policy_loss + self._rollout_kl_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
+        metrics["policy_loss"] = policy_loss.detach()
+        # model.aux_loss: the MoE load-balancing loss of this forward (0 for a dense policy)
+        loss = loss - cfg.entropy_coef * entropy + model.aux_loss
         return loss, {**metrics, **self._rollout_metrics}
 
     def checkpoint_module(self, module: ActorCritic) -> Transformer:
@@ -400,7 +498,8 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
 
 def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Scorer, tokenizer,
              reward_model=None) -> PpoTask:
-    reference = copy.deepcopy(policy)
+    # LoRA: the reference is the policy with its adapters disabled, no second copy of the base
+    reference = None if adapters_of(policy) is not None else copy.deepcopy(policy)
     return PpoTask(build_actor_critic(policy, cfg, reward_model), reference, prompts, scorer, cfg,
                    stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
 
@@ -436,7 +535,8 @@ def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None =
         prompts, dropped = prompt_set(tokenizer, train_rows, cfg, prompts_art.path, mode != "model")
         scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
         return Fit(lambda dist: ppo_task(model, cfg, prompts, rollout_scorer(mode, rm, cfg), tokenizer, rm),
-                   tokenizer.path, ppo_summary, model=model, model_config=model.config, after=ppo_stats,
+                   tokenizer.path, ppo_summary, model=model, start=start, model_config=model.config,
+                   after=ppo_stats,
                    score=answers_scorer(cfg, tokenizer, scored), metrics={"kl": "kl"},
                    stats={"reward": mode, "algo": cfg.algo, "train_prompts": len(prompts), "dropped_too_long":
                           dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})

@@ -39,6 +39,15 @@ def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tens
     return (stops_before == 0).long()
 
 
+def ends_with_stop(responses: torch.Tensor, response_mask: torch.Tensor,
+                   stop_ids: list[int]) -> torch.Tensor:
+    """[N] bool: the response reached a stop token within the generation budget."""
+    if not stop_ids:
+        return torch.zeros(len(responses), dtype=torch.bool, device=responses.device)
+    is_stop = torch.isin(responses, torch.tensor(stop_ids, device=responses.device))
+    return (is_stop & response_mask.bool()).any(-1)
+
+
 def rank_and_world() -> tuple[int, int]:
     """(rank, world size) of this process: (0, 1) outside a process group."""
     import torch.distributed as dist
@@ -46,6 +55,39 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def summed_over_processes(x: torch.Tensor) -> torch.Tensor:
+    """x summed element-wise over every process of the process group (x itself outside one).
+    Every process must call it; x lives on the group's device (a GPU under NCCL)."""
+    import torch.distributed as dist
+
+    if rank_and_world()[1] == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x
+
+
+def mean_over_processes(values: torch.Tensor) -> tuple[float, int]:
+    """(mean, count) of `values` [N] pooled over every process (this process's alone outside a
+    process group): what a statistic every process must agree on is computed from."""
+    pooled = summed_over_processes(torch.stack([values.double().sum(),
+                                                values.new_tensor(len(values), dtype=torch.float64)]))
+    total, count = pooled.tolist()
+    return total / count, int(count)
+
+
+def gathered_over_processes(x: torch.Tensor) -> torch.Tensor:
+    """Every process's x (the same shape on each), concatenated in rank order along dim 0."""
+    import torch.distributed as dist
+
+    world = rank_and_world()[1]
+    if world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
 
 
 def select_rows(rollout: dict, rows: torch.Tensor) -> dict:

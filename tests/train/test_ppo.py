@@ -1,6 +1,8 @@
 import copy
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from llmkit.model import ModelConfig, Transformer
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
-from llmkit.train.rollouts import Prompt, Samples, response_mask_of, select_rows
+from llmkit.train.rollouts import Prompt, Samples, mean_over_processes, response_mask_of, select_rows
 from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, memorizing_model, preference_rows,
                                             tiny_model, write_checkpoint_run, write_dataset)
@@ -43,11 +45,13 @@ def fraction_of_target(samples: Samples) -> torch.Tensor:
     return hits.sum(-1).float() / samples.response_mask.sum(-1).clamp(min=1)
 
 
-def tiny_setup(algo="ppo", max_steps=20, scorer=fraction_of_target, tie_embeddings=True, **overrides):
+def tiny_setup(algo="ppo", max_steps=20, scorer=fraction_of_target, tie_embeddings=True, stop_ids=(),
+               n_experts=0, **overrides):
     torch.manual_seed(0)
     policy = Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
                                      n_kv_heads=1, intermediate_size=64, max_seq_len=16,
-                                     tie_embeddings=tie_embeddings))
+                                     tie_embeddings=tie_embeddings,
+                                     **({"n_experts": n_experts, "experts_top_k": 1} if n_experts else {})))
     policy.init_weights(seed=0)
     reference = copy.deepcopy(policy)
     settings = dict(algo=algo, prompts_per_rollout=16 if algo == "ppo" else 4, group_size=4,
@@ -56,7 +60,7 @@ def tiny_setup(algo="ppo", max_steps=20, scorer=fraction_of_target, tie_embeddin
     cfg = PpoConfig(**{**settings, **overrides})
     prompts = [Prompt([1 + i % 4, 2 + i % 3, 6 + i % 5]) for i in range(20)]
     model = build_actor_critic(policy, cfg)
-    task = PpoTask(model, reference, prompts, scorer, cfg, stop_ids=[], pad_id=0,
+    task = PpoTask(model, reference, prompts, scorer, cfg, stop_ids=list(stop_ids), pad_id=0,
                    decode=lambda ids: " ".join(map(str, ids)))
     return task, cfg
 
@@ -149,6 +153,31 @@ def test_adaptive_kl_steers_beta_once_per_rollout_in_the_loop(tmp_path):
     assert fixed.kl_ctl.value == 0.01
 
 
+POOL_ON_RANK = """
+import json, sys, torch
+from llmkit.train.losses import AdaptiveKLController
+from llmkit.train.rollouts import mean_over_processes
+rank, init = int(sys.argv[1]), sys.argv[2]
+torch.distributed.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=2)
+kl, count = mean_over_processes(torch.tensor([1.0, 2.0] if rank == 0 else [6.0]))
+controller = AdaptiveKLController(0.1, target=1.0, horizon=10)
+controller.update(kl, n_steps=count)
+print(json.dumps([kl, count, controller.value]))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_adaptive_kl_pools_the_kl_and_sample_count_of_every_process(tmp_path):
+    # alone, rank 0 (KL 1.5 over 2 samples) and rank 1 (KL 6 over 1) would move β apart
+    assert mean_over_processes(torch.tensor([1.0, 2.0, 6.0])) == (3.0, 3)  # one process: its own
+    init = tmp_path / "init"
+    ranks = [subprocess.Popen([sys.executable, "-c", POOL_ON_RANK, str(r), str(init)],
+                              stdout=subprocess.PIPE, text=True) for r in range(2)]
+    outputs = [json.loads(r.communicate(timeout=120)[0]) for r in ranks]
+    assert [r.returncode for r in ranks] == [0, 0]
+    assert outputs[0] == outputs[1] == [3.0, 3, pytest.approx(0.1 * (1 + 0.2 * 3 / 10))]
+
+
 def test_normalize_reward_scales_scores_by_the_moments_of_every_score_seen():
     batches = iter([torch.arange(16.0), 10 + 2 * torch.arange(16.0)])
     task, _ = tiny_setup(scorer=lambda samples: next(batches), normalize_reward=True, reward_clip=None,
@@ -184,6 +213,129 @@ def test_entropy_coef_subtracts_the_entropy_bonus_and_its_gradient():
         else:
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
     assert any(w is not None and w.abs().max() > 0 for w in want)
+
+
+def test_reward_is_not_clipped_by_default_and_a_missing_stop_token_is_penalised():
+    STOP = 3
+    task, cfg = tiny_setup(stop_ids=[STOP], scorer=lambda samples: torch.full((len(samples.texts),), 9.0),
+                           missing_eos_penalty=0.5, kl_coef=0.0, lam=1.0, whiten_advantages=False)
+    assert cfg.reward_clip is None  # TRL clips no reward-model score either
+    rollout = task.make_rollout(task.model)
+    responses, mask = rollout["input_ids"][:, rollout["prompt_len"]:], rollout["response_mask"].bool()
+    stopped = ((responses == STOP) & mask).any(-1)
+    assert 0 < int(stopped.sum()) < len(stopped)  # both kinds in this rollout
+    # no KL penalty, γ = λ = 1, values 0 (a new head): every token's return is the sequence's score
+    expected = 9.0 - 0.5 * (~stopped).float()
+    assert rollout["returns"][:, 0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert task.reward_history[-1] == pytest.approx(9.0)  # the scorer's own score, logged as reward
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_loss_includes_the_moe_load_balancing_loss(algo):
+    task, _ = tiny_setup(algo, n_experts=2)
+    batch = select_rows(task.make_rollout(task.model), torch.arange(8))
+    with_balancing, _ = task.loss(task.model, batch)
+    balancing = task.model.aux_loss.detach()
+    assert balancing.item() > 0
+    task.model.policy.config.router_aux_loss_coef = 0.0
+    without, _ = task.loss(task.model, batch)
+    assert with_balancing.item() == pytest.approx(without.item() + balancing.item(), rel=1e-6)
+
+
+def test_grad_accum_must_divide_the_micro_batches_of_one_pass():
+    # 16 responses in micro-batches of 4: a step of 3 would take the last of one pass and the
+    # first two of the next
+    with pytest.raises(ConfigError, match="grad_accum=3 does not divide the 4 micro-batches"):
+        PpoConfig(prompts_per_rollout=16, micro_batch_size=4, grad_accum=3)
+    assert PpoConfig(prompts_per_rollout=16, micro_batch_size=4, grad_accum=2).grad_accum == 2
+
+
+# ---- grpo's loss and options ------------------------------------------------------------------
+
+
+def first_step(run_dir, **overrides):
+    task, cfg = tiny_setup("grpo", max_steps=1, stop_ids=[3], **overrides)
+    Engine(run_dir, cfg.train_config(), task).fit()
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_dapo_accumulation_gives_the_gradient_of_one_micro_batch_of_the_whole_step(tmp_path):
+    """Step 1 takes the same 8 responses of the same rollout either way (grad_accum 2 × 4 or
+    1 × 8), of different lengths (stop token 3): dapo divides by the tokens of the whole step, so
+    the gradient is the same; bnpo's per-micro-batch token means weigh the shorter half more."""
+    grad_norms = {}
+    for loss_type in ("dapo", "bnpo"):
+        for accum, size in ((2, 4), (1, 8)):
+            record = first_step(tmp_path / f"{loss_type}-{accum}", loss_type=loss_type,
+                                grad_accum=accum, micro_batch_size=size)
+            grad_norms[loss_type, accum] = record["grad_norm"]
+    assert grad_norms["dapo", 2] == pytest.approx(grad_norms["dapo", 1], rel=1e-5)
+    assert grad_norms["bnpo", 1] == pytest.approx(grad_norms["dapo", 1], rel=1e-5)  # one micro-batch
+    assert grad_norms["bnpo", 2] != pytest.approx(grad_norms["bnpo", 1], rel=1e-3)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_grpo_loss_aggregates_per_token_losses_by_loss_type(loss_type):
+    task, cfg = tiny_setup("grpo", stop_ids=[3], loss_type=loss_type)
+    rollout = task.make_rollout(task.model)
+    batch = select_rows(rollout, torch.arange(8))
+    loss, metrics = task.loss(task.model, batch)
+    mask = batch["response_mask"].double()
+    # on-policy (ρ = 1) and policy = reference (KL 0): the per-token loss is −A
+    per_token = -batch["advantages"].double()
+    want = {"grpo": ((per_token * mask).sum(-1) / mask.sum(-1)).mean(),
+            "bnpo": (per_token * mask).sum() / mask.sum(),
+            "dr_grpo": (per_token * mask).sum() / (8 * cfg.max_new_tokens),
+            "dapo": (per_token * mask).sum() / mask.sum()}[loss_type]  # a batch that is its own step
+    assert metrics["kl_loss"].item() == pytest.approx(0.0, abs=1e-6)
+    assert loss.item() == pytest.approx(want.item(), abs=1e-6)
+    assert metrics["policy_loss"].item() == pytest.approx(want.item(), abs=1e-6)
+    lengths = mask.sum(-1)
+    assert lengths.min() < lengths.max()  # the types differ on this batch
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_grpo_advantages_follow_scale_rewards(scale):
+    scores = torch.tensor([0.0, 1, 1, 2, 5, 5, 5, 9, 0, 0, 0, 0, 1, 2, 3, 4])
+    task, _ = tiny_setup("grpo", scorer=lambda samples: scores, scale_rewards=scale)
+    rollout = task.make_rollout(task.model)
+    grouped = scores.view(4, 4)
+    centred = (grouped - grouped.mean(-1, keepdim=True)).view(-1)
+    divisor = {"group": grouped.std(-1, keepdim=True).expand(4, 4).reshape(-1) + 1e-4,
+               "batch": scores.std() + 1e-4, "none": torch.tensor(1.0)}[scale]
+    assert rollout["advantages"][:, 0].tolist() == pytest.approx((centred / divisor).tolist(), rel=1e-5)
+
+
+def test_grpo_loss_weighs_the_kl_by_the_beta_the_rollout_logged():
+    task, cfg = tiny_setup("grpo", adaptive_kl=True, kl_target=0.05, kl_horizon=16)
+    task.kl_ctl.value = 0.3  # as if adaptive_kl had moved it away from kl_coef=0.01
+    batch = select_rows(task.make_rollout(task.model), torch.arange(8))
+    assert task.kl_ctl.value != 0.3  # already updated for the next rollout
+    with torch.no_grad():  # move the policy off the reference: KL > 0
+        for p in task.model.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loss, metrics = task.loss(task.model, batch)
+    assert metrics["kl_coef"] == 0.3 and cfg.kl_coef == 0.01
+    assert metrics["kl_loss"].item() > 1e-4
+    assert loss.item() == pytest.approx(metrics["policy_loss"].item() + 0.3 * metrics["kl_loss"].item(),
+                                        rel=1e-6)
+
+
+@pytest.mark.parametrize("setting", [{"gamma": 0.9}, {"lam": 1.0}, {"whiten_advantages": False},
+                                     {"vf_coef": 0.5}, {"clip_range_value": 0.1},
+                                     {"value_model": "separate"}, {"kl_estimator": "k3"}])
+def test_grpo_refuses_the_settings_only_ppo_reads(setting):
+    (name, value), = setting.items()
+    with pytest.raises(ConfigError, match=f"algo=grpo ignores {name}={value!r}"):
+        PpoConfig(algo="grpo", micro_batch_size=4, **setting)
+    PpoConfig(algo="ppo", micro_batch_size=4, **setting)  # ppo reads it
+
+
+def test_each_algo_names_every_setting_it_would_ignore():
+    with pytest.raises(ConfigError, match="algo=grpo ignores gamma=0.9, kl_estimator='k3'"):
+        PpoConfig(algo="grpo", micro_batch_size=4, gamma=0.9, kl_estimator="k3")
+    with pytest.raises(ConfigError, match="algo=ppo ignores loss_type='grpo', scale_rewards='none'"):
+        PpoConfig(algo="ppo", micro_batch_size=4, loss_type="grpo", scale_rewards="none")
 
 
 def test_separate_value_model_trains_its_own_trunk_and_leaves_the_policy_alone(tmp_path):
@@ -336,6 +488,13 @@ def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, st
     for when in ("base_", ""):
         # "42" against 42, 42, 41 and 45: right twice, and half right (one digit of two) twice
         assert (b.stats[f"{when}accuracy"], b.stats[f"{when}similarity"]) == (0.5, 0.75)
+
+
+def test_stage_lists_the_grpo_loss_types_and_refuses_ppo_settings_under_grpo(make_ctx, stage_ws):
+    with pytest.raises(ConfigError, match="loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo'"):
+        run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, loss_type="seq_mean")
+    with pytest.raises(ConfigError, match="algo=grpo ignores gamma=0.9"):
+        run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, gamma=0.9)
 
 
 def test_stage_rejects_a_model_reward_without_a_reward_model(make_ctx, stage_ws):
