@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from llmkit.errors import ConfigError
+
 
 def normalize_answer(text: str) -> str:
     """The form two answers are compared in: trimmed, inner whitespace runs collapsed to one space."""
@@ -96,3 +98,22 @@ def mixed_scorer(reward_model, verify_weight: float, partial: bool = False) -> S
         return by_model(samples) + verify_weight * by_answer(samples).to(samples.input_ids.device)
 
     return score
+
+
+def reward_mode(requested: str, has_reward_model: bool) -> str:
+    """model | verify | mix for ppo's `reward` setting (auto: the reward model if one is given,
+    else verify), checked against what was given."""
+    mode = requested if requested != "auto" else ("model" if has_reward_model else "verify")
+    if mode in ("model", "mix") and not has_reward_model:
+        raise ConfigError(f"reward={mode} needs a reward model: pass --reward RM (a `llmkit rm` "
+                          "run), or use reward=verify")
+    return mode
+
+
+def rollout_scorer(mode: str, reward_model, verify_weight: float, partial: bool) -> Scorer:
+    """The score of each sampled response under reward `mode` (see `reward_mode`)."""
+    if mode == "model":
+        return reward_model_scorer(reward_model)
+    if mode == "verify":
+        return verify_scorer(partial)
+    return mixed_scorer(reward_model, verify_weight, partial)

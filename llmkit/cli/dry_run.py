@@ -192,12 +192,12 @@ def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> Non
 
 def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | None) -> None:
     from llmkit.dryrun import BYTES, human_bytes, parameters, plan
-    from llmkit.train.ppo import reward_mode
+    from llmkit.rewards import reward_mode
     from llmkit.train.loading import starting_weights
 
     step_dir, notes = _post_training(ctx, "ppo", cfg, policy, "prompts_train", eval_data)
     rm_dir = starting_weights(ctx.workspace, reward_model)[1] if reward_model else None
-    mode = reward_mode(cfg, rm_dir is not None)
+    mode = reward_mode(cfg.reward, rm_dir is not None)
     shape, _ = model_shape(step_dir)
     n, world = parameters(shape), world_size()
     rm_params = trunk_parameters(rm_dir) if rm_dir is not None and (

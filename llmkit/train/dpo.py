@@ -210,8 +210,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
         scored = one_per_prompt(data.heldout)[:cfg.eval_records]
         return Fit(lambda dist: dpo_task(policy, ref_step, data, cfg, tokenizer.pad_id, dist),
                    tokenizer.path, dpo_summary, model=policy, start=base_step, metrics=DPO_METRICS,
-                   after=dpo_stats,
-                   score=exact_match_scorer(cfg, tokenizer, scored),
+                   after=dpo_stats, score=exact_match_scorer(cfg, tokenizer, scored),
                    stats={**data.counts, "train_rows": len(data.train_rows),
                           "heldout_pairs": len(data.eval_pairs), "eval_records": len(scored)})
 

@@ -3,11 +3,9 @@
 PPO (Schulman et al. 2017, as applied to language models by Ziegler et al. 2019 and InstructGPT):
 each rollout samples responses from the current policy with the KV cache, scores them with a
 reward model and/or exact match against the prompt's answer (optionally penalised for a missing
-stop token, clipped and normalised),
-adds a per-token KL penalty to the frozen reference (k1 or k3; fixed or adaptive β; under LoRA
-the policy itself with its adapters disabled, not a copy), and turns
-rewards into advantages with GAE against a learnt value head (on the policy's trunk or its
-own), whitened. Several epochs of minibatches then minimise the clipped policy loss plus the
+stop token, clipped, normalised), adds a per-token KL penalty to the frozen reference (k1 or k3;
+fixed or adaptive β; under LoRA the policy with its adapters disabled), and turns rewards into
+advantages with GAE against a learnt value head (on the policy's trunk or its own), whitened. Several epochs of minibatches then minimise the clipped policy loss plus the
 clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per prompt instead,
 uses each score relative to its group as the advantage of every token, and needs no value
 model; its KL to the reference is a k3 term in the loss, and its per-token losses become one
@@ -39,7 +37,7 @@ import torch
 from llmkit.decoding import generate, left_pad
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import Transformer
-from llmkit.rewards import Scorer, mixed_scorer, reward_model_scorer, verify_scorer
+from llmkit.rewards import Scorer, reward_mode, rollout_scorer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
@@ -52,7 +50,7 @@ from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_
                                     post_training_inputs)
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, gathered_over_processes,
                                    mean_over_processes, rank_and_world, response_mask_of,
-                                   select_rows, strip_stop, summed_over_processes)
+                                   rollout_prompts, select_rows, strip_stop, summed_over_processes)
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import Task
 
@@ -417,40 +415,6 @@ class PpoTask(Task):
 
 # ---- the stage -----------------------------------------------------------------------------------
 
-def reward_mode(cfg: PpoConfig, has_reward_model: bool) -> str:
-    """model | verify | mix, checked against what was given."""
-    mode = cfg.reward if cfg.reward != "auto" else ("model" if has_reward_model else "verify")
-    if mode in ("model", "mix") and not has_reward_model:
-        raise ConfigError(f"reward={mode} needs a reward model: pass --reward RM (a `llmkit rm` "
-                          "run), or use reward=verify")
-    return mode
-
-
-def prompt_set(tokenizer, rows: list[dict], cfg: PpoConfig, where, needs_answer: bool):
-    """(prompts rendered for generation, rows dropped because no reply would fit in seq_len)."""
-    from llmkit.data.chat import prompt_messages
-
-    room = cfg.seq_len - cfg.max_new_tokens
-    prompts, dropped = [], 0
-    for row in rows:
-        if row.get("prompt") is None and not row.get("messages"):
-            raise UserError(f"{where}: row {row.get('id')!r} has no prompt; ingest prompts with "
-                            "`llmkit ingest --kind prompt`")
-        answer = row.get("answer")
-        if needs_answer and answer is None:
-            raise UserError(f"{where}: row {row.get('id')!r} has no `answer`, which the verifiable "
-                            "reward checks; give every row an answer or pass --reward RM")
-        ids, _ = tokenizer.encode_chat(prompt_messages(row), add_generation_prompt=True)
-        if len(ids) > room:
-            dropped += 1
-            continue
-        prompts.append(Prompt(ids, None if answer is None else str(answer)))
-    if not prompts:
-        raise UserError(f"{where}: no prompt leaves room for a reply within seq_len="
-                        f"{cfg.seq_len} and max_new_tokens={cfg.max_new_tokens}")
-    return prompts, dropped
-
-
 def window_mean(values: list[float], first: bool) -> float | None:
     """Mean of the first (or last) tenth of `values`, at least one of them."""
     if not values:
@@ -458,15 +422,6 @@ def window_mean(values: list[float], first: bool) -> float | None:
     k = max(1, len(values) // 10)
     chunk = values[:k] if first else values[-k:]
     return sum(chunk) / len(chunk)
-
-
-def rollout_scorer(mode: str, reward_model, cfg: PpoConfig) -> Scorer:
-    """The score of each sampled response under reward `mode` (see `reward_mode`)."""
-    if mode == "model":
-        return reward_model_scorer(reward_model)
-    if mode == "verify":
-        return verify_scorer(cfg.partial_credit)
-    return mixed_scorer(reward_model, cfg.verify_weight, cfg.partial_credit)
 
 
 def reward_model_for(rm_step, mode: str, cfg: PpoConfig, tokenizer, rm_art, policy_art):
@@ -496,8 +451,10 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
     return score
 
 
-def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Scorer, tokenizer,
+def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], mode: str, tokenizer,
              reward_model=None) -> PpoTask:
+    """The task of a run rewarded by `mode` (llmkit.rewards.reward_mode)."""
+    scorer = rollout_scorer(mode, reward_model, cfg.verify_weight, cfg.partial_credit)
     # LoRA: the reference is the policy with its adapters disabled, no second copy of the base
     reference = None if adapters_of(policy) is not None else copy.deepcopy(policy)
     return PpoTask(build_actor_critic(policy, cfg, reward_model), reference, prompts, scorer, cfg,
@@ -522,21 +479,20 @@ def ppo_summary(s: dict) -> list[tuple]:
 
 
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
-    """`llmkit ppo`: PPO (or GRPO) of checkpoint `policy` on the prompts of --in (default
-    prompts_train), rewarded by a reward model and/or exact match with each prompt's answer."""
+    """`llmkit ppo`: PPO or GRPO of checkpoint `policy` on the prompts of --in (prompts_train)."""
     policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, policy, "prompts_train", eval_data)
     rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
-    mode = reward_mode(cfg, rm_art is not None)
+    mode = reward_mode(cfg.reward, rm_art is not None)
 
     def prepare() -> Fit:
         model, tokenizer = load_start(start, cfg)
         rm = reward_model_for(rm_step, mode, cfg, tokenizer, rm_art, policy_art)
         train_rows, heldout = heldout_split(prompts_art, eval_art, cfg)
-        prompts, dropped = prompt_set(tokenizer, train_rows, cfg, prompts_art.path, mode != "model")
+        prompts, dropped = rollout_prompts(tokenizer, train_rows, cfg.seq_len - cfg.max_new_tokens,
+                                           prompts_art.path, needs_answer=mode != "model")
         scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
-        return Fit(lambda dist: ppo_task(model, cfg, prompts, rollout_scorer(mode, rm, cfg), tokenizer, rm),
-                   tokenizer.path, ppo_summary, model=model, start=start, model_config=model.config,
-                   after=ppo_stats,
+        return Fit(lambda dist: ppo_task(model, cfg, prompts, mode, tokenizer, rm), tokenizer.path, ppo_summary,
+                   model=model, start=start, model_config=model.config, after=ppo_stats,
                    score=answers_scorer(cfg, tokenizer, scored), metrics={"kl": "kl"},
                    stats={"reward": mode, "algo": cfg.algo, "train_prompts": len(prompts), "dropped_too_long":
                           dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})

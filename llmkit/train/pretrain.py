@@ -192,6 +192,10 @@ PRETRAIN_METRICS = {"final_loss": "loss", "val_loss": "val_loss", "val_ppl": "va
                     "tokens_per_s": "tokens_per_s", "mfu": "mfu"}
 
 
+def pretrain_stats(result, task) -> dict:
+    return {"skipped_steps": result.skipped_steps, "checkpoint": str(result.checkpoint)}
+
+
 def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     """`llmkit pretrain`: train a causal LM on the token shards of --in (default `tokens`) into
     the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
@@ -204,14 +208,11 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
                                tokenizer_dir, tokens_art.path)
         train, val = token_loaders(tokens_art, cfg)
         task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
-        # handed over as the start only for LoRA (`lora.r`): a model given as `Fit.model` is moved to
-        # the device whole, where ZeRO-3 would partition it straight from host memory
+        # the start is handed over only for LoRA: a `Fit.model` is moved to the device whole, where
+        # ZeRO-3 would partition it straight from host memory; parameters are counted before ZeRO
         return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,
-                   model=model if cfg.lora.enabled else None, start=from_step,
-                   # counted before the engine: ZeRO-3 leaves each process a shard
+                   model=model if cfg.lora.enabled else None, start=from_step, after=pretrain_stats,
                    stats={"parameters": model.num_parameters(), "mixture": train.probabilities},
-                   metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {},
-                   after=lambda result, task: {"skipped_steps": result.skipped_steps,
-                                               "checkpoint": str(result.checkpoint)})
+                   metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {})
 
     return fit_stage(ctx, "pretrain", cfg, [tokens_art, tokenizer_art, from_art], prepare)

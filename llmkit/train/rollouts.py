@@ -14,6 +14,32 @@ class Prompt:
     answer: str | None = None  # the checkable answer, for the verifiable reward
 
 
+def rollout_prompts(tokenizer, rows: list[dict], room: int, where, needs_answer: bool):
+    """(the prompts of `rows` rendered for generation, how many rows were dropped because their
+    prompt is longer than `room` tokens: seq_len less max_new_tokens)."""
+    from llmkit.data.chat import prompt_messages
+    from llmkit.errors import UserError
+
+    prompts, dropped = [], 0
+    for row in rows:
+        if row.get("prompt") is None and not row.get("messages"):
+            raise UserError(f"{where}: row {row.get('id')!r} has no prompt; ingest prompts with "
+                            "`llmkit ingest --kind prompt`")
+        answer = row.get("answer")
+        if needs_answer and answer is None:
+            raise UserError(f"{where}: row {row.get('id')!r} has no `answer`, which the verifiable "
+                            "reward checks; give every row an answer or pass --reward RM")
+        ids, _ = tokenizer.encode_chat(prompt_messages(row), add_generation_prompt=True)
+        if len(ids) > room:
+            dropped += 1
+            continue
+        prompts.append(Prompt(ids, None if answer is None else str(answer)))
+    if not prompts:
+        raise UserError(f"{where}: no prompt leaves room for a reply: each needs at most {room} tokens "
+                        "(seq_len - max_new_tokens)")
+    return prompts, dropped
+
+
 @dataclass
 class Samples:
     """Sampled responses as a scorer sees them, one row per sample."""
