@@ -1,7 +1,7 @@
 """The SmolLM2 recipe's table, from what its stages recorded: the import's parity with
 transformers, and held-out exact match before -> after SFT and DPO.
 
-    python recipes/smollm2/summary.py WORKSPACE     # writes WORKSPACE/smollm2/summary.json
+    python recipes/smollm2/summary.py WORKSPACE     # writes WORKSPACE/recipe/summary.json
 """
 
 import json
@@ -14,13 +14,14 @@ def manifest(ws: Path, name: str) -> dict:
 
 
 def summary(ws: Path) -> dict:
-    parity = json.loads((ws / "smollm2" / "parity.json").read_text())
+    parity = json.loads((ws / "recipe" / "parity.json").read_text())
     out = {"import": {"parameters": manifest(ws, "smollm2")["stats"]["parameters"],
                       "max_abs_logit_diff": parity["max_abs_logit_diff"], "tokens": parity["tokens"],
                       "replies": parity["replies"], "replies_equal": parity["replies_equal"]}}
     for stage in ("sft", "dpo"):
         m = manifest(ws, stage)
-        out[stage] = {k: m["stats"].get(k) for k in ("steps", "eval_records", "base_accuracy", "accuracy")}
+        out[stage] = {k: m["stats"].get(k) for k in ("steps", "eval_records", "base_accuracy", "accuracy",
+                                                      "trainable_share")}
         out[stage]["seconds"] = m.get("seconds")
     return out
 
@@ -28,7 +29,7 @@ def summary(ws: Path) -> dict:
 if __name__ == "__main__":
     ws = Path(sys.argv[1])
     s = summary(ws)
-    (ws / "smollm2" / "summary.json").write_text(json.dumps(s, indent=2, ensure_ascii=False) + "\n")
+    (ws / "recipe" / "summary.json").write_text(json.dumps(s, indent=2, ensure_ascii=False) + "\n")
     print(f"import  max |logit diff| vs transformers over {s['import']['tokens']} tokens: "
           f"{s['import']['max_abs_logit_diff']:.2e}; greedy replies equal: {s['import']['replies_equal']}")
     for stage in ("sft", "dpo"):
