@@ -89,6 +89,13 @@ class TrainConfig:
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"peak_flops must be > 0 or null, got {self.peak_flops}")
 
+    @property
+    def torch_dtype(self):
+        """The dtype the engine trains the weights in (DeepSpeed casts the model to it)."""
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+
     def train_config(self) -> TrainConfig:
         """The engine's settings alone, from a trainer's config that extends them."""
         return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})

@@ -125,7 +125,7 @@ class DpoTask(Task):
             if self.reference is None:
                 with adapters_disabled(model):
                     return completion_logps(model, batch, self.cfg.average_logps)
-            self.reference.to(self.device)
+            self.reference.to(self.device, next(model.parameters()).dtype)  # the policy's, as in ppo
             return completion_logps(self.reference, batch, self.cfg.average_logps)
 
     def loss(self, model, batch):
@@ -168,6 +168,9 @@ def reference_policy(policy, ref_step, data, cfg: DpoConfig, pad_id: int, device
     if not cfg.precompute_ref:
         return (None if own_base else reference.requires_grad_(False)), 0.0
     started = time.time()
+    # in the dtype the policy trains in (DeepSpeed casts it so anyway): log π − log π_ref is then 0
+    # at the first step, where fp32 reference log-probs would differ by the weights' rounding
+    reference.to(cfg.torch_dtype)
     with adapters_disabled(reference) if own_base else contextlib.nullcontext():
         precompute_reference_logps(reference, data.pairs + data.eval_pairs, pad_id,
                                    2 * cfg.micro_batch_size, cfg.average_logps)
