@@ -108,15 +108,13 @@ def _chat_special_tokens(tokenizer) -> list[str]:
 # -- import ---------------------------------------------------------------------------------
 
 
-HF_TOKENIZER_FILES = (HF_TOKENIZER, HF_TOKENIZER_CONFIG, "chat_template.jinja", "special_tokens_map.json")
-
-
 def write_llmkit_tokenizer(src: Path, dest: Path, vocab_size: int) -> int:
     """Give the imported run the tokenizer of folder `src`: an llmkit tokenizer, a sentencepiece
     `tokenizer.model` that llmkit encodes with exactly as it was trained, or a Hugging Face
     `tokenizer.json` (with its tokenizer_config.json and chat template), used as it is. A tokenizer
     with fewer ids than the model's embedding is fine (Qwen2.5 pads its embedding), more is an
     error. Returns its vocab size."""
+    from llmkit.hf_tokenizer import FILES as HF_TOKENIZER_FILES
     from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, open_tokenizer
 
     src = Path(src)
