@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.hf.folder import DTYPES, HF_CONFIG, SHARD_INDEX, read_json, write_json
+from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
 from llmkit.hf.tokenizer import write_llmkit_tokenizer
 
 
@@ -28,7 +28,7 @@ def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None
     from llmkit.progress import print_summary
 
     src = Path(source)
-    if not src.suffix == ".gguf" and not (src / HF_CONFIG).is_file():
+    if src.suffix != ".gguf" and not (src / HF_CONFIG).is_file():
         raise UserError(f"{src} is not a transformers model folder (no {HF_CONFIG}) nor a .gguf file; give "
                         "the folder that save_pretrained wrote")
     tokenizer_dir = _tokenizer_source(ctx.workspace, tokenizer) if tokenizer else None
@@ -156,7 +156,6 @@ def read_hf_weights(src: Path) -> dict:
 def _tokenizer_source(workspace, name_or_path: str) -> Path:
     """A tokenizer folder: a workspace artifact name, or a path."""
     from llmkit.tokenizer import MODEL_FILE
-    from llmkit.hf.folder import HF_TOKENIZER
 
     candidates = [workspace.root / name_or_path, Path(name_or_path)]
     for c in candidates:
