@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from llmkit.decoding import generate
 from llmkit.errors import ConfigError
@@ -18,7 +19,6 @@ from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
 from llmkit.model import Transformer, rope_tables
 from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
-transformers = pytest.importorskip("transformers")
 
 SHAPE = dict(vocab_size=832, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96)

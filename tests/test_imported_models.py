@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+import transformers
 from typer.testing import CliRunner
 
 import llmkit
@@ -16,7 +17,6 @@ from llmkit.cli.app import build_app
 from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import addition_rows, preference_rows, write_dataset
 
-transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

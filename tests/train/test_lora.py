@@ -384,7 +384,6 @@ def test_ppo_with_lora_takes_the_kl_reference_from_the_disabled_adapters(make_ct
 # -- export -------------------------------------------------------------------------------------
 
 def test_export_merges_by_default_and_writes_peft_adapters_with_merge_false(make_ctx, ws, tmp_path):
-    pytest.importorskip("transformers")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
