@@ -55,7 +55,8 @@ def build_inputs(ws: Path, n_pairs: int, threads: int) -> Path:
     return ws / "hf"
 
 
-def write_random_run(ws: Path, name: str) -> None:
+def write_random_run(ws: Path, name: str, preset: str = "tiny") -> None:
+    """A checkpoint run `name` of a randomly initialised `preset` model with ws/tokenizer (bench/lora.py too)."""
     import dataclasses
 
     import torch
@@ -67,8 +68,8 @@ def write_random_run(ws: Path, name: str) -> None:
 
     tokenizer = Tokenizer(ws / "tokenizer")
     torch.manual_seed(0)
-    model = Transformer(model_config("tiny", vocab_size=tokenizer.vocab_size))
-    b = Workspace(ws).builder(name, stage="pretrain", config={"bench": "random tiny"},
+    model = Transformer(model_config(preset, vocab_size=tokenizer.vocab_size))
+    b = Workspace(ws).builder(name, stage="pretrain", config={"bench": f"random {preset}"},
                               in_place=True, quiet=True)
     with b:
         step = b.dir / ckpt.step_dir_name(0)

@@ -36,6 +36,8 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+from bench.dpo import write_random_run  # noqa: E402
+
 ROWS = REPO / "recipes/demo/data/tasks/sft_train.jsonl"
 R, ALPHA, DROPOUT = 16, 32, 0.05
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -160,32 +162,6 @@ def build_inputs(ws: Path, preset: str, n_rows: int, threads: int) -> Path:
     write_random_run(ws, "base", preset)
     llmkit(ws, "export", "--from", "base", "--out", "hf", "--set", "probe=false", threads=threads)
     return ws / "hf"
-
-
-def write_random_run(ws: Path, name: str, preset: str) -> None:
-    import dataclasses
-
-    import torch
-
-    from llmkit.model import Transformer, model_config
-    from llmkit.tokenizer import Tokenizer
-    from llmkit.train import checkpoint as ckpt
-    from llmkit.workspace import Workspace
-
-    tokenizer = Tokenizer(ws / "tokenizer")
-    torch.manual_seed(0)
-    model = Transformer(model_config(preset, vocab_size=tokenizer.vocab_size))
-    b = Workspace(ws).builder(name, stage="pretrain", config={"bench": f"random {preset}"},
-                              in_place=True, quiet=True)
-    with b:
-        step = b.dir / ckpt.step_dir_name(0)
-        step.mkdir(parents=True, exist_ok=True)
-        named = model.state_dict(keep_vars=True)
-        ckpt.save_weights(step / ckpt.WEIGHTS, {k: v.detach() for k, v in named.items()},
-                          ckpt.tied_groups(named))
-        (step / ckpt.MODEL_CONFIG).write_text(json.dumps(dataclasses.asdict(model.config)))
-        tokenizer.save(step / ckpt.TOKENIZER)
-        ckpt.mark_complete(step)
 
 
 def run_sft(ws: Path, out: str, steps: int, batch: int, seq_len: int, threads: int, lora: bool) -> dict:
