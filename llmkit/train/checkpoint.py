@@ -194,7 +194,8 @@ def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool,
              defaults: dict | None = None) -> RunPlan:
     """Continue, rewind (resume_from an older step, with --force) or start fresh; see above.
     A setting the run's record lacks (one a later llmkit added, such as lora.r or model.head_dim)
-    is unchanged while it has its default in `defaults` (flat keys): it is what the run had."""
+    is unchanged while it has its default in `defaults` (flat keys): it is what the run had. One
+    the record has and this llmkit no longer has (ppo's top_k) cannot have been set now: no change."""
     complete = [p for p in step_dirs(b.final) if is_complete(p)]
     if not complete or (force and not resume_from):
         return RunPlan(resume=False)
@@ -208,7 +209,7 @@ def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool,
     old, new = _flat(record["config"]), _flat(b.config)
     defaults = defaults or {}
     added = {k for k in new.keys() - old.keys() if k in defaults and new[k] == defaults[k]}
-    changed = sorted(k for k in (old.keys() | new.keys()) - added if old.get(k) != new.get(k))
+    changed = sorted(k for k in new.keys() - added if old.get(k) != new.get(k))
     fixed = [k for k in changed if k.split(".")[0] not in continuable]
     # inputs compare by fingerprint, in order: a copied or moved workspace is the same run
     old_inputs = [i["fingerprint"] for i in record["inputs"]]

@@ -39,7 +39,7 @@ from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.distributed import barrier, seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
 from llmkit.train.optim import deepspeed_config, make_optimizer
-from llmkit.train.task import Task, to_device
+from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task, to_device
 
 log = logging.getLogger("llmkit.train")
 
@@ -256,15 +256,18 @@ class Engine:
             group["lr"] = lr
         model.train()
         start = time.perf_counter()
-        data_s, tokens = 0.0, 0
         losses, sums = [], {}
         skipped_before = model.skipped_steps
-        for _ in range(cfg.grad_accum):
-            t = time.perf_counter()
-            batch = self.task.next_batch(model)
-            tokens += self.task.batch_tokens(batch)  # counted on the host batch: no device sync
-            batch = to_device(batch, self.device)
-            data_s += time.perf_counter() - t
+        # the whole step's micro-batches first: a loss that is a mean over the step's items
+        # (tokens) needs their count before the first backward
+        batches = [self.task.next_batch(model) for _ in range(cfg.grad_accum)]
+        tokens = sum(map(self.task.batch_tokens, batches))  # on the host batches: no device sync
+        per_micro_batch = self._items_per_micro_batch(batches)
+        batches = [to_device(b, self.device) for b in batches]
+        data_s = time.perf_counter() - start
+        for batch in batches:
+            if per_micro_batch is not None:
+                batch[ITEMS_PER_MICRO_BATCH] = per_micro_batch
             loss, task_metrics = self.task.loss(model, batch)
             model.backward(loss)
             model.step()
@@ -305,6 +308,23 @@ class Engine:
         record["tokens"] = int(global_tokens)
         record["_stop"] = int(self._stop_signal or signal.SIGTERM) if stop else 0
         return record
+
+    def _items_per_micro_batch(self, batches: list) -> float | None:
+        """The items (`Task.items_in_batch`) of this optimizer step on every process, over its
+        number of micro-batches; None when the task's loss is a plain mean per micro-batch.
+        DeepSpeed divides each micro-batch's loss by grad_accum and averages gradients over
+        processes, so a loss that is its item sum over this makes the step's gradient the mean
+        over every item of the step, however the items fall into micro-batches (TRL's
+        num_items_in_batch)."""
+        import torch
+
+        counts = [self.task.items_in_batch(b) for b in batches]
+        if counts[0] is None:
+            return None
+        total = torch.tensor([float(sum(counts))], dtype=torch.float64, device=self.device)
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(total)
+        return max(total.item(), 1.0) / (len(batches) * self.dist.world_size)
 
     def evaluate(self) -> dict:
         """Mean loss (and task metrics) over up to eval_batches batches per process, with

@@ -293,13 +293,15 @@ def group_relative_advantages(scores: torch.Tensor, group_size: int, scale: Rewa
 # ---- losses --------------------------------------------------------------------------------------
 
 def clipped_policy_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                              advantages: torch.Tensor,
-                              clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+                              advantages: torch.Tensor, clip_range: float,
+                              clip_range_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) per token, negated to minimise:
-    max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), ρ = π / π_old; and where the clip was active (bool)."""
+    max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε_high)), ρ = π / π_old; and where the clip was active (bool).
+    ε_high (DAPO's clip-higher, TRL's epsilon_high) defaults to ε."""
+    high = clip_range if clip_range_high is None else clip_range_high
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
+    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 

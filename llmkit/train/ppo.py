@@ -50,9 +50,9 @@ from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_
                                     post_training_inputs)
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, gathered_over_processes,
                                    mean_over_processes, rank_and_world, response_mask_of,
-                                   rollout_prompts, select_rows, strip_stop, summed_over_processes)
+                                   rollout_prompts, select_rows, strip_stop)
 from llmkit.train.stage import Fit, fit_stage
-from llmkit.train.task import Task
+from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ class PpoConfig(GenerativeConfig):
     # the value model, GAE and the KL penalty in the reward: grpo has none of them
     PPO_ONLY: ClassVar[tuple] = ("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
                                  "value_model", "kl_estimator")
-    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards")
+    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards", "mask_truncated_completions")
 
     algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
@@ -78,10 +78,11 @@ class PpoConfig(GenerativeConfig):
     prompts_per_rollout: int = 16  # prompts sampled per rollout batch
     group_size: int = 4  # grpo: responses sampled per prompt (ppo samples one)
     ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of micro_batch_size
+    # rollouts sample the whole distribution (no top-k / top-p, as TRL's): the ratio's
+    # log-probs are those of logits / temperature, so a truncated sampler would be off-policy
     temperature: float = 1.0  # sampling temperature of rollouts
-    top_k: int | None = None  # sample among the k likeliest tokens only; None = all
-    top_p: float = 1.0  # nucleus sampling threshold; 1 = off
-    clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε]
+    clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε_high]
+    clip_range_high: float | None = None  # ε_high (DAPO's clip-higher, TRL's epsilon_high; DAPO uses 0.28); None = clip_range
     # grpo: how per-token losses become one (TRL's loss_type and its default): grpo = mean of each
     # sequence's token mean (the paper), bnpo = token mean of the micro-batch, dr_grpo = token sum
     # / (sequences × max_new_tokens), dapo = token mean over the whole optimizer step (every
@@ -89,6 +90,7 @@ class PpoConfig(GenerativeConfig):
     # and OpenRLHF (token_level_loss) do.
     loss_type: GrpoLossType = "dapo"
     scale_rewards: RewardScaling = "group"  # grpo: divide score − group mean by the group's std, the batch's (all processes), or nothing (Dr. GRPO)
+    mask_truncated_completions: bool = False  # grpo: a response cut off before its stop token takes no part in the loss (DAPO, TRL's)
     clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
     vf_coef: float = 0.1  # weight of the value loss beside the policy loss
     entropy_coef: float = 0.0  # weight of an entropy bonus (0 = none)
@@ -117,17 +119,13 @@ class PpoConfig(GenerativeConfig):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("clip_range", "clip_range_value", "vf_coef", "entropy_coef", "kl_coef",
-                     "verify_weight"):
-            if getattr(self, name) < 0:
+                     "verify_weight", "clip_range_high"):
+            if (getattr(self, name) or 0) < 0:  # clip_range_high may be None
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ConfigError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 (rollouts sample), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1 or null, got {self.top_k}")
         if self.reward_clip is not None and not self.reward_clip > 0:
             raise ConfigError(f"reward_clip must be > 0 or null, got {self.reward_clip}")
         if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
@@ -185,8 +183,8 @@ class PpoTask(Task):
     advantages. Each rollout is used for `ppo_epochs` shuffled passes. `loss` is the clipped
     policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo), plus the
     MoE load-balancing loss. The engine takes grad_accum batches per optimizer step and the
-    config makes that divide the micro-batches of a pass, so a rollout's first micro-batch always
-    starts a step: dapo's per-step token counts are known when the rollout is made.
+    config makes that divide the micro-batches of a pass, so no step mixes two rollouts or
+    passes; dapo's loss is a mean over the response tokens of the step (`items_in_batch`).
 
     Resume: the prompt position, β and reward statistics are checkpointed; a run resumed from a
     checkpoint taken mid-rollout starts the next rollout (exact when save_every is a multiple of
@@ -213,7 +211,6 @@ class PpoTask(Task):
         self.reward_history: list[float] = []  # mean raw score of every rollout
         self._rollout: dict | None = None
         self._pending: list[torch.Tensor] = []  # row indices of the minibatches still to serve
-        self._pending_token_means: list[torch.Tensor] | None = None  # dapo: see _tokens_per_micro_batch
         self._rollout_kl_coef = self.kl_ctl.value  # β of the current rollout's rewards / KL loss
         self._rollout_metrics: dict = {}
 
@@ -223,30 +220,18 @@ class PpoTask(Task):
         if not self._pending:
             rollout = self.make_rollout(getattr(model, "module", model))
             self._start_rollout(rollout)
-        batch = select_rows(self._rollout, self._pending.pop(0))
-        if self._pending_token_means is not None:
-            batch["tokens_per_micro_batch"] = self._pending_token_means.pop(0)
-        return batch
+        return select_rows(self._rollout, self._pending.pop(0))
+
+    def items_in_batch(self, batch) -> int | None:
+        if self.cfg.algo == "grpo" and self.cfg.loss_type == "dapo":
+            return int(batch["response_mask"].sum())
+        return None
 
     def _start_rollout(self, rollout: dict) -> None:
         cfg = self.cfg
         n, size = len(rollout["input_ids"]), cfg.micro_batch_size
         self._rollout = rollout
         self._pending = [rows for _ in range(cfg.ppo_epochs) for rows in torch.randperm(n).split(size)]
-        self._pending_token_means = (self._tokens_per_micro_batch(rollout["response_mask"])
-                                     if cfg.algo == "grpo" and cfg.loss_type == "dapo" else None)
-
-    def _tokens_per_micro_batch(self, mask: torch.Tensor) -> list[torch.Tensor]:
-        """dapo's normaliser of each pending micro-batch: the response tokens of its optimizer
-        step (its grad_accum micro-batches on every process) over the number of those
-        micro-batches. The engine divides each micro-batch's loss by grad_accum and averages
-        gradients over processes, so each token sum over this is a share of the step's mean over
-        every token (TRL's num_items_in_batch)."""
-        accum = self.cfg.grad_accum
-        tokens = torch.stack([mask[rows].sum() for rows in self._pending]).double()
-        per_step = summed_over_processes(tokens.view(-1, accum).sum(-1))
-        per_micro_batch = per_step / (accum * rank_and_world()[1])
-        return list(per_micro_batch.repeat_interleave(accum).cpu())
 
     def _next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next rollout, each repeated samples_per_prompt times.
@@ -278,9 +263,8 @@ class PpoTask(Task):
         if max_new < 1:
             raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room to respond within "
                              f"model.max_seq_len={policy.config.max_seq_len}")
-        out = generate(policy, ids, max_new, temperature=cfg.temperature, top_k=cfg.top_k,
-                       top_p=cfg.top_p, eos_id=self.stop_ids[0] if self.stop_ids else None,
-                       attention_mask=mask)
+        out = generate(policy, ids, max_new, temperature=cfg.temperature,
+                       eos_id=self.stop_ids[0] if self.stop_ids else None, attention_mask=mask)
         P = ids.shape[1]
         response_mask = response_mask_of(out[:, P:], self.stop_ids)
         responses = out[:, P:].masked_fill(response_mask == 0, self.pad_id)
@@ -322,6 +306,8 @@ class PpoTask(Task):
             rollout.update(values=values, returns=returns)
         else:
             advantages = self.group_advantages(scores)[:, None] * mask
+            if cfg.mask_truncated_completions:  # still scored within their group, not trained on
+                rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
         rollout["advantages"] = advantages
 
         self.rollouts_done += 1
@@ -365,8 +351,8 @@ class PpoTask(Task):
         logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
         logits = logits / cfg.temperature  # the sampling distribution, as in make_rollout
         logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
-        per_token, was_clipped = clipped_policy_token_loss(logprobs, batch["logprobs"],
-                                                           batch["advantages"], cfg.clip_range)
+        per_token, was_clipped = clipped_policy_token_loss(
+            logprobs, batch["logprobs"], batch["advantages"], cfg.clip_range, cfg.clip_range_high)
         entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
                               mask)
         metrics = {"clipfrac": masked_mean(was_clipped.float(), mask), "entropy": entropy.detach(),
@@ -381,7 +367,7 @@ class PpoTask(Task):
             aggregate = functools.partial(
                 aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
                 # a batch not served by next_batch is an optimizer step of its own
-                tokens_per_micro_batch=batch.get("tokens_per_micro_batch", mask.sum()))
+                tokens_per_micro_batch=batch.get(ITEMS_PER_MICRO_BATCH, mask.sum()))
             policy_loss = aggregate(per_token)
             kl_loss = aggregate(kl_estimate(logprobs, batch["ref_logprobs"], "k3"))
             # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,

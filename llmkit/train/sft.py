@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from llmkit.data.chat import collate_sft, encode_sft_rows, fixed_batches, sft_rows
+from llmkit.data.chat import IGNORE_INDEX, collate_sft, encode_sft_rows, fixed_batches, sft_rows
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
                                     exact_match_summary, heldout_split, labelled_token_logps,
                                     load_start, post_training_inputs)
 from llmkit.train.stage import LOSSES, Fit, fit_stage
-from llmkit.train.task import Task
+from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
 
 
 @dataclass
@@ -26,16 +26,21 @@ class SftConfig(GenerativeConfig):
 
 
 class SftTask(Task):
-    """Cross-entropy of the assistant tokens (mean over the micro-batch's labelled tokens)."""
+    """Cross-entropy of the assistant tokens: a mean over the labelled tokens of the whole
+    optimizer step (every micro-batch and process), so a micro-batch of short replies weighs no
+    more than a full one; a batch served outside training (validation) is its own mean."""
 
     def __init__(self, model, train_data, eval_data, seq_len: int, pad_id: int):
         super().__init__(model, train_data, eval_data)
         self.seq_len, self.pad_id = seq_len, pad_id
 
+    def items_in_batch(self, batch) -> int:
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
     def loss(self, model, batch):
         logps, _, correct = labelled_token_logps(model, batch["input_ids"], batch["labels"],
                                                  batch.get("position_ids"), batch.get("doc_ids"))
-        loss = -logps.mean() + model.aux_loss
+        loss = -logps.sum() / batch.get(ITEMS_PER_MICRO_BATCH, len(logps)) + model.aux_loss
         return loss, {"accuracy": correct.float().mean(), "trained_tokens": float(len(logps))}
 
     def flops_per_token(self) -> float:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 
+# the key under which the engine gives each training batch the step's item count per
+# micro-batch (see Task.items_in_batch)
+ITEMS_PER_MICRO_BATCH = "items_per_micro_batch"
+
 
 class Task:
     """What one trainer adds to the shared loop: the model, its batches and its loss.
@@ -73,6 +77,15 @@ class Task:
         if self.pad_id is not None:
             return int((batch["input_ids"] != self.pad_id).sum())
         return math.prod(batch["input_ids"].shape)
+
+    def items_in_batch(self, batch) -> int | None:
+        """What the loss is a mean over, when that is not one micro-batch: the labelled tokens
+        of an SFT batch. Given counts, the engine sets `batch[ITEMS_PER_MICRO_BATCH]` on every
+        training batch to the optimizer step's count (all its micro-batches, all processes) over
+        its number of micro-batches; a loss that divides its item sum by that weighs every item
+        of the step alike, however the items fell into micro-batches. None (the default): each
+        micro-batch's loss is its own mean. Called on the host batch, as `next_batch` returned it."""
+        return None
 
     def flops_per_token(self) -> float | None:
         """Training FLOPs per token (forward + backward); None = 6 x parameters."""

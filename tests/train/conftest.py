@@ -81,9 +81,10 @@ class StreamBatches:
 class TinyTask(Task):
     def __init__(self, model, train_data, eval_data=None, nan_batches=(), kill_at_batch=None):
         super().__init__(model, train_data, eval_data)
-        self.nan_batches = set(nan_batches)  # batch numbers (1-based) whose loss is made NaN
+        self.nan_batches = set(nan_batches)  # training batches (1-based) whose loss is made NaN
         self.kill_at_batch = kill_at_batch
         self.batches_drawn = 0
+        self.batches_trained = 0  # the engine draws a step's batches before their losses
 
     def next_batch(self, model):
         self.batches_drawn += 1
@@ -94,7 +95,8 @@ class TinyTask(Task):
     def loss(self, model, batch):
         logits = model(batch["input_ids"])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
-        if self.batches_drawn in self.nan_batches:
+        self.batches_trained += model.training
+        if model.training and self.batches_trained in self.nan_batches:
             loss = loss * float("nan")
         accuracy = (logits.argmax(-1) == batch["labels"]).float().mean()
         return loss, {"accuracy": accuracy.item()}

@@ -174,6 +174,14 @@ def test_a_setting_a_later_version_added_is_unchanged_at_its_default(tmp_path):
         planned(tmp_path / "c", config=newer)  # without the defaults: a new key is a change
 
 
+def test_a_setting_this_version_no_longer_has_is_no_change(tmp_path):
+    """ppo's top_k/top_p went (rollouts sample the whole distribution): a run that recorded
+    them is still the same run, as nothing can set them now."""
+    current = {k: v for k, v in RUN_CONFIG.items() if k != "seed"}  # else another run
+    plan = planned(tmp_path, config=current)
+    assert plan.resume and plan.step == 8 and plan.changes == {}
+
+
 def test_extending_a_run_continues_it_and_names_the_changes(tmp_path):
     plan = planned(tmp_path, config={**RUN_CONFIG, "max_steps": 12, "lr": 5e-4})
     assert (plan.resume, plan.step) == (True, 8)

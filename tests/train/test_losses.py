@@ -387,3 +387,16 @@ def test_masked_mean_along_a_dimension():
     x = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_mean(x, mask, dim=1).tolist() == [2.0, 2.0]
+
+
+def test_clip_higher_widens_only_the_upper_bound_of_the_ratio():
+    """DAPO's clip-higher (TRL's epsilon_high): ρ = e^0.5 ≈ 1.65 with A > 0 is clipped at 1 + ε_high;
+    ρ = e^-0.5 ≈ 0.61 with A < 0 still at 1 − ε."""
+    old = torch.zeros(2)
+    new = torch.tensor([0.5, -0.5])
+    advantages = torch.tensor([1.0, -1.0])
+    symmetric, _ = clipped_policy_token_loss(new, old, advantages, clip_range=0.2)
+    higher, clipped = clipped_policy_token_loss(new, old, advantages, clip_range=0.2, clip_range_high=0.28)
+    assert symmetric.tolist() == pytest.approx([-1.2, 0.8])
+    assert higher.tolist() == pytest.approx([-1.28, 0.8])
+    assert clipped.tolist() == [True, True]

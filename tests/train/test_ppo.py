@@ -13,7 +13,8 @@ from llmkit.model import ModelConfig, Transformer
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
-from llmkit.train.rollouts import Prompt, Samples, mean_over_processes, response_mask_of, select_rows
+from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, response_mask_of,
+                                   select_rows)
 from tests.make_fragments import make_command, make_dry_run
 from tests.train.posttrain_fixtures import (make_tokenizer, memorizing_model, preference_rows,
                                             tiny_model, write_checkpoint_run, write_dataset)
@@ -272,6 +273,23 @@ def test_dapo_accumulation_gives_the_gradient_of_one_micro_batch_of_the_whole_st
     assert grad_norms["dapo", 2] == pytest.approx(grad_norms["dapo", 1], rel=1e-5)
     assert grad_norms["bnpo", 1] == pytest.approx(grad_norms["dapo", 1], rel=1e-5)  # one micro-batch
     assert grad_norms["bnpo", 2] != pytest.approx(grad_norms["bnpo", 1], rel=1e-3)
+
+
+def test_masked_truncated_completions_are_scored_but_not_trained_on():
+    """mask_truncated_completions (DAPO, TRL's): a response without its stop token keeps its place
+    in its group's advantages but adds no token to the loss or to dapo's normaliser."""
+    rollouts = {}
+    for masked in (False, True):
+        task, _ = tiny_setup("grpo", stop_ids=[3], mask_truncated_completions=masked)
+        rollouts[masked] = task.make_rollout(task.model)
+    full, masked = rollouts[False], rollouts[True]
+    stopped = ends_with_stop(full["input_ids"][:, full["prompt_len"]:], full["response_mask"], [3])
+    assert 0 < stopped.sum() < len(stopped)  # both kinds in the rollout
+    assert torch.equal(masked["response_mask"][stopped], full["response_mask"][stopped])
+    assert masked["response_mask"][~stopped].sum() == 0 < full["response_mask"][~stopped].sum()
+    assert torch.equal(masked["advantages"][stopped], full["advantages"][stopped])
+    task.loss(task.model, select_rows(masked, torch.arange(8)))[0].backward()  # finite with empty rows
+    assert task.items_in_batch(select_rows(masked, torch.arange(16))) == masked["response_mask"].sum()
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])

@@ -163,3 +163,48 @@ def test_zero3_with_accumulation_trains_like_zero0(make_ctx, setup):
 def test_a_short_run_with_the_default_warmup_trains(make_ctx, setup):
     b = run(make_ctx, setup, max_steps=5, warmup_steps=None)
     assert b.stats["steps"] == 5 and b.config["warmup_steps"] == 0  # 10% of 5 steps
+
+
+# ---- the loss of an optimizer step is a mean over all of its labelled tokens ------------------
+
+
+def uneven_batches(vocab_size: int, rows: int = 8, width: int = 24) -> dict:
+    """`rows` sequences whose labelled parts grow from 1 to `width` - 1 tokens (all but the first)."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab_size, (rows, width), generator=generator)
+    labels = torch.full_like(ids, -100)
+    for i in range(rows):
+        labelled = 1 + i * (width - 2) // (rows - 1)
+        labels[i, width - labelled:] = ids[i, width - labelled:]
+    return {"input_ids": ids.numpy(), "labels": labels.numpy()}
+
+
+def first_sft_step(run_dir, model, batch: dict, micro_batch_size: int) -> dict:
+    from llmkit.train.config import TrainConfig
+    from llmkit.train.engine import Engine
+    from llmkit.train.sft import SftTask
+
+    micro_batches = [{k: v[i:i + micro_batch_size] for k, v in batch.items()}
+                     for i in range(0, len(batch["input_ids"]), micro_batch_size)]
+    cfg = TrainConfig(max_steps=1, micro_batch_size=micro_batch_size, grad_accum=len(micro_batches),
+                      warmup_steps=0, lr=1e-3, save_every=0, log_every=1, weight_decay=0.0)
+    Engine(run_dir, cfg, SftTask(model, micro_batches, None, seq_len=24, pad_id=0)).fit()
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_one_batch_of_the_whole_step(tmp_path, tok):
+    """4 micro-batches of 2 and 1 of 8 hold the same sequences with 1 to 23 labelled tokens each:
+    the step's loss is the mean over all 93 tokens either way (TRL's num_items_in_batch), not a
+    mean of micro-batch means, which weighs each token of the shortest pair (5 tokens) 8 times as
+    much as one of the longest (42)."""
+    batch = uneven_batches(tok.vocab_size)
+    base = tiny_model(tok.vocab_size)
+    with torch.no_grad():
+        logps, mask = token_logps(base(torch.from_numpy(batch["input_ids"])),
+                                  torch.from_numpy(batch["labels"]))
+    token_mean = -(logps.sum() / mask.sum()).item()
+    records = {size: first_sft_step(tmp_path / f"mb{size}", tiny_model(tok.vocab_size), batch, size)
+               for size in (8, 2)}
+    assert records[8]["loss"] == pytest.approx(token_mean, rel=1e-5)
+    assert records[2]["loss"] == pytest.approx(token_mean, rel=1e-5)
+    assert records[2]["grad_norm"] == pytest.approx(records[8]["grad_norm"], rel=1e-5)
