@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# pytest-xdist workers of `make test` (one per core; 0 = one process); a test module's tests
+# stay on one worker, so its module fixtures are built once
+PYTEST_WORKERS ?= auto
 BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 
@@ -28,7 +31,7 @@ smollm2: setup
 	$(MAKE) --no-print-directory -C recipes/smollm2 LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope tests
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -1,5 +1,12 @@
 import json
+import os
 from pathlib import Path
+
+# `make test` runs one pytest-xdist worker per core: each worker, and the processes it starts,
+# computes on one thread, or the workers' thread pools would fight over the same cores
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
