@@ -69,7 +69,8 @@ class PpoConfig(GenerativeConfig):
     # the value model, GAE and the KL penalty in the reward: grpo has none of them
     PPO_ONLY: ClassVar[tuple] = ("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
                                  "value_model", "kl_estimator")
-    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards", "mask_truncated_completions")
+    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards", "mask_truncated_completions",
+                                  "kl_bias_correction")
 
     algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
@@ -99,6 +100,7 @@ class PpoConfig(GenerativeConfig):
     whiten_advantages: bool = True  # normalise advantages to zero mean, unit variance per rollout
     kl_coef: float = 0.05  # β: per-token KL penalty in the reward (ppo) or weight of the KL loss (grpo)
     kl_estimator: Literal["k1", "k3"] = "k1"  # estimator of the per-token KL penalty (grpo's loss uses k3)
+    kl_bias_correction: bool = False  # grpo: k3 times the ratio π/π_old, an unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's use_bias_correction_kl, on there)
     adaptive_kl: bool = False  # steer β towards kl_target (Ziegler et al.) instead of keeping it fixed
     kl_target: float = 6.0  # adaptive_kl: the KL per sequence to aim for (nats)
     kl_horizon: int = 10000  # adaptive_kl: samples over which β adapts by about ±20%
@@ -369,7 +371,10 @@ class PpoTask(Task):
                 # a batch not served by next_batch is an optimizer step of its own
                 tokens_per_micro_batch=batch.get(ITEMS_PER_MICRO_BATCH, mask.sum()))
             policy_loss = aggregate(per_token)
-            kl_loss = aggregate(kl_estimate(logprobs, batch["ref_logprobs"], "k3"))
+            kl = kl_estimate(logprobs, batch["ref_logprobs"], "k3")
+            if cfg.kl_bias_correction:  # the ratio is differentiable: it changes the gradient at ρ = 1 too
+                kl = kl * torch.exp(logprobs - batch["logprobs"])
+            kl_loss = aggregate(kl)
             # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
             # with the β this rollout logged (adaptive_kl moves it between rollouts)
             loss = policy_loss + self._rollout_kl_coef * kl_loss
