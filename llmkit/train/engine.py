@@ -262,7 +262,7 @@ class Engine:
         # (tokens) needs their count before the first backward
         batches = [self.task.next_batch(model) for _ in range(cfg.grad_accum)]
         tokens = sum(map(self.task.batch_tokens, batches))  # on the host batches: no device sync
-        per_micro_batch = self._items_per_micro_batch(batches)
+        per_micro_batch = items_per_micro_batch(self.task, batches, self.device, self.dist.world_size)
         batches = [to_device(b, self.device) for b in batches]
         data_s = time.perf_counter() - start
         for batch in batches:
@@ -308,23 +308,6 @@ class Engine:
         record["tokens"] = int(global_tokens)
         record["_stop"] = int(self._stop_signal or signal.SIGTERM) if stop else 0
         return record
-
-    def _items_per_micro_batch(self, batches: list) -> float | None:
-        """The items (`Task.items_in_batch`) of this optimizer step on every process, over its
-        number of micro-batches; None when the task's loss is a plain mean per micro-batch.
-        DeepSpeed divides each micro-batch's loss by grad_accum and averages gradients over
-        processes, so a loss that is its item sum over this makes the step's gradient the mean
-        over every item of the step, however the items fall into micro-batches (TRL's
-        num_items_in_batch)."""
-        import torch
-
-        counts = [self.task.items_in_batch(b) for b in batches]
-        if counts[0] is None:
-            return None
-        total = torch.tensor([float(sum(counts))], dtype=torch.float64, device=self.device)
-        if self.dist.world_size > 1:
-            torch.distributed.all_reduce(total)
-        return max(total.item(), 1.0) / (len(batches) * self.dist.world_size)
 
     def evaluate(self) -> dict:
         """Mean loss (and task metrics) over up to eval_batches batches per process, with
@@ -452,6 +435,24 @@ class Engine:
     def _restore_signals(handlers) -> None:
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def items_per_micro_batch(task: Task, batches: list, device, world_size: int) -> float | None:
+    """The items (`Task.items_in_batch`) of one optimizer step's `batches` on every process,
+    over the step's number of micro-batches; None when the task's loss is a plain mean per
+    micro-batch. DeepSpeed divides each micro-batch's loss by grad_accum and averages gradients
+    over processes, so a loss that is its item sum over this makes the step's gradient the mean
+    over every item of the step, however the items fall into micro-batches (TRL's
+    num_items_in_batch). All processes must call it (one all-reduce)."""
+    import torch
+
+    counts = [task.items_in_batch(b) for b in batches]
+    if counts[0] is None:
+        return None
+    total = torch.tensor([float(sum(counts))], dtype=torch.float64, device=device)
+    if world_size > 1:
+        torch.distributed.all_reduce(total)
+    return max(total.item(), 1.0) / (len(batches) * world_size)
 
 
 def _save_trained_state_only(engine) -> None:

@@ -38,7 +38,7 @@ from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
 from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.model import Transformer
 from llmkit.train.dpo import DpoConfig, DpoTask, per_row
-from llmkit.train.engine import Engine
+from llmkit.train.engine import items_per_micro_batch
 from llmkit.train.losses import DPO_LOSS_TYPES, dpo_loss, group_relative_advantages
 from llmkit.train.ppo import PpoConfig, PpoTask
 from llmkit.train.rm import RmTask
@@ -177,12 +177,6 @@ def sft(hf_tokenizer, tokenizer_folder, tmp_path_factory):
                          train_dataset=Dataset.from_dict({"messages": CHATS}))
     return SimpleNamespace(trainer=trainer, model=llmkit_copy(trainer.model),
                            tokenizer=HFTokenizer(tokenizer_folder))
-
-
-def engine_items_per_micro_batch(task, batches) -> float:
-    """What the engine gives each micro-batch of a one-process step (`Engine.train_step`)."""
-    engine = SimpleNamespace(task=task, dist=SimpleNamespace(world_size=1), device="cpu")
-    return Engine._items_per_micro_batch(engine, batches)
 
 
 # ---- DPO ----------------------------------------------------------------------------------------
@@ -417,7 +411,7 @@ def test_grpo_loss_and_its_gradient_equal_trls_per_micro_batch(grpo, monkeypatch
                 "attention_mask": torch.ones(len(mb.tokens), PROMPT_LEN + RESPONSE_LEN, dtype=torch.long),
                 "prompt_len": PROMPT_LEN, "response_mask": mb.mask, "logprobs": mb.old,
                 "advantages": mb.advantages[:, None] * mb.mask, "ref_logprobs": mb.ref} for mb in step]
-    per_micro_batch = engine_items_per_micro_batch(task, batches)
+    per_micro_batch = items_per_micro_batch(task, batches, "cpu", world_size=1)
     num_items_in_batch = sum(mb.mask.sum() for mb in step)  # TRL's: the generation batch's tokens
     # 14 and 19 tokens: a mean per micro-batch (not over the step) would differ from TRL's for dapo
     assert [int(mb.mask.sum()) for mb in step] == [14, 19]
@@ -524,7 +518,7 @@ def test_an_accumulated_sft_step_weighs_every_labelled_token_alike_as_trls(sft):
     assert counts[0] != counts[1]
     num_items_in_batch = trainer._get_num_items_in_batch(theirs_batches, torch.device("cpu"))
     assert int(num_items_in_batch) == sum(counts)
-    per_micro_batch = engine_items_per_micro_batch(task, ours_batches)
+    per_micro_batch = items_per_micro_batch(task, ours_batches, "cpu", world_size=1)
     for t, o in zip(theirs_batches, ours_batches):
         theirs = trainer.compute_loss(trainer.model, t, num_items_in_batch=num_items_in_batch)
         ours, _ = task.loss(sft.model, {**o, ITEMS_PER_MICRO_BATCH: per_micro_batch})
