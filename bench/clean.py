@@ -3,18 +3,21 @@
 The demo corpus (recipes/demo/data/raw) is replicated to `--mb` megabytes of English
 (Python docstrings) and of Chinese (poems and prose), every copy a distinct row. llmkit runs
 `clean_batch` over pyarrow batches of 2,048 rows in this process, one core, after a warm-up
-that loads the compiled n-gram kernel. The peer is datatrove's English quality stack, the
-filters FineWeb applies (GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter with
-FineWeb's settings, FineWebQualityFilter), run on the same English rows in a separate Python
-that has datatrove installed (`--peer-python`; its English word tokenizer is spaCy's blank
-"en" pipeline, which needs no model download). datatrove does no text normalisation here, so
-llmkit does strictly more work.
+that loads the compiled kernels and builds the character tables (once per process). The peer
+is datatrove's English quality stack, the filters FineWeb applies (GopherRepetitionFilter,
+GopherQualityFilter, C4QualityFilter with FineWeb's settings, FineWebQualityFilter), run on
+the same English rows in a separate Python that has datatrove installed (`--peer-python`;
+its English word tokenizer is spaCy's blank "en" pipeline, which needs no model download).
+datatrove does no text normalisation here, so llmkit does strictly more work.
 
 Printed per corpus: rows/s and MB/s of UTF-8 input per core (CPU time, so other load on the
 machine inflates the figures less than wall time would), share of rows kept, and the ratio
-llmkit / datatrove; and a reference loop's CPU time, to compare machines.
+llmkit / datatrove; and a reference loop's CPU time, to compare machines. With `--repeat N`
+llmkit cleans each corpus N times and the median run is printed (of an even N, the slower
+middle one), then every run's MB/s: on a shared machine one run can be off by a quarter.
 
-    python bench/clean.py [--mb 30] [--peer-python /path/to/venv/bin/python] [--peer-mb 5]
+    python bench/clean.py [--mb 30] [--repeat 1] [--peer-python /path/to/venv/bin/python]
+                          [--peer-mb 5]
 
 To get a peer: `python -m venv /tmp/dt && /tmp/dt/bin/pip install datatrove spacy`.
 """
@@ -90,7 +93,7 @@ def run_llmkit(texts: list[str]) -> dict:
     table = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts,
                       "source": ["bench"] * len(texts)})
     batches = table.to_batches(max_chunksize=BATCH_ROWS)
-    clean_batch(batches[0].slice(0, 64), config=cfg)  # warm-up: numba kernel from its cache
+    clean_batch(batches[0].slice(0, 64), config=cfg)  # warm-up: kernels, character tables
     kept = 0
     t0 = time.process_time()
     for batch in batches:
@@ -107,17 +110,30 @@ def run_peer(python: str, texts: list[str]) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_llmkit_repeated(texts: list[str], repeat: int) -> dict:
+    """The median of `repeat` runs (of an even number, the slower middle one), with every
+    run's CPU seconds in "runs_cpu_s"."""
+    runs = [run_llmkit(texts) for _ in range(repeat)]
+    median = sorted(runs, key=lambda r: r["cpu_s"])[repeat // 2]
+    return {**median, "runs_cpu_s": [r["cpu_s"] for r in runs]}
+
+
 def report(name: str, texts: list[str], result: dict) -> float:
     mb = sum(len(t.encode()) for t in texts) / 1e6
     rate = mb / result["cpu_s"]
     print(f"{name:<28} {len(texts):>8,} rows {mb:7.1f} MB  {len(texts) / result['cpu_s']:>9,.0f} rows/s"
           f"  {rate:6.2f} MB/s  kept {result['kept'] / len(texts):6.1%}")
+    if len(result.get("runs_cpu_s", [])) > 1:
+        rates = [mb / s for s in result["runs_cpu_s"]]
+        print(f"{'':<28} {len(rates)} runs, the median one above: {min(rates):.2f} … "
+              f"{max(rates):.2f} MB/s ({', '.join(f'{r:.2f}' for r in rates)})")
     return rate
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=30, help="megabytes per language for llmkit")
+    ap.add_argument("--repeat", type=int, default=1, help="llmkit runs per corpus (median printed)")
     ap.add_argument("--peer-python", help="a Python with datatrove and spacy installed")
     ap.add_argument("--peer-mb", type=float, default=5, help="megabytes of English for the peer")
     args = ap.parse_args()
@@ -128,8 +144,11 @@ def main():
     sum(range(10**7))
     print(f"per core (CPU seconds); batches of {BATCH_ROWS} rows; this machine runs "
           f"sum(range(10**7)) in {time.process_time() - t0:.2f} CPU s (scale figures by it)\n")
-    en_rate = report("llmkit clean, English", en := replicate(english, args.mb), run_llmkit(en))
-    report("llmkit clean, Chinese", zh := replicate(chinese, args.mb), run_llmkit(zh))
+    repeat = max(1, args.repeat)
+    en_rate = report("llmkit clean, English", en := replicate(english, args.mb),
+                     run_llmkit_repeated(en, repeat))
+    report("llmkit clean, Chinese", zh := replicate(chinese, args.mb),
+           run_llmkit_repeated(zh, repeat))
     if not args.peer_python:
         print("\nno --peer-python given: datatrove not run")
         return

@@ -10,6 +10,13 @@ Per document, in order:
 Kept rows carry the normalised text; removed rows keep their original text plus a `reason`
 (the rule's name). Every step is a pure function of one row and the config, so any batching
 and any number of workers give the same output.
+
+Speed. Most steps change nothing in most documents, and finding that out (a regular
+expression, a few `in` searches) was most of their cost. So one compiled pass over a batch's
+code points (`scan_texts`, llmkit.data._rule_kernels.scan) first notes for each text which
+steps have work in it, and a step runs only where it has; a step that changes the text has
+the text scanned again. The rules' measurements are then taken in one compiled pass too
+(llmkit.data.document.measure_texts).
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import html
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Literal
 
 import numpy as np
 
-from llmkit.data.rules import (GOPHER_STOP_WORDS, RULE_NAMES, RULES, TERMINAL_PUNCTUATION, Doc,
-                               first_failed_rule, word_hash)
+from llmkit.data.document import (GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, kernels,
+                                  measure_texts, word_hash)
+from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
 
 # C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
@@ -178,6 +187,79 @@ _RUN_MARKS = "!?.,;:。！？，、；：~～…"
 _RUN_MARKS_ASCII = "!?.,;:~"
 
 
+# -- which steps have work in a text: the compiled scan
+
+# What `scan_texts` finds in a text: one bit per step (or part of normalize_whitespace) that
+# can change it. A clear bit is a promise that the step would return the text unchanged.
+HTML, CONTROL, NFKC, TRAILING_SPACE, TAB, SPACE_RUN, BLANK_LINES, PUNCTUATION_RUN = \
+    1, 2, 4, 8, 16, 32, 64, 128
+ALL_STEPS = 255  # every step runs, as if the scan had found work for each
+
+# Bits of a character's class for the scan. MARKUP: "<" or "&". CONTROL_CHAR: "\r" and what
+# strip_control removes or turns into "\n". NOT_NFKC_STABLE: a character next to which NFKC
+# might change the text (see _normalisation_classes). KEPT: one of _CJK_PUNCTUATION.
+# RUN_MARK: one of _RUN_MARKS. SURROGATE: a lone surrogate, for which every step runs.
+# WHITESPACE: " ", "\t", "\n". A character of none of them (most) only breaks runs.
+MARKUP, CONTROL_CHAR, NOT_NFKC_STABLE, KEPT, RUN_MARK, SURROGATE, WHITESPACE = \
+    1, 2, 4, 8, 16, 32, 64
+
+_NORMALISATION_CLASSES = None
+
+
+def _normalisation_classes():
+    """The scan's class bits of every code point.
+
+    NFKC leaves a text alone when every character in it has no decomposition (canonical or
+    compatibility), is a starter (combining class 0) and is not the second character of any
+    canonical composition: then decomposing changes nothing, there is nothing to reorder, and
+    no pair composes. The other characters are NOT_NFKC_STABLE, and so, to keep the argument
+    short, are Hangul jamo and syllables (composed by algorithm, not by the table) and all
+    from U+30000 on (little there: CJK Extensions G and H, tags, private use). The parked
+    _CJK_PUNCTUATION are starters that compose with nothing, so NFKC of the text around them
+    is NFKC of each piece between them: a text whose other characters are all stable is
+    unchanged by `nfkc` with keep_cjk_punctuation too.
+    """
+    global _NORMALISATION_CLASSES
+    if _NORMALISATION_CLASSES is None:
+        table = np.zeros(0x110000, np.uint8)
+        table[[ord("<"), ord("&")]] |= MARKUP
+        candidates = "".join(map(chr, [*range(0xD800), *range(0xE000, 0x10000),
+                                       *range(0xE0000, 0xE0080)]))
+        for pattern in (_ASCII_CONTROL, _OTHER_LINE_BREAKS, _INVISIBLE):
+            table[[ord(m.group()) for m in pattern.finditer(candidates)]] |= CONTROL_CHAR
+        table[ord("\r")] |= CONTROL_CHAR
+        unstable = []
+        for code in range(0x30000):
+            char = chr(code)
+            decomposition = unicodedata.decomposition(char)
+            if decomposition or unicodedata.combining(char):
+                unstable.append(code)
+            parts = decomposition.split()
+            if len(parts) == 2 and not decomposition.startswith("<"):
+                unstable.append(int(parts[1], 16))  # the second character of a composition
+        table[unstable] |= NOT_NFKC_STABLE
+        for lo, hi in ((0x1100, 0x11FF), (0x3130, 0x318F), (0xA960, 0xA97F), (0xAC00, 0xD7FF),
+                       (0x30000, 0x10FFFF)):
+            table[lo:hi + 1] |= NOT_NFKC_STABLE
+        table[[ord(c) for c in _CJK_PUNCTUATION]] |= KEPT
+        table[[ord(c) for c in _RUN_MARKS]] |= RUN_MARK
+        table[[ord(" "), ord("\t"), ord("\n")]] |= WHITESPACE
+        table[0xD800:0xE000] = SURROGATE
+        _NORMALISATION_CLASSES = table
+    return _NORMALISATION_CLASSES
+
+
+def scan_texts(texts: list[str], cfg: CleanConfig) -> list[int]:
+    """Per text, the bits of the normalisation steps that have work in it (HTML, CONTROL, …),
+    from one compiled pass over all the texts (see llmkit.data._rule_kernels.scan)."""
+    codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
+    ends = np.fromiter(accumulate(map(len, texts)), np.int64, len(texts))
+    found = np.zeros(len(texts), np.int64)
+    kernels().scan(codes, ends, _normalisation_classes(), cfg.keep_cjk_punctuation,
+                   cfg.max_punctuation_run, found)
+    return found.tolist()
+
+
 def strip_html(text: str) -> str:
     """Tags out (block tags become line breaks), entities decoded."""
     if "<" in text:
@@ -217,18 +299,21 @@ def nfkc(text: str, keep_cjk_punctuation: bool = True) -> str:
     return text
 
 
-def normalize_whitespace(text: str) -> str:
+def normalize_whitespace(text: str, found: int = ALL_STEPS) -> str:
     """Trailing spaces cut, inner runs of spaces and tabs → one space, at most one blank line.
 
-    Leading indentation stays: it is the structure of code and verse.
+    Leading indentation stays: it is the structure of code and verse. `found`: what
+    `scan_texts` found in `text`; a part whose bit is clear is skipped. Each part only ever
+    removes the work of the parts after it, never adds some (the scan counts blank lines as
+    they will be once trailing spaces are gone), so the bits hold all the way through.
     """
-    if " \n" in text or "\t\n" in text or text.endswith((" ", "\t")):
+    if found & TRAILING_SPACE:
         text = _TRAILING_SPACE.sub("", text)
-    if "\t" in text:
+    if found & TAB:
         text = _TAB_RUNS.sub(_one_space_unless_indent, text)
-    if "  " in text:  # a literal start lets `re` jump from one double space to the next
+    if found & SPACE_RUN:  # a literal start lets `re` jump from one double space to the next
         text = _SPACE_RUNS.sub(_one_space_unless_indent, text)
-    if "\n\n\n" in text:
+    if found & BLANK_LINES:
         text = _BLANK_LINES.sub("\n\n", text)
     return text.strip("\n ")
 
@@ -254,18 +339,30 @@ def _run_pattern(limit: int):
     return _RUN_PATTERNS[limit]
 
 
-def normalize_text(text: str, cfg: CleanConfig) -> str:
-    if cfg.strip_html:
-        text = strip_html(text)
-    if cfg.strip_control:
-        text = strip_control(text)
-    if cfg.nfkc:
-        text = nfkc(text, cfg.keep_cjk_punctuation)
+def normalize_text(text: str, cfg: CleanConfig, found: int | None = None) -> str:
+    """The normalisation steps the config asks for, in order. `found`: what `scan_texts`
+    found in `text` (None: scan it here; ALL_STEPS: run every step without asking)."""
+    if found is None:
+        found = scan_texts([text], cfg)[0]
+    if cfg.strip_html and found & HTML:
+        text, found = _rescan(text, strip_html(text), found, cfg)
+    if cfg.strip_control and found & CONTROL:
+        text, found = _rescan(text, strip_control(text), found, cfg)
+    if cfg.nfkc and found & NFKC:
+        text, found = _rescan(text, nfkc(text, cfg.keep_cjk_punctuation), found, cfg)
     if cfg.normalize_whitespace:
-        text = normalize_whitespace(text)
-    if cfg.max_punctuation_run:
+        text = normalize_whitespace(text, found)  # spaces only: no new run of marks
+    if cfg.max_punctuation_run and found & PUNCTUATION_RUN:
         text = collapse_punctuation(text, cfg.max_punctuation_run)
     return text
+
+
+def _rescan(old: str, new: str, found: int, cfg: CleanConfig) -> tuple[str, int]:
+    """(new, what the later steps have to do in it): a step that changed the text (entities
+    decoded, full-width forms folded) may have made work for them."""
+    if new is old or found == ALL_STEPS:  # re.sub and str methods return the text itself
+        return new, found                 # when they change nothing
+    return new, scan_texts([new], cfg)[0]
 
 
 # ---------------------------------------------------------------- line filter
@@ -332,12 +429,16 @@ def clean_batch(batch, config: CleanConfig):
     import pyarrow.compute as pc
 
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    texts = table.column("text").to_pylist()
-    cleaned, reasons = [], []
-    for text in texts:
-        new, reason = clean_text(text or "", config)
+    # As clean_text, but the compiled passes (scan, measure) are made once for the batch.
+    texts = [text or "" for text in table.column("text").to_pylist()]
+    cleaned, dropped = [], []
+    for text, found in zip(texts, scan_texts(texts, config)):
+        new, n = drop_boilerplate_lines(normalize_text(text, config, found), config)
         cleaned.append(new)
-        reasons.append(reason)
+        dropped.append(n)
+    rules = config._rules
+    reasons = [first_failed_rule(Doc(text, config, dropped_lines=n, measured=m), config, rules)
+               for text, n, m in zip(cleaned, dropped, measure_texts(cleaned, config))]
     keep = pa.array([r is None for r in reasons], pa.bool_())
     index = table.schema.get_field_index("text")
     text_field = table.schema.field(index)

@@ -2,21 +2,28 @@
 fixtures and on the real demo corpus."""
 
 import gzip
+import hashlib
 import json
+import os
+import random
+import unicodedata
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from llmkit.data.clean import (CleanConfig, clean_batch, clean_text, drop_boilerplate_lines,
-                               is_navigation_line, normalize_text)
+from llmkit.data import clean
+from llmkit.data.clean import (ALL_STEPS, CleanConfig, clean_batch, clean_text,
+                               drop_boilerplate_lines, is_navigation_line, normalize_text,
+                               scan_texts)
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
 from llmkit.data.pipeline import run_map_stage
 from llmkit.errors import UserError
 from tests.conftest import write_jsonl
 
-RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
+REPO = Path(__file__).resolve().parents[2]
+RAW = REPO / "recipes" / "demo" / "data" / "raw"
 CFG = CleanConfig()
 GOOD_EN = (
     "The river town wakes slowly in winter. Before the sun is up, the baker has already lit his "
@@ -78,6 +85,41 @@ def test_normalisation_is_idempotent_on_the_demo_noise():
     for row in read_jsonl(RAW / "noise.jsonl"):
         once = normalize_text(row["text"], CFG)
         assert normalize_text(once, CFG) == once
+
+
+# Pieces that each normalisation step acts on, and their neighbours: whitespace at line
+# starts and ends, runs of marks, markup, control and invisible characters, characters NFKC
+# changes (full-width, ligatures, no-break spaces, combining marks, Hangul jamo) or keeps.
+TRICKY = (list(" \t\n\r.!?。！，…~～#|-*•") + ["  ", "\n\n\n", " \n", "\t\n", "...", "!!!!", "。。。。"]
+          + list("aAé\u0301\u0308eｅＡ１\xa0\u3000\u200b\ufeff\x00\x07\x0b\x0c\x85\u2028")
+          + list("你好世界，！？：；（）～…「」《》") + ["\ue000", "\ue003", "가", "\u1161", "\u11a8", "ﬁ",
+                                                "Å", "K", "İ", "Σ", "<p>", "</div>", "<br/>", "&amp;",
+                                                "&#8364;", "&nbsp;", "<script>x</script>"])
+
+
+def tricky_texts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(TRICKY) for _ in range(rng.randrange(40))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"keep_cjk_punctuation": False}, {"max_punctuation_run": 1},
+                                       {"max_punctuation_run": 0, "strip_html": False}])
+def test_the_scan_skips_only_steps_that_would_change_nothing(overrides):
+    """normalize_text runs a step only where `scan_texts` found work for it; running every
+    step regardless (ALL_STEPS) must give the same text."""
+    cfg = CleanConfig(**overrides)
+    texts = tricky_texts(1500) + [r["text"] for r in read_jsonl(RAW / "noise.jsonl")]
+    for text, found in zip(texts, scan_texts(texts, cfg)):
+        assert normalize_text(text, cfg, found) == normalize_text(text, cfg, ALL_STEPS), repr(text)
+
+
+def test_characters_the_scan_calls_nfkc_stable_are_left_alone_by_nfkc():
+    stable = clean._normalisation_classes() & clean.NOT_NFKC_STABLE == 0
+    for code in map(int, stable[:0x30000].nonzero()[0]):
+        if not 0xD800 <= code < 0xE000:
+            assert unicodedata.normalize("NFKC", chr(code)) == chr(code), hex(code)
+    assert not stable[0x30000:].any()
+    assert scan_texts(["你好，世界！", "ｅ", "e\u0301", "\xa0", "가"], CFG) == [0] + [clean.NFKC] * 4
 
 
 # ---------------------------------------------------------------- boilerplate lines
@@ -188,6 +230,108 @@ def test_clean_batch_output_does_not_depend_on_batch_size():
         parts = [clean_batch(b, config=CFG) for b in table.to_batches(max_chunksize=size)]
         assert pa.concat_tables([k for k, _ in parts]).equals(whole[0])
         assert pa.concat_tables([r for _, r in parts]).equals(whole[1])
+
+
+def test_clean_batch_gives_what_clean_text_gives_row_by_row():
+    rows = demo_sample()
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]})
+    kept, removed = clean_batch(table, config=CFG)
+    results = {r["id"]: clean_text(r["text"], CFG) for r in rows}
+    assert {i: results[i] for i in kept.column("id").to_pylist()} == \
+        {i: (t, None) for i, t in zip(kept.column("id").to_pylist(), kept.column("text").to_pylist())}
+    assert {i: results[i][1] for i in removed.column("id").to_pylist()} == \
+        dict(zip(removed.column("id").to_pylist(), removed.column("reason").to_pylist()))
+
+
+# ---------------------------------------------------------------- the pinned results
+
+PINNED = REPO / "tests" / "assets" / "clean_demo_pinned.json"
+
+
+def demo_rows() -> list[dict]:
+    """Every row of the demo corpus that parses (broken.jsonl's bad lines are ingest's
+    business), in file order."""
+    rows = []
+    for path in sorted(RAW.glob("*.jsonl*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            for line in f:
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                rows.append({"id": record["id"], "text": record["text"]})
+    return rows
+
+
+def demo_variants(rows: list[dict]) -> list[dict]:
+    """Every third demo row cut to its first half of lines, pasted twice, and with its lines
+    reversed and the first one again: texts near the rules' thresholds, from either side."""
+    out = []
+    for r in rows[::3]:
+        lines = r["text"].split("\n")
+        out += [{"id": r["id"] + "#half", "text": "\n".join(lines[:len(lines) // 2 + 1])},
+                {"id": r["id"] + "#twice", "text": r["text"] + "\n\n" + r["text"]},
+                {"id": r["id"] + "#lines", "text": "\n".join(lines[::-1] + lines[:1])}]
+    return out
+
+
+def cleaned(rows: list[dict], cfg: CleanConfig) -> dict:
+    """What `clean_batch` makes of `rows` (batches of 512) as the pinned file holds it: the
+    rows removed (id -> reason), counted by reason and as a digest, and a digest of the kept
+    rows' ids and normalised texts."""
+    table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]})
+    removed, kept_digest = {}, hashlib.sha256()
+    for batch in table.to_batches(max_chunksize=512):
+        kept, gone = clean_batch(batch, config=cfg)
+        removed.update(zip(gone.column("id").to_pylist(), gone.column("reason").to_pylist()))
+        for i, text in zip(kept.column("id").to_pylist(), kept.column("text").to_pylist()):
+            kept_digest.update(f"{i}\0{text}\0".encode())
+    by_reason = {}
+    for reason in removed.values():
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    return {"rows": len(rows), "removed_by_reason": dict(sorted(by_reason.items())),
+            "removed_sha256": hashlib.sha256(json.dumps(removed).encode()).hexdigest(),
+            "kept_sha256": kept_digest.hexdigest(), "removed": removed}
+
+
+def pinned_corpora() -> dict:
+    """name -> (rows, config, whether the file lists the removed rows or only their digest)."""
+    rows = demo_rows()
+    chinese = [r for r in rows if r["id"].startswith(("zh-", "noise-"))]
+    return {"demo": (rows, CFG, True), "variants": (demo_variants(rows), CFG, False),
+            "chinese_jieba": (chinese[::10], CleanConfig(cjk_words="jieba"), False)}
+
+
+def test_the_demo_corpus_loses_exactly_the_pinned_rows_with_the_pinned_reasons():
+    """Which rows `clean` removes, why, and the normalised text of the others, on the demo
+    corpus and on variants of it, as recorded before the rules were made faster: a speed-up
+    must not change them. When a change to the rules is meant to, regenerate the file and
+    commit it with the change that explains it:
+        LLMKIT_REGENERATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/data/test_clean.py -k pinned
+    """
+    corpora = pinned_corpora()
+    results = {name: cleaned(rows, cfg) for name, (rows, cfg, _) in corpora.items()}
+    if os.environ.get("LLMKIT_REGENERATE_GOLDEN"):
+        for name, (_, _, listed) in corpora.items():
+            if not listed:
+                del results[name]["removed"]
+        PINNED.write_text(json.dumps({
+            "about": "tests/data/test_clean.py::test_the_demo_corpus_loses_exactly_the_pinned_rows_"
+                     "with_the_pinned_reasons", **results}, indent=0, ensure_ascii=False) + "\n",
+            encoding="utf-8")
+    pinned = json.loads(PINNED.read_text(encoding="utf-8"))
+    for name, got in results.items():
+        want = pinned[name]
+        assert got["rows"] == want["rows"], f"{name}: the corpus changed"
+        if "removed" in want:
+            changed = {i: (want["removed"].get(i), got["removed"].get(i))
+                       for i in want["removed"].keys() | got["removed"].keys()
+                       if want["removed"].get(i) != got["removed"].get(i)}
+            assert not changed, f"{name}: id -> (pinned reason, reason now): {dict(sorted(changed.items())[:20])}"
+        assert got["removed_by_reason"] == want["removed_by_reason"], name
+        assert got["removed_sha256"] == want["removed_sha256"], f"{name}: other rows removed"
+        assert got["kept_sha256"] == want["kept_sha256"], f"{name}: a kept row's text changed"
 
 
 @pytest.mark.slow

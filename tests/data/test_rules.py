@@ -1,12 +1,18 @@
 """Each quality rule removes its bad document with its own name and keeps good English and
 Chinese text; rules are switched and tuned through CleanConfig."""
 
+import random
+from collections import Counter
+
 import numpy as np
 import pytest
 
-from llmkit.data import rules
+from llmkit import cjk
+from llmkit.cjk import COMMON_HAN
+from llmkit.data import document, rules
 from llmkit.data.clean import CleanConfig, clean_text
-from llmkit.data.rules import COMMON_HAN, RULE_NAMES, RULES, Doc, first_failed_rule
+from llmkit.data.document import Doc
+from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
 
 CFG = CleanConfig()
@@ -159,25 +165,94 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
     "ab，“cd” ef -- | 42 x_1 _ 3.14 Привет — 😀 𝐀bc"])
 def test_compiled_word_pass_agrees_with_python_string_methods(text):
     d = doc(text)
-    hashes, lengths, counts = rules.word_stats(text, CFG._stop_hashes)  # the compiled pass
+    hashes, lengths, counts = document.word_stats(text, CFG._stop_hashes)  # the compiled pass
     words = d.words
     assert lengths.tolist() == [len(w) for w in words]
-    assert hashes.tolist() == [rules.word_hash(w) for w in words]
+    assert hashes.tolist() == [document.word_hash(w) for w in words]
     symbols = [w for w in words if not any(c.isalnum() or c == "_" for c in w)]
-    assert counts == rules.WordCounts(
+    assert counts == document.WordCounts(
         words=len(words), symbol_words=len(symbols), symbol_chars=sum(map(len, symbols)),
         letterless_words=sum(not any(c.isalpha() for c in w) for w in words),
-        cjk_chars=len(rules.CJK_CHAR.findall(text)), word_chars=sum(map(len, words)),
+        cjk_chars=len(cjk.CJK_CHAR.findall(text)), word_chars=sum(map(len, words)),
         content_words_by_char=len(words) - len(symbols),
-        han_chars=len(rules.HAN_CHAR.findall(text)),
-        common_han_chars=sum(c in COMMON_HAN for c in rules.HAN_CHAR.findall(text)),
+        han_chars=len(cjk.HAN_CHAR.findall(text)),
+        common_han_chars=sum(c in COMMON_HAN for c in cjk.HAN_CHAR.findall(text)),
         stop_words=len(set(CFG.stop_words) & set(words)))
+
+
+def python_layout(text):
+    """Layout as the rules took it with str methods before the compiled pass did."""
+    lines = [line for line in text.split("\n") if line]
+    paragraphs = [p for p in text.split("\n\n") if p]
+
+    def repeats(items):
+        counts = Counter(items)
+        return sum(n - 1 for n in counts.values()), sum(len(i) * (n - 1) for i, n in counts.items())
+
+    return document.Layout(
+        len(lines), sum(line.lstrip().startswith(document.BULLETS) for line in lines),
+        sum(line.endswith(document.ELLIPSES) for line in lines),
+        sum(line.endswith(document.TERMINAL_PUNCTUATION) for line in lines), *repeats(lines),
+        len(paragraphs), *repeats(paragraphs), text.count("#"), text.count("...") + text.count("…"))
+
+
+PIECES = ["a", "b", "ab", "的", "，", " ", "  ", "\u3000", "\t", "\n", "\n", "\n\n", "\n\n\n", ".", "..",
+          "...", "…", "#", "- ", " • x", "*", "。", "！", "”", "x.", "ab\n", "\nab"]
+
+
+def random_texts(count, seed=0):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(PIECES) for _ in range(rng.randrange(30))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("text", [
+    GOOD_EN, GOOD_ZH_POEM, GOOD_ZH_PROSE, "", "\n", "\n\n", "a\n\n\nb", "a\n\n\n\nb\n\na\n\n\nb",
+    "x\ny\nx\n\nx\ny\nx", "....... … ..# ## ...\n...", "  - one\n\u3000• two\n   \n*\n-", "ab", "ab\n"])
+def test_compiled_layout_agrees_with_python_string_methods(text):
+    assert doc(text).layout == python_layout(text)
+
+
+def test_compiled_layout_agrees_with_python_string_methods_on_random_texts():
+    texts = random_texts(3000)
+    for text, row in zip(texts, document.measure_texts(texts, CFG)):
+        assert doc(text, measured=row).layout == python_layout(text), repr(text)
+
+
+def per_text_ngram_stats(d, cfg=CFG):
+    """Doc.ngram_stats as it was taken before the batch pass: word_stats, then
+    repetition_stats with the document's n sizes."""
+    scale = cfg.cjk_ngram_scale if d.is_cjk else 1.0
+    top_ns, dup_ns = document._ngram_sizes(len(cfg.max_top_ngram_chars), len(cfg.max_dup_ngram_chars),
+                                        scale)
+    hashes, lengths, counts = document.word_stats(d.text, cfg._stop_hashes)
+    if counts.words < cfg.ngram_min_words * scale:
+        return [0] * len(top_ns), [0] * len(dup_ns), 0
+    top, dup = document.repetition_stats(hashes, lengths, top_ns, dup_ns)
+    return [top[n] for n in top_ns], [dup[n] for n in dup_ns], counts.word_chars
+
+
+def test_the_batch_pass_takes_the_ngram_stats_the_per_text_passes_take():
+    texts = [GOOD_EN + " " + GOOD_EN, GOOD_ZH_PROSE * 3, GOOD_ZH_POEM * 4, VARIED + " " + VARIED[:200],
+             " ".join(f"word{i} cheap shoes" for i in range(40)), "short text", ""]
+    texts += [" ".join(["the river"] * n + GOOD_EN.split()[:k]) for n in (3, 10, 30) for k in (20, 45, 80)]
+    for text, row in zip(texts, document.measure_texts(texts, CFG)):
+        d = doc(text, measured=row)
+        assert d.ngram_stats == per_text_ngram_stats(d), text[:40]
+
+
+def test_ngram_stats_of_a_document_over_max_words_are_taken_when_a_rule_asks():
+    cfg = CleanConfig(max_words=100, disabled_rules=["gopher_max_words"])
+    for text in (GOOD_EN + " " + GOOD_EN, GOOD_ZH_PROSE * 3):
+        d = doc(text, cfg)
+        assert d._ngram_row[0] == -1  # not taken by the compiled pass
+        assert d.ngram_stats == per_text_ngram_stats(d, cfg) and d.ngram_stats[2] > 0
+        assert rules.gopher_dup_ngrams(d, cfg) == "gopher_dup_ngrams"
 
 
 def repetition(text):
     words = text.split()
     hashes = np.array([hash(w) for w in words], np.int64).view(np.uint64)
-    return rules.repetition_stats(hashes, np.array([len(w) for w in words]), np.array([2, 3]),
+    return document.repetition_stats(hashes, np.array([len(w) for w in words]), np.array([2, 3]),
                                   np.array([5, 6]))
 
 
