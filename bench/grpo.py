@@ -1,0 +1,243 @@
+"""GRPO steps/s: `llmkit ppo --set algo=grpo` against TRL's `GRPOTrainer` on the same model,
+prompts, reward and batch (CPU).
+
+One tiny llmkit model (the `tiny` preset, random weights; tokenizer trained on the prompts) is
+exported with `llmkit export`, so TRL trains the very same weights as a transformers
+`LlamaForCausalLM`, with the same tokenizer, chat template and stop tokens (<|end|>, </s>), on
+the same prompts (the demo's `prompts_train.jsonl`, reverse a spelled-out word). The reward is the same Python
+function on both sides: the similarity of the reply to the prompt's answer, 1 − edit distance /
+length (`llmkit.rewards.answer_similarity`; llmkit's `reward=verify partial_credit=true`, TRL a
+reward function calling it).
+
+Work per generation, equal on both sides (both settings are printed):
+- PROMPTS prompts × GROUP completions (llmkit prompts_per_rollout × group_size; TRL
+  per_device_train_batch_size = generation_batch_size = PROMPTS × GROUP, num_generations = GROUP),
+  sampled at temperature 1 (no top-k/top-p) for at most NEW_TOKENS tokens, with a KV cache on both
+  (transformers' `generate` with its dynamic cache),
+- one no-grad forward for the log-probs of the sampling policy and one of the frozen reference.
+  TRL skips the reference at its default β = 0 and the sampling log-probs at its default
+  num_iterations = 1 (they equal the first update's own); llmkit computes both always. So β and
+  EPOCHS default to 0.04 and 2, where both sides compute both; `--beta 0 --epochs 1` measures
+  TRL's defaults, where llmkit does two forwards per generation more,
+- EPOCHS optimizer steps, each a forward + backward of all the completions in one micro-batch
+  (llmkit ppo_epochs, micro_batch_size = PROMPTS × GROUP, grad_accum 1; TRL num_iterations,
+  gradient_accumulation_steps = steps_per_generation = 1); loss_type dapo, scale_rewards group,
+  clip ε 0.2, AdamW (0.9, 0.999), no weight decay, grad-norm clip 1.0, constant lr, fp32, no
+  activation checkpointing (TRL's defaults are bf16 autocast and activation checkpointing: set
+  here to fp32 and off, as llmkit runs).
+
+Timing, as bench/dpo.py does: each run is a fresh process that stamps the end of every optimizer
+step (llmkit: its metrics record; TRL: `on_step_end`); the rate is the timed steps over the time
+from the end of the first WARMUP rollouts (each EPOCHS steps: the first generation, its scoring
+and updates) to the end of the last, so whole rollouts are timed and process start, imports,
+model loading, trainer set-up (TRL loads its reference model there, llmkit copies the policy
+once) and the first rollout are excluded on both sides; a second figure takes a generation's
+steps over the median time of a generation and its updates (robust to a burst of other work on
+the machine). `--reps` repetitions, alternating the order of the two runs; median [min–max] of
+each rate and of the per-repetition ratio; the 1-minute load average before and after each
+repetition. One thread per run by default: on a 2-core machine shared with other jobs, a run at
+2 threads that meets one slows 10-20x (each parallel region waits for a descheduled thread),
+at 1 thread by its share of the CPU at most; the tiny model gains ~1.3x from a second thread.
+
+    python bench/grpo.py [--prompts 4] [--group 4] [--new-tokens 32] [--epochs 2] [--beta 0.04]
+                         [--rollouts 10] [--warmup 1] [--threads 1] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# bench/ holds a tokenize.py, which would shadow the standard library's `tokenize` module
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"] + [str(REPO)]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import warnings  # noqa: E402
+
+from bench.dpo import (child_main, llmkit, llmkit_step_ends, load_warning, rates,  # noqa: E402
+                       repeat, spawn, spread, step_end_timer, write_random_run)
+
+PROMPTS = REPO / "recipes/demo/data/tasks/prompts_train.jsonl"
+LR = 1e-5
+
+
+def timings(ends: list[float], steps: int, warmup_steps: int, epochs: int) -> dict:
+    """The rates of the timed steps (`bench.dpo.rates`, a cycle = one generation's steps), and
+    the median seconds of a generation's first step (sampling, scoring, the two no-grad forwards
+    and an update) and of its other steps (an update alone)."""
+    step_s = [b - a for a, b in zip(ends[warmup_steps - 1:], ends[warmup_steps:])]
+    first = [s for i, s in enumerate(step_s) if i % epochs == 0]
+    rest = [s for i, s in enumerate(step_s) if i % epochs]
+    return {**rates(ends, warmup_steps, steps, epochs), "generation_step_s": statistics.median(first),
+            "update_step_s": statistics.median(rest) if rest else None}
+
+
+def build_inputs(ws: Path, n_prompts: int, threads: int) -> Path:
+    """The prompts as a dataset, a tokenizer trained on them, a random `tiny` model as a
+    checkpoint run `base`, and its transformers export."""
+    lines = PROMPTS.read_text(encoding="utf-8").splitlines()[:n_prompts]
+    data = ws.parent / "prompts.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    llmkit(ws, "ingest", str(data), "--kind", "prompt", "--out", "prompts", threads=threads)
+    llmkit(ws, "tokenizer", "--in", "prompts", "--set", "vocab_size=320", threads=threads)
+    write_random_run(ws, "base")
+    llmkit(ws, "export", "--from", "base", "--out", "hf", "--set", "probe=false", threads=threads)
+    return ws / "hf"
+
+
+def llmkit_settings(a, steps: int) -> list[str]:
+    return ["algo=grpo", "reward=verify", "partial_credit=true", f"prompts_per_rollout={a.prompts}",
+            f"group_size={a.group}", f"micro_batch_size={a.prompts * a.group}", "grad_accum=1",
+            f"ppo_epochs={a.epochs}", f"max_new_tokens={a.new_tokens}", f"kl_coef={a.beta}",
+            "loss_type=dapo", "scale_rewards=group", "clip_range=0.2", "temperature=1.0",
+            f"lr={LR}", f"min_lr={LR}", "warmup_steps=0", "weight_decay=0", "betas=[0.9,0.999]",
+            "grad_clip=1.0", "precision=fp32", "activation_checkpointing=false",
+            f"max_steps={steps}", "log_every=1", "eval_every=0", "eval_records=0",
+            "eval_fraction=0", "seq_len=128", "seed=0"]
+
+
+def run_llmkit(ws: Path, a, steps: int, warmup_steps: int) -> dict:
+    args = ["ppo", "--from", "base", "--in", "prompts", "--out", "grpo", "--force",
+            *[x for s in llmkit_settings(a, steps) for x in ("--set", s)]]
+    ends = spawn(__file__, "llmkit", args, a.threads, ws)["ends"]
+    records = [json.loads(line) for line in (ws / "grpo" / "metrics.jsonl").open()]
+    rollouts = records[::a.epochs]  # the rollout metrics repeat on each of its steps
+    return {**timings(ends, steps, warmup_steps, a.epochs),
+            "completion_length": statistics.mean(r["response_length"] for r in rollouts),
+            "reward": [rollouts[0]["reward_mean"], rollouts[-1]["reward_mean"]]}
+
+
+def trl_config(p: dict, out: str):
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=out, per_device_train_batch_size=p["prompts"] * p["group"],
+        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=p["group"],
+        num_iterations=p["epochs"], max_completion_length=p["new_tokens"], beta=p["beta"],
+        loss_type="dapo", scale_rewards="group", epsilon=0.2, temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, bf16=False,
+        gradient_checkpointing=False, max_steps=p["steps"], logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        log_completions=False)
+
+
+def trl_child(p: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from trl import GRPOTrainer
+
+    from llmkit.rewards import answer_similarity
+
+    def similarity(completions, answer, **kwargs):
+        return [answer_similarity(c[-1]["content"] if isinstance(c, list) else c, str(a))
+                for c, a in zip(completions, answer)]
+
+    rows = [json.loads(line) for line in PROMPTS.read_text(encoding="utf-8").splitlines()[:p["n_prompts"]]]
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
+                                 "answer": [r["answer"] for r in rows]})
+    model = AutoModelForCausalLM.from_pretrained(p["hf_dir"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(p["hf_dir"])
+    timer = step_end_timer()
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(model=model, reward_funcs=similarity, args=trl_config(p, out),
+                              train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    generations = [h for h in trainer.state.log_history if "reward" in h]  # logged once per generation
+    return {"ends": timer.ends, "reference_model": trainer.ref_model is not None,
+            "completion_length": statistics.mean(h["completions/mean_length"] for h in generations),
+            "reward": [generations[0]["reward"], generations[-1]["reward"]]}
+
+
+def run_trl(hf_dir: Path, a, n_prompts: int, steps: int, warmup_steps: int) -> dict:
+    payload = {"hf_dir": str(hf_dir), "n_prompts": n_prompts, "steps": steps, "prompts": a.prompts,
+               "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens, "beta": a.beta}
+    result = spawn(__file__, "trl", payload, a.threads)
+    return {**result, **timings(result.pop("ends"), steps, warmup_steps, a.epochs)}
+
+
+CHILDREN = {"llmkit": llmkit_step_ends, "trl": trl_child}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per generation")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--new-tokens", type=int, default=32, help="completion length bound")
+    parser.add_argument("--epochs", type=int, default=2, help="optimizer steps per generation")
+    parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference)")
+    parser.add_argument("--rollouts", type=int, default=10, help="generations timed")
+    parser.add_argument("--warmup", type=int, default=1, help="first generations left out")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per run (1: a job elsewhere on a 2-core machine costs a run "
+                             "its share of the CPU, not 10-20x as at 2)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.child:
+        return child_main(CHILDREN, a.child, a.payload)
+    if a.warmup < 1 or a.rollouts < 1 or a.reps < 1 or a.group < 2:
+        parser.error("need --warmup >= 1, --rollouts >= 1, --reps >= 1 and --group >= 2")
+
+    warmup_steps = a.warmup * a.epochs
+    steps = warmup_steps + a.rollouts * a.epochs
+    n_prompts = a.prompts * (a.warmup + a.rollouts)  # one epoch of prompts on both sides
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Path(tmp) / "ws"
+        hf_dir = build_inputs(ws, n_prompts, a.threads)
+        results, loads = repeat([("llmkit", lambda: run_llmkit(ws, a, steps, warmup_steps)),
+                                 ("trl", lambda: run_trl(hf_dir, a, n_prompts, steps, warmup_steps))],
+                                a.reps)
+
+    batch = a.prompts * a.group
+    print(f"GRPO, tiny model, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
+          f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32, "
+          f"{a.threads} CPU threads, {a.reps} repetitions")
+    print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps))}")
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed settings
+    trl = trl_config({"prompts": a.prompts, "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens,
+                      "beta": a.beta, "steps": steps}, tempfile.gettempdir())
+    names = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+             "generation_batch_size", "num_generations", "num_iterations", "max_completion_length",
+             "beta", "loss_type", "scale_rewards", "epsilon", "temperature", "learning_rate",
+             "lr_scheduler_type", "weight_decay", "max_grad_norm", "bf16", "gradient_checkpointing",
+             "max_steps")
+    values = {n: getattr(trl, n) for n in names}
+    shown = ", ".join(f"{n}={getattr(v, 'value', v)}" for n, v in values.items())  # enums by value
+    print(f"  TRL GRPOConfig: {shown}; reference model "
+          f"loaded: {results[0]['trl']['reference_model']}")
+    print(f"  steps/s of steps {warmup_steps + 1}-{steps} ({a.rollouts} whole generations) over their "
+          f"wall-clock time and from their median generation; start-up and the first {a.warmup} "
+          f"generation(s) ({warmup_steps} steps) excluded on both sides")
+    for i, (r, (before, after)) in enumerate(zip(results, loads), 1):
+        ours, peer = r["llmkit"], r["trl"]
+        print(f"  rep {i}: load {before:.2f} -> {after:.2f}; steps/s llmkit {ours['rate']:.2f}, "
+              f"TRL {peer['rate']:.2f} ({ours['rate'] / peer['rate']:.2f}x); mean completion length "
+              f"{ours['completion_length']:.1f} / {peer['completion_length']:.1f} tokens; reward first -> last "
+              f"generation {ours['reward'][0]:.3f} -> {ours['reward'][1]:.3f} / "
+              f"{peer['reward'][0]:.3f} -> {peer['reward'][1]:.3f}")
+    if a.epochs > 1:
+        print("  a generation's first step (sampling, reward, old and reference log-probs, update) / an "
+              "update-only step, median ms: " + "; ".join(
+                  f"rep {i} llmkit {r['llmkit']['generation_step_s'] * 1e3:.0f} / "
+                  f"{r['llmkit']['update_step_s'] * 1e3:.0f}, TRL {r['trl']['generation_step_s'] * 1e3:.0f} / "
+                  f"{r['trl']['update_step_s'] * 1e3:.0f}" for i, r in enumerate(results, 1)))
+    print(f"  {'median [min-max] over the repetitions':<38} {'wall-clock':>22} {'median generation':>22}")
+    for name, key in (("llmkit ppo algo=grpo", "llmkit"), ("TRL GRPOTrainer", "trl")):
+        print(f"  {name:<38} {spread([r[key]['rate'] for r in results]):>22} "
+              f"{spread([r[key]['median_rate'] for r in results]):>22} steps/s")
+    ratio = {k: spread([r["llmkit"][k] / r["trl"][k] for r in results]) for k in ("rate", "median_rate")}
+    print(f"  {'llmkit / TRL':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
+    if warning := load_warning(loads, a.threads):
+        print(warning)
+
+
+if __name__ == "__main__":
+    main()
