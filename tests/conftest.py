@@ -13,6 +13,14 @@ import pytest
 from llmkit.stage import StageContext
 
 
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """A small sentencepiece tokenizer trained on the tests' task sentences (one per module)."""
+    from tests.train.posttrain_fixtures import make_tokenizer
+
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
 @pytest.fixture
 def ws(tmp_path) -> Path:
     return tmp_path / "ws"

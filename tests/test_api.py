@@ -10,7 +10,7 @@ import llmkit
 from llmkit.generation import GenerateConfig, encode_prompt, generate_texts, read_prompts
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import checkpoint as ckpt
-from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
+from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,11 +20,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture

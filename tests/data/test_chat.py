@@ -9,18 +9,13 @@ from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, colla
                               encode_sft_rows, fixed_batches, one_per_prompt, pack, packed_row,
                               prompt_messages, reference_answer, sft_rows)
 from llmkit.errors import UserError
-from tests.train.posttrain_fixtures import make_tokenizer, tiny_model
+from tests.train.posttrain_fixtures import tiny_model
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 12+34?"},
         {"role": "assistant", "content": "46"},
         {"role": "user", "content": "Reverse: abcd"},
         {"role": "assistant", "content": "dcba"}]
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_labels_cover_exactly_the_assistant_replies_and_their_end_tokens(tok):

@@ -13,14 +13,8 @@ from llmkit.train.loading import load_model
 from llmkit.train.losses import token_logps
 from tests.train.reference_losses import sequence_logps
 from tests.make_fragments import make_command
-from tests.train.posttrain_fixtures import (constant_model, make_tokenizer, preference_rows,
-                                            separable_pairs, tiny_model, write_checkpoint_run,
-                                            write_dataset)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+from tests.train.posttrain_fixtures import (constant_model, preference_rows, separable_pairs,
+                                            tiny_model, write_checkpoint_run, write_dataset)
 
 
 @pytest.fixture

@@ -21,19 +21,14 @@ from llmkit.train import lora
 from llmkit.train.loading import load, load_model, load_reward_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig, run_sft
-from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, separable_pairs,
-                                            tiny_model, write_checkpoint_run, write_dataset)
+from tests.train.posttrain_fixtures import (addition_rows, separable_pairs, tiny_model,
+                                            write_checkpoint_run, write_dataset)
 
 BASE_STEP = "step-00000001"
 LORA = ["lora.r=4", "lora.alpha=8"]
 FAST = ["max_steps=6", "micro_batch_size=4", "lr=5e-2", "min_lr=5e-3", "warmup_steps=1", "seq_len=64",
         "log_every=1", "eval_every=0"]
 GENERATIVE = ["eval_records=0", "max_new_tokens=4"]  # sft and dpo: no exact-match scoring
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, response_mask_of,
                                    select_rows)
 from tests.make_fragments import make_command, make_dry_run
-from tests.train.posttrain_fixtures import (make_tokenizer, memorizing_model, preference_rows,
-                                            tiny_model, write_checkpoint_run, write_dataset)
+from tests.train.posttrain_fixtures import (memorizing_model, preference_rows, tiny_model,
+                                            write_checkpoint_run, write_dataset)
 
 
 # ---- rollouts (the per-token maths are tested in tests/train/test_losses.py, the scorers in
@@ -409,11 +409,6 @@ def test_make_fragment_waits_for_the_reward_model(tmp_path):
 
 
 # ---- the stage ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def prompt_rows(n: int, start: int = 0) -> list[dict]:

@@ -9,13 +9,8 @@ from llmkit.train.loading import load_reward_model
 from llmkit.train.reward_model import RewardModel
 from llmkit.train.rm import RmConfig, run_rm
 from tests.make_fragments import make_command
-from tests.train.posttrain_fixtures import (make_tokenizer, separable_pairs, tiny_model,
-                                            write_checkpoint_run, write_dataset)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+from tests.train.posttrain_fixtures import (separable_pairs, tiny_model, write_checkpoint_run,
+                                            write_dataset)
 
 
 def reward_model(vocab_size, seed=0) -> RewardModel:

@@ -11,13 +11,8 @@ from llmkit.train.posttrain import evaluate_exact_match, generate_replies, label
 from llmkit.train.sft import SftConfig, run_sft
 from tests.make_fragments import make_command
 from tests.train.reference_losses import sft_loss
-from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,
-                                            write_checkpoint_run, write_dataset)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+from tests.train.posttrain_fixtures import (addition_rows, tiny_model, write_checkpoint_run,
+                                            write_dataset)
 
 
 @pytest.fixture
