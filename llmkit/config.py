@@ -255,8 +255,13 @@ def _scalar(tp, value, key):
     raise ConfigError(f"{key} must be {name}, got {value!r}")
 
 
-def config_to_dict(cfg) -> dict:
-    """The resolved config as plain YAML-safe values (what goes in config.yaml and fingerprints)."""
+def config_to_dict(cfg, fingerprint: bool = False) -> dict:
+    """The resolved config as plain YAML-safe values (what goes in config.yaml); with
+    `fingerprint`, without the fields that only say where a stage runs (metadata
+    {"fingerprint": False}, llmkit.executor.RUN_OPTION): what an artifact's fingerprint hashes."""
+    if fingerprint and dataclasses.is_dataclass(cfg):
+        return {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+                if f.metadata.get("fingerprint", True)}
     return _plain(cfg)
 
 

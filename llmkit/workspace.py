@@ -70,12 +70,25 @@ _passes: Counter = Counter()
 
 def kill_point(name: str) -> None:
     """A named crash window for tests: `LLMKIT_KILL_AT=NAME` SIGKILLs this process the first
-    time it gets here, `NAME@N` the N-th time (tests/reliability/test_kill_anywhere.py)."""
+    time it gets here, `NAME@N` the N-th time (tests/reliability/test_kill_anywhere.py).
+    With `LLMKIT_KILL_ONCE=FILE` as well, only the first process of all to get there dies (it
+    makes FILE): a task that Ray runs again in a fresh worker process then goes through."""
     want = os.environ.get("LLMKIT_KILL_AT")
     if want and want.partition("@")[0] == name:
         _passes[name] += 1
-        if _passes[name] == int(want.partition("@")[2] or 1):
+        if _passes[name] == int(want.partition("@")[2] or 1) and _first_to_die():
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_to_die() -> bool:
+    once = os.environ.get("LLMKIT_KILL_ONCE")
+    if not once:
+        return True
+    try:
+        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def seal(marker: Path, files: list[Path], info: dict) -> None:
@@ -265,7 +278,8 @@ class Builder:
         self.in_place = in_place
         self.quiet = quiet
         self.final = ws.path(name)
-        self.fingerprint = fingerprint_of(stage, self.config, [a.fingerprint for a in inputs])
+        self.fingerprint = fingerprint_of(stage, config_to_dict(config, fingerprint=True),
+                                          [a.fingerprint for a in inputs])
         self.stats: dict = {}
         self.extra: dict = {}
         self.started = time.time()

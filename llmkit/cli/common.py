@@ -54,6 +54,9 @@ SHARDING = [
      None),
     ("world_size", Annotated[Optional[int], typer.Option(
         "--world-size", help="Number of tasks the stage is split into (Slurm array…).")], None),
+    ("executor", Annotated[Optional[str], typer.Option(
+        "--executor", help="Where the tasks run: local | ray (--set executor=…; Ray's "
+                           "settings: --set ray.address=auto …).")], None),
 ]
 
 
@@ -62,8 +65,9 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
     """Give `fn(ctx, **own_options)` the common options it uses and clean error handling.
 
     Every command takes --workspace; the flags add --recipe/--set (`config`), --in (`inputs`),
-    --out/--force (`writes`), --workers, --rank/--world-size (`sharded`) and --allow-empty (`rows`:
-    a data stage), so that `--help` lists only options that change what the command does."""
+    --out/--force (`writes`), --workers, --rank/--world-size/--executor (`sharded`: a stage made
+    of tasks) and --allow-empty (`rows`: a data stage), so that `--help` lists only options that
+    change what the command does."""
     if fn is None:
         return functools.partial(stage_command, config=config, inputs=inputs, writes=writes,
                                  workers=workers, sharded=sharded, rows=rows)
@@ -82,7 +86,9 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
         with user_errors():
             from llmkit.stage import StageContext
 
-            sets = [*(common.get("set_") or []), *(["allow_empty=true"] if common.get("allow_empty") else [])]
+            sets = [*(common.get("set_") or []),
+                    *(["allow_empty=true"] if common.get("allow_empty") else []),
+                    *([f"executor={common['executor']}"] if common.get("executor") else [])]
             ctx = StageContext.create(
                 workspace=common["workspace"], recipe=common.get("recipe"), set_=sets,
                 inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),

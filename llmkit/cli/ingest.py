@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command(config=True, writes=True, rows=True)
+@stage_command(config=True, writes=True, workers=True, sharded=True, rows=True)
 def ingest(
     ctx,
     paths: Annotated[list[str], typer.Argument(help="Files, directories or globs.")],

@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 
 
-@stage_command(config=True, inputs=True, writes=True, rows=True)
+@stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True, rows=True)
 def ppl_filter(
     ctx,
     model: Annotated[Optional[str], typer.Option(

@@ -35,6 +35,7 @@ from llmkit.data.document import (GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, 
                                   measure_texts, word_hash)
 from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
+from llmkit.executor import RayConfig, executor_field, ray_field
 
 # C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
 # cuts "JSON is a subset of JavaScript syntax" out of real text, so only the browser warnings
@@ -98,6 +99,8 @@ class CleanConfig:
     # --- switches
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
     allow_empty: bool = False  # write an output without rows instead of refusing it (exit 2)
+    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
 
     def __post_init__(self):
         for name in self.disabled_rules:

@@ -25,9 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, decode_text, open_binary, read_jsonl
+from llmkit.data.io import (MAX_REMOVED_TEXT, BadRecord, DatasetWriter, decode_text, fresh_dir,
+                            open_binary, part_path, read_jsonl, replace_dir, temporary_path)
 from llmkit.errors import ConfigError, UserError
+from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
+from llmkit.workspace import kill_point, seal, sealed
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
 COMPRESSIONS = (".gz", ".zst")
@@ -43,13 +46,17 @@ class IngestConfig:
     format: str | None = None       # force a format instead of guessing from the extension
     encoding: Literal["utf-8", "gb18030"] = "utf-8"  # text encoding of the input files
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
+    task_bytes: int = 256 << 20     # file bytes per task: files are grouped in order up to this
     allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
+    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.batch_rows < 1:
-            raise ConfigError(f"batch_rows must be ≥ 1, got {self.batch_rows}")
+        if self.batch_rows < 1 or self.task_bytes < 1:
+            raise ConfigError(f"batch_rows and task_bytes must be ≥ 1, got {self.batch_rows}, "
+                              f"{self.task_bytes}")
 
 
 # -- finding and opening files --------------------------------------------------------------
@@ -300,12 +307,107 @@ def _generated_id(path: Path, n: int) -> str:
     return hashlib.blake2b(f"{path}:{n}".encode(), digest_size=8).hexdigest()
 
 
+def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
+    """The files in order, in consecutive groups of at least `task_bytes` on disk (the last may
+    be less): an ingest task each. A file is never split (a .gz stream has no middle)."""
+    groups, group, size = [], [], 0
+    for f in files:
+        group.append(f)
+        size += f.stat().st_size
+        if size >= task_bytes:
+            groups.append(group)
+            group, size = [], 0
+    return groups + [group] if group else groups
+
+
+@dataclass(frozen=True)
+class IngestTasks:
+    """Task K reads file group K into `root/part-K/` (kept/, removed/) and seals it with
+    `root/part-K.done` and what it counted (`read_group`)."""
+    root: Path
+    groups: list
+    cfg: IngestConfig
+
+    def folder(self, k: int) -> Path:
+        return part_path(self.root, k, "")
+
+    def marker(self, k: int) -> Path:
+        return part_path(self.root, k, ".done")
+
+    def pending(self) -> list[int]:
+        return [k for k in range(len(self.groups)) if sealed(self.marker(k)) is None]
+
+    def info(self, k: int) -> dict:
+        return sealed(self.marker(k))
+
+    def __call__(self, k: int) -> None:
+        marker = self.marker(k)
+        if sealed(marker) is not None:
+            return
+        marker.unlink(missing_ok=True)
+        final = self.folder(k)
+        tmp = fresh_dir(temporary_path(final))
+        info = read_group(self.groups[k], self.cfg, DatasetWriter(tmp / "kept"),
+                          DatasetWriter(tmp / "removed"))
+        replace_dir(tmp, final)
+        seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), info)
+
+
+def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w) -> dict:
+    """Read, normalise and write the records of `files`; what was counted, as a task's marker
+    records it (conservation checked here)."""
+    reasons: Counter = Counter()
+    per_source: Counter = Counter()
+    # fields of the records without the text field, with the characters of their strings
+    fields_seen: Counter = Counter()
+    records = extra_rows = 0
+    first_removed = None
+    kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
+    for path in files:
+        source = cfg.source or _stem(path)
+        for n, (loc, rec) in enumerate(read_records(path, cfg)):
+            records += 1  # counted as read; checked below against what was written
+            kill_point("ingest:record")
+            rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
+            rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
+            rows = rec if isinstance(rec, BadRecord) else normalise(rec, cfg)
+            if isinstance(rows, (BadRecord, str)):
+                reason = rows.reason if isinstance(rows, BadRecord) else rows
+                raw = rows.raw if isinstance(rows, BadRecord) else json.dumps(
+                    rec, ensure_ascii=False, default=str)
+                removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
+                             "reason": reason, "location": loc})
+                reasons[reason] += 1
+                first_removed = first_removed or loc
+                if cfg.kind == "text" and reason == f"missing_{cfg.text_field}":
+                    fields_seen.update({k: len(v) if isinstance(v, str)
+                                        and k != cfg.id_field else 0
+                                        for k, v in rec.items()})
+                continue
+            # a ranked preference record becomes several pairs; one that became no
+            # row at all still counts one, so the check below catches it
+            extra_rows += max(len(rows) - 1, 0)
+            for i, row in enumerate(rows):
+                row_id = rid if len(rows) == 1 else f"{rid}-{i}"
+                kept.add({"id": row_id, **row, "source": row.get("source") or source})
+                per_source[source] += 1
+    rows_out, rows_removed = kept.close(), removed.close()
+    if records + extra_rows != rows_out + rows_removed:  # a bug, never a user error
+        raise AssertionError(f"ingest: {records} records read (+ {extra_rows} from ranked "
+                             f"lists), {rows_out} + {rows_removed} rows written")
+    return {"records": records, "extra_rows": extra_rows, "rows_out": rows_out,
+            "rows_removed": rows_removed, "reasons": reasons, "per_source": per_source,
+            "fields_seen": fields_seen, "first_removed": first_removed}
+
+
 def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
+    """Run (or resume) ingest as one task per file group (`IngestTasks`). With --rank, only
+    this rank's tasks run and nothing is committed (returns None)."""
     import time
 
-    from llmkit.data.io import DatasetWriter
-    from llmkit.data.pipeline import require_rows
-    from llmkit.progress import Progress, data_stage_summary
+    from llmkit.data.pipeline import (link_task_outputs, require_rows, run_rank_tasks,
+                                      run_tasks_with)
+    from llmkit.progress import data_stage_summary
     from llmkit.workspace import Artifact
 
     files = expand_inputs(patterns)
@@ -314,58 +416,34 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                               force=ctx.force)
     if b.up_to_date:
         return b
+    tasks = IngestTasks(b.work_dir / "files", file_groups(files, cfg.task_bytes), cfg)
+    b.start_work(len(tasks.groups), "tasks")
+    if ctx.rank is not None:
+        run_rank_tasks(ctx, cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
+                       assemble="llmkit ingest (same files and settings)")
+        return None
     with b:
-        kept_w, removed_w = DatasetWriter(b.dir), DatasetWriter(b.dir / "removed")
-        reasons: Counter = Counter()
-        per_source: Counter = Counter()
-        # fields of the records without the text field, with the characters of their strings
-        fields_seen: Counter = Counter()
-        records = extra_rows = 0
-        first_removed = None
-        kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
-        with Progress("ingest", total=None, unit="records") as bar:
-            for path in files:
-                source = cfg.source or _stem(path)
-                for n, (loc, rec) in enumerate(read_records(path, cfg)):
-                    records += 1  # counted as read; checked below against what was written
-                    bar.advance(1)
-                    rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
-                    rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
-                    rows = rec if isinstance(rec, BadRecord) else normalise(rec, cfg)
-                    if isinstance(rows, (BadRecord, str)):
-                        reason = rows.reason if isinstance(rows, BadRecord) else rows
-                        raw = rows.raw if isinstance(rows, BadRecord) else json.dumps(
-                            rec, ensure_ascii=False, default=str)
-                        removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
-                                     "reason": reason, "location": loc})
-                        reasons[reason] += 1
-                        first_removed = first_removed or loc
-                        if cfg.kind == "text" and reason == f"missing_{cfg.text_field}":
-                            fields_seen.update({k: len(v) if isinstance(v, str)
-                                                and k != cfg.id_field else 0
-                                                for k, v in rec.items()})
-                        continue
-                    # a ranked preference record becomes several pairs; one that became no
-                    # row at all still counts one, so the check below catches it
-                    extra_rows += max(len(rows) - 1, 0)
-                    for i, row in enumerate(rows):
-                        row_id = rid if len(rows) == 1 else f"{rid}-{i}"
-                        kept.add({"id": row_id, **row, "source": row.get("source") or source})
-                        per_source[source] += 1
-        rows_out, rows_removed = kept.close(), removed.close()
-        rows_in = records + extra_rows
-        if rows_in != rows_out + rows_removed:  # a bug, never a user error
-            raise AssertionError(f"ingest: {records} records read (+ {extra_rows} from ranked "
-                                 f"lists), {rows_out} + {rows_removed} rows written")
-        b.stats.update(records_in=records, rows_in=rows_in, rows_out=rows_out,
-                       rows_removed=rows_removed, removed_by_reason=dict(sorted(reasons.items())),
-                       files=len(files), rows_by_source=dict(sorted(per_source.items())))
-        if cfg.encoding == "utf-8" and reasons.get("invalid_utf8"):
+        run_tasks_with(cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
+                       workers=ctx.workers)
+        infos = [tasks.info(k) for k in range(len(tasks.groups))]
+        link_task_outputs([tasks.folder(k) for k in range(len(tasks.groups))], b.dir, "ingest")
+        total = {key: Counter() for key in ("reasons", "per_source", "fields_seen")}
+        for info in infos:
+            for key, counter in total.items():
+                counter.update(info[key])  # update, not +: a field's count may be 0
+        records = sum(i["records"] for i in infos)
+        first_removed = next((i["first_removed"] for i in infos if i["first_removed"]), None)
+        b.stats.update(records_in=records, rows_in=records + sum(i["extra_rows"] for i in infos),
+                       rows_out=sum(i["rows_out"] for i in infos),
+                       rows_removed=sum(i["rows_removed"] for i in infos),
+                       removed_by_reason=dict(sorted(total["reasons"].items())),
+                       files=len(files), rows_by_source=dict(sorted(total["per_source"].items())))
+        if cfg.encoding == "utf-8" and total["reasons"].get("invalid_utf8"):
             print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
                   "re-run with --set encoding=gb18030", flush=True)
         require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),
                      first_removed=first_removed, unit="records",
-                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, fields_seen),
+                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, total["fields_seen"]),
                               "invalid_utf8": "invalid_utf8 (GBK/GB18030 files: --set "
                                               "encoding=gb18030)"})
     data_stage_summary(b.name, b.stats, time.time() - b.started)

@@ -6,10 +6,13 @@ A stage split into tasks has each task write its shard with `SplitWriter.task_la
 then `link_task_outputs` puts them together; `RowCounts` add up, so the tasks' counts give the
 stage's. `require_rows` refuses an output without rows.
 
-`run_map_stage` runs a stage that is a function of each batch:
-`process_batch(batch, config) -> (kept_table, removed_table)`, the config having an
-`allow_empty` field. It streams the input artifact batch by batch, optionally across worker
-processes (results kept in input order, so output is identical for any number of workers).
+`SplitTasks` makes such a stage one task per input part, each sealed in the work area when
+done, so that any executor (llmkit.executor: here, or Ray) can run them, a --rank run can take
+its share, and a rerun skips what is done. `run_map_stage` runs a stage that is a function of
+each batch: `process_batch(batch, config) -> (kept_table, removed_table)`, the config having
+`allow_empty`, `executor` and `ray` fields. A task streams its part batch by batch, optionally
+across worker processes (results kept in input order), so the output is identical for any
+number of workers, tasks or ranks.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from llmkit.data.io import DatasetWriter, count_rows, dataset_files, iter_batches, part_path
+from llmkit.data.io import (DatasetWriter, dataset_files, fresh_dir, open_parquet, part_path,
+                            replace_dir, temporary_path)
 from llmkit.errors import UserError
-from llmkit.progress import Progress, data_stage_summary
-from llmkit.workspace import kill_point, link_or_copy
+from llmkit.progress import data_stage_summary
+from llmkit.workspace import kill_point, link_or_copy, seal, sealed
 
 BATCH_ROWS = 2048
 
@@ -48,6 +52,14 @@ class RowCounts:
         if self.rows_in != self.rows_out + self.rows_removed:  # a bug, never a user error
             raise AssertionError(f"{stage}: rows_in {self.rows_in} != {self.rows_out} + "
                                  f"{self.rows_removed}")
+
+    def as_json(self) -> dict:
+        return {**self.stats(), "first_removed": self.first_removed}
+
+    @classmethod
+    def from_json(cls, info: dict) -> RowCounts:
+        return cls(info["rows_in"], info["rows_out"], info["rows_removed"],
+                   Counter(info["removed_by_reason"]), info.get("first_removed"))
 
     def stats(self) -> dict:
         """The counts as a manifest records them."""
@@ -95,21 +107,26 @@ class SplitWriter:
 
 def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
                   out_default: str, batch_rows: int = BATCH_ROWS, extra_stats=None):
+    """Run (or resume) a stage that maps each batch to (kept, removed) tables, as one task per
+    input part (`SplitTasks`). With --rank, only this rank's tasks run and nothing is
+    committed (returns None); a plain run does what is left and assembles the artifact."""
     src = ctx.input(input_default)
     b = ctx.workspace.builder(ctx.out_name(out_default), stage=stage, config=config,
                               inputs=[src], force=ctx.force)
     if b.up_to_date:
         return b
+    # locally the batches of a task share --workers processes; a Ray task is one process
+    workers = ctx.workers if config.executor == "local" else 1
+    tasks = SplitTasks(stage, b.work_dir / "split", dataset_files(src.path),
+                       partial(map_part, process_batch=process_batch, config=config,
+                               batch_rows=batch_rows, workers=workers))
+    b.start_work(len(tasks.parts), "tasks")
+    if ctx.rank is not None:
+        run_rank_tasks(ctx, config, stage, tasks, tasks.pending(), work_dir=b.work_dir)
+        return None
     with b:
-        writer = SplitWriter.into(b.dir)
-        rows_in = count_rows(src.path)  # from the parts' metadata, not from what the stage returns
-        batches = iter_batches(src.path, batch_size=batch_rows)
-        fn = partial(process_batch, config=config)
-        with Progress(stage, total=rows_in) as bar, _mapper(ctx.workers) as pmap:
-            for kept, removed in pmap(fn, batches):
-                writer.write(kept, removed)
-                bar.advance(kept.num_rows + removed.num_rows)
-        counts = writer.close(rows_in, stage)
+        run_tasks_with(config, stage, tasks, tasks.pending(), work_dir=b.work_dir)
+        counts = tasks.assemble(b.dir)
         b.stats.update(counts.stats())
         if extra_stats:
             b.stats.update(extra_stats())
@@ -117,6 +134,97 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
                      first_removed=counts.first_removed)
     data_stage_summary(b.name, b.stats, time.time() - b.started)
     return b
+
+
+def map_part(part: Path, writer: SplitWriter, *, process_batch, config, batch_rows: int,
+             workers: int) -> int:
+    """A `SplitTasks` split: `process_batch(batch, config)` over the part's batches, on
+    `workers` processes (results in input order); returns the rows read."""
+    rows = 0
+    fn = partial(process_batch, config=config)
+    with _mapper(workers) as pmap:
+        for kept, removed in pmap(fn, open_parquet(part).iter_batches(batch_size=batch_rows,
+                                                                      use_threads=False)):
+            writer.write(kept, removed)
+            rows += kept.num_rows + removed.num_rows
+            kill_point("map:batch")
+    return rows
+
+
+@dataclass(frozen=True)
+class SplitTasks:
+    """A row-filtering stage (or phase) as tasks, one per input part: task K calls
+    `split(parts[K], writer)`, which writes the part's kept and removed rows to a
+    `SplitWriter` and returns the rows it read, into `root/part-K/`; then seals it with
+    `root/part-K.done` and the counts. A task is callable (`tasks(k)`), so an executor can run
+    it anywhere that sees the workspace, and it does nothing once sealed."""
+    stage: str
+    root: Path
+    parts: list
+    split: object
+
+    def folder(self, k: int) -> Path:
+        return part_path(self.root, k, "")
+
+    def marker(self, k: int) -> Path:
+        return part_path(self.root, k, ".done")
+
+    def pending(self) -> list[int]:
+        return [k for k in range(len(self.parts)) if sealed(self.marker(k)) is None]
+
+    def __call__(self, k: int) -> None:
+        marker = self.marker(k)
+        if sealed(marker) is not None:
+            return
+        marker.unlink(missing_ok=True)  # a damaged task's: redone now
+        final = self.folder(k)
+        tmp = fresh_dir(temporary_path(final))
+        writer = SplitWriter.task_layout(tmp)
+        counts = writer.close(self.split(self.parts[k], writer), self.stage)
+        replace_dir(tmp, final)
+        seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), counts.as_json())
+
+    def counts(self) -> RowCounts:
+        return sum((RowCounts.from_json(sealed(self.marker(k)))
+                    for k in range(len(self.parts))), RowCounts())
+
+    def assemble(self, out_dir: Path) -> RowCounts:
+        """Link every task's output into the dataset `out_dir`; the stage's counts."""
+        if self.pending():
+            raise UserError(f"{self.stage}: {len(self.pending())} of {len(self.parts)} tasks are "
+                            f"not done in {self.root}; run them (every --rank) first")
+        link_task_outputs([self.folder(k) for k in range(len(self.parts))], out_dir, self.stage)
+        counts = self.counts()
+        counts.check(self.stage)
+        return counts
+
+
+def tasks_of_rank(ctx, tasks: list[int]) -> list[int]:
+    """The tasks this run owns: all, or with --rank R --world-size W those with t % W == R."""
+    if ctx.rank is None:
+        return list(tasks)
+    return [t for t in tasks if t % ctx.world_size == ctx.rank]
+
+
+def run_tasks_with(config, label: str, fn, tasks: list[int], *, work_dir: Path,
+                   workers: int = 1) -> None:
+    """`fn(t)` for each task on the config's executor (`executor`, `ray`)."""
+    from llmkit.executor import run_tasks
+
+    run_tasks(fn, tasks, label=label, executor=config.executor, ray=config.ray,
+              workers=workers, work_dir=work_dir)
+
+
+def run_rank_tasks(ctx, config, stage: str, fn, pending: list[int], *, work_dir: Path,
+                   workers: int = 1, assemble: str | None = None) -> None:
+    """The --rank run of a stage: this rank's pending tasks, then a line saying what is left."""
+    mine = tasks_of_rank(ctx, pending)
+    run_tasks_with(config, f"{stage} rank {ctx.rank}", fn, mine, work_dir=work_dir,
+                   workers=workers)
+    left = len(pending) - len(mine)
+    print(f"{stage}: rank {ctx.rank}/{ctx.world_size} done ({len(mine)} tasks); {left} pending "
+          f"for other ranks in {work_dir}; then run `{assemble or 'llmkit ' + stage}` without "
+          "--rank to assemble the artifact")
 
 
 def link_task_outputs(task_dirs: list[Path], out_dir: Path, stage: str) -> None:

@@ -31,6 +31,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from llmkit.data.arrow import string_buffers, strings
 from llmkit.data.io import dataset_files, fresh_dir, part_rows, replace_dir, temporary_path
@@ -38,6 +39,7 @@ from llmkit.data.pipeline import ordered_imap
 from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
                                       token_dtype)
 from llmkit.errors import ConfigError, UserError
+from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.workspace import kill_point, link_or_copy, seal, sealed
 
 TOKENIZER_DIR = "tokenizer"
@@ -50,6 +52,8 @@ class TokenizeConfig:
     batch_rows: int = 1024       # documents read from parquet at a time
     task_bytes: int = 1 << 20    # text per worker task (memory: a few tasks per worker)
     allow_empty: bool = False    # write shards of no token instead of refusing them (exit 2)
+    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:

@@ -156,10 +156,13 @@ def test_a_key_of_a_section_given_bare_suggests_the_dotted_key(tmp_path):
     ("report", ["--set"], ["--in", "--out", "--force", "--workers"]),
     ("export", ["--out", "--force"], ["--in", "--workers"]),
     ("import", ["--out", "--force"], ["--in", "--workers"]),
-    ("ingest", ["--out", "--force", "--allow-empty"], ["--in", "--workers"]),
+    ("ingest", ["--out", "--force", "--allow-empty", "--workers", "--rank", "--executor"], ["--in"]),
     ("sft", ["--in", "--out", "--force"], ["--workers", "--rank", "--allow-empty"]),
-    ("clean", ["--in", "--out", "--force", "--workers", "--allow-empty"], ["--rank"]),
-    ("dedup", ["--in", "--workers", "--rank", "--world-size"], []),
+    ("clean", ["--in", "--out", "--force", "--workers", "--allow-empty", "--rank", "--executor"], []),
+    ("ppl-filter", ["--in", "--workers", "--rank", "--world-size", "--executor"], []),
+    ("tokenize", ["--in", "--workers", "--rank", "--world-size", "--executor"], []),
+    ("dedup", ["--in", "--workers", "--rank", "--world-size", "--executor"], []),
+    ("sft", ["--in"], ["--executor"]),
 ])
 def test_each_command_lists_only_the_common_options_it_uses(command, has, lacks):
     r = runner.invoke(build_app(), [command, "--help"])

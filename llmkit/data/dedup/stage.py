@@ -30,6 +30,7 @@ from llmkit.data.dedup.minhash import MinHashConfig
 from llmkit.data.dedup.phases import PHASES, DedupPlan
 from llmkit.data.dedup.simhash import SimHashConfig
 from llmkit.errors import ConfigError, UserError
+from llmkit.executor import RayConfig, executor_field, ray_field
 
 
 @dataclass
@@ -40,6 +41,8 @@ class DedupConfig:
     minhash: MinHashConfig = field(default_factory=MinHashConfig)  # method=minhash
     batch_rows: int = 512   # documents per batch (memory ∝ batch_rows × document size)
     allow_empty: bool = False  # write an empty output instead of refusing it (exit 2)
+    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
 
     def __post_init__(self):
         if self.batch_rows < 1:

@@ -1,0 +1,177 @@
+"""Where a data stage's tasks run: in this machine's processes (`local`) or on Ray (`ray`).
+
+Every data stage is split into deterministic tasks (an input file, a group of files, a MinHash
+band…). A task writes its files in the stage's work area under temporary names and seals them
+with a marker (`llmkit.workspace.seal`), so it can run on any machine that sees the workspace,
+be run again from scratch with the same result, and be skipped once sealed. The executor only
+chooses where the pending tasks run; the driver (the `llmkit` command) then assembles the
+artifact from the sealed task outputs, the same way whichever executor ran them.
+
+`ray` connects to a running cluster (`ray.address: auto` for the one `ray start --head` runs,
+or `ray://HOST:10001`) or starts a local one. A task is a Ray task reserving
+`ray.cpus_per_task` CPUs (and `ray.gpus_per_task` GPUs); Ray runs a task again when its worker
+process dies (`ray.max_retries`). Every node must see the workspace at the same path: each
+task first reads a token the driver wrote there and fails with a clear error when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from llmkit.errors import ConfigError, UserError
+
+EXECUTORS = ("local", "ray")
+RAY_INSTALL = "pip install 'llmkit[ray]'"
+# A field with this metadata says where or how a stage runs, not what it computes: it is in
+# config.yaml but not in the artifact's fingerprint (llmkit.workspace.Builder).
+RUN_OPTION = {"fingerprint": False}
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # a running cluster: "auto" (`ray start --head` here), ray://HOST:10001; null: start a local one
+    num_cpus: int | None = None  # CPUs of the local cluster started when address is null (null: all)
+    cpus_per_task: float = 1.0  # CPUs Ray reserves for each task
+    gpus_per_task: float = 0.0  # GPUs Ray reserves for each task (ppl-filter on GPUs: 1)
+    max_retries: int = 3  # a task whose worker process died runs again, up to this many times
+
+    def __post_init__(self):
+        if self.cpus_per_task <= 0 or self.gpus_per_task < 0 or self.max_retries < 0:
+            raise ConfigError("ray.cpus_per_task must be > 0, ray.gpus_per_task and "
+                              "ray.max_retries ≥ 0")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"ray.num_cpus must be ≥ 1 or null, got {self.num_cpus}")
+
+
+def executor_field():
+    return field(default="local", metadata=RUN_OPTION)
+
+
+def ray_field():
+    return field(default_factory=RayConfig, metadata=RUN_OPTION)
+
+
+def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
+              ray: RayConfig | None = None, workers: int = 1, work_dir: Path | None = None,
+              unit: str = "tasks") -> None:
+    """Run `fn(item)` for every item (each call one sealed, idempotent task) and wait for all.
+
+    local: in this process, or on `workers` processes (the tasks' order of completion does not
+    matter: each writes its own files). ray: one Ray task per item; `work_dir` is where the
+    driver leaves the token that proves a worker sees the workspace."""
+    from llmkit.progress import Progress
+
+    if executor == "ray":
+        require_ray()  # even with nothing to run: the setting is wrong here either way
+    with Progress(label, total=len(items), unit=unit) as bar:
+        if executor == "ray":
+            if items:
+                _run_on_ray(fn, items, ray or RayConfig(), work_dir, bar)
+        elif workers <= 1 or len(items) <= 1:
+            for item in items:
+                fn(item)
+                bar.advance(1)
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+
+            from llmkit.data.pipeline import process_context
+
+            with ProcessPoolExecutor(min(workers, len(items)), mp_context=process_context()) as pool:
+                for _ in pool.map(fn, items):
+                    bar.advance(1)
+
+
+def require_ray():
+    """The `ray` module, or a UserError with the install line."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f"--executor ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+    return ray
+
+
+def _run_on_ray(fn, items, cfg: RayConfig, work_dir: Path | None, bar) -> None:
+    from llmkit.workspace import kill_point
+
+    ray = require_ray()
+    connect(ray, cfg)
+    check = write_visibility_token(work_dir) if work_dir is not None else None
+    task = ray.remote(_ray_task).options(num_cpus=cfg.cpus_per_task, num_gpus=cfg.gpus_per_task,
+                                         max_retries=cfg.max_retries, retry_exceptions=False)
+    fn_ref = ray.put(fn)  # shipped once, not with every task
+    pending = [task.remote(fn_ref, item, check) for item in items]
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            _result(ray, done[0])
+            bar.advance(1)
+            kill_point("ray:task_done")
+    except BaseException:
+        for ref in pending:  # nothing keeps running for a run that stopped
+            ray.cancel(ref, force=True)
+        raise
+
+
+def connect(ray, cfg: RayConfig) -> None:
+    if ray.is_initialized():
+        return
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        if cfg.address:
+            ray.init(address=cfg.address, **kwargs)
+        else:
+            ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    except ConnectionError as e:
+        raise UserError(f"cannot reach the Ray cluster at ray.address={cfg.address!r} ({e}); "
+                        "start one (`ray start --head`) or leave ray.address unset for a local "
+                        "one") from None
+
+
+def _result(ray, ref):
+    """The task's result; a UserError raised in the task is raised here as itself (not as
+    Ray's wrapper, whose message is the worker's traceback)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, UserError):
+            raise e.cause from None
+        raise
+
+
+VISIBILITY_FILE = "executor-token"
+
+
+def write_visibility_token(work_dir: Path) -> tuple[str, str]:
+    """Leave a fresh token in the work area; the tasks check they can read it (`see_workspace`)."""
+    work_dir = Path(work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(8)
+    (work_dir / VISIBILITY_FILE).write_text(token)
+    return str(work_dir), token
+
+
+def see_workspace(check: tuple[str, str] | None) -> None:
+    """Fail with a clear message where this process does not see the driver's workspace (a
+    node's own disk at the same path holds no token, or another one)."""
+    if check is None:
+        return
+    work_dir, token = check
+    try:
+        seen = (Path(work_dir) / VISIBILITY_FILE).read_text()
+    except OSError:
+        seen = None
+    if seen != token:
+        raise UserError(f"a Ray task on {socket.gethostname()} (pid {os.getpid()}) cannot see the "
+                        f"workspace's work area {work_dir}: every node must mount the workspace "
+                        "at the same path (NFS, Lustre, a shared volume); see the README's "
+                        "'Data stages on a cluster'")
+
+
+def _ray_task(fn, item, check):
+    see_workspace(check)
+    return fn(item)
