@@ -81,9 +81,30 @@ def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
 
             from llmkit.data.pipeline import process_context
 
-            with ProcessPoolExecutor(min(workers, len(items)), mp_context=process_context()) as pool:
+            n = min(workers, len(items))
+            context = process_context()
+            slots = context.Queue()
+            for slot in range(n):
+                slots.put(slot)
+            with ProcessPoolExecutor(n, mp_context=context, initializer=_take_slot,
+                                     initargs=(slots, n)) as pool:
                 for _ in pool.map(fn, items):
                     bar.advance(1)
+
+
+_slot: tuple[int, int] | None = None
+
+
+def _take_slot(slots, n: int) -> None:
+    global _slot
+    _slot = (slots.get(), n)
+
+
+def worker_slot() -> tuple[int, int] | None:
+    """(this worker process's index, the pool's size) in a local pool of `run_tasks`, else
+    None (this process, or a Ray task: Ray gives a task its own GPUs): a task that needs a
+    device of its own takes device `index % devices`."""
+    return _slot
 
 
 def require_ray():
@@ -95,12 +116,13 @@ def require_ray():
     return ray
 
 
-def _run_on_ray(fn, items, cfg: RayConfig, work_dir: Path | None, bar) -> None:
+def _run_on_ray(fn, items, cfg: RayConfig, work_dir: Path | None, bar, check=None) -> None:
     from llmkit.workspace import kill_point
 
     ray = require_ray()
     connect(ray, cfg)
-    check = write_visibility_token(work_dir) if work_dir is not None else None
+    if work_dir is not None:
+        check = write_visibility_token(work_dir)
     task = ray.remote(_ray_task).options(num_cpus=cfg.cpus_per_task, num_gpus=cfg.gpus_per_task,
                                          max_retries=cfg.max_retries, retry_exceptions=False)
     fn_ref = ray.put(fn)  # shipped once, not with every task

@@ -424,7 +424,7 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
         return None
     with b:
         run_tasks_with(cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers)
+                       workers=ctx.workers, total=len(tasks.groups))
         infos = [tasks.info(k) for k in range(len(tasks.groups))]
         link_task_outputs([tasks.folder(k) for k in range(len(tasks.groups))], b.dir, "ingest")
         total = {key: Counter() for key in ("reasons", "per_source", "fields_seen")}

@@ -125,7 +125,8 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
         run_rank_tasks(ctx, config, stage, tasks, tasks.pending(), work_dir=b.work_dir)
         return None
     with b:
-        run_tasks_with(config, stage, tasks, tasks.pending(), work_dir=b.work_dir)
+        run_tasks_with(config, stage, tasks, tasks.pending(), work_dir=b.work_dir,
+                       total=len(tasks.parts))
         counts = tasks.assemble(b.dir)
         b.stats.update(counts.stats())
         if extra_stats:
@@ -136,8 +137,8 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
     return b
 
 
-def map_part(part: Path, writer: SplitWriter, *, process_batch, config, batch_rows: int,
-             workers: int) -> int:
+def map_part(task: int, part: Path, writer: SplitWriter, *, process_batch, config,
+             batch_rows: int, workers: int) -> int:
     """A `SplitTasks` split: `process_batch(batch, config)` over the part's batches, on
     `workers` processes (results in input order); returns the rows read."""
     rows = 0
@@ -154,7 +155,7 @@ def map_part(part: Path, writer: SplitWriter, *, process_batch, config, batch_ro
 @dataclass(frozen=True)
 class SplitTasks:
     """A row-filtering stage (or phase) as tasks, one per input part: task K calls
-    `split(parts[K], writer)`, which writes the part's kept and removed rows to a
+    `split(K, parts[K], writer)`, which writes the part's kept and removed rows to a
     `SplitWriter` and returns the rows it read, into `root/part-K/`; then seals it with
     `root/part-K.done` and the counts. A task is callable (`tasks(k)`), so an executor can run
     it anywhere that sees the workspace, and it does nothing once sealed."""
@@ -180,7 +181,7 @@ class SplitTasks:
         final = self.folder(k)
         tmp = fresh_dir(temporary_path(final))
         writer = SplitWriter.task_layout(tmp)
-        counts = writer.close(self.split(self.parts[k], writer), self.stage)
+        counts = writer.close(self.split(k, self.parts[k], writer), self.stage)
         replace_dir(tmp, final)
         seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), counts.as_json())
 
@@ -207,9 +208,13 @@ def tasks_of_rank(ctx, tasks: list[int]) -> list[int]:
 
 
 def run_tasks_with(config, label: str, fn, tasks: list[int], *, work_dir: Path,
-                   workers: int = 1) -> None:
-    """`fn(t)` for each task on the config's executor (`executor`, `ray`)."""
+                   workers: int = 1, total: int | None = None) -> None:
+    """`fn(t)` for each task on the config's executor (`executor`, `ray`); `total`: the
+    tasks there are in all, to say how many an earlier run finished."""
     from llmkit.executor import run_tasks
+
+    if total and len(tasks) < total:
+        print(f"{label}: {total - len(tasks)} of {total} tasks already done (resumed)", flush=True)
 
     run_tasks(fn, tasks, label=label, executor=config.executor, ray=config.ray,
               workers=workers, work_dir=work_dir)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,38 +155,143 @@ def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
         return np.where(units > 0, np.exp(nll / np.maximum(units, 1)), np.nan)
 
 
-# -- pass 1: scores --------------------------------------------------------------------------
+# -- pass 1: scores, a task per input part -----------------------------------------------------
 
-def score_dataset(path: Path, scorer, cfg: PplFilterConfig, scratch: Path,
-                  progress=None) -> tuple[np.ndarray, np.ndarray, list]:
-    """Perplexity of every row in input order, each row's group (an index into the returned
-    `group_by` values; all 0 without group_by), and those values. Each batch's scores are saved in
-    `scratch` as they are done, and read back on a rerun."""
-    from llmkit.data.io import iter_batches
+@dataclass(frozen=True)
+class ScoreTasks:
+    """Task K scores input part K: `root/part-K.npz` (each row's perplexity, and its group's
+    index into the part's own list of `group_by` values), sealed by `root/part-K.done`. Each
+    batch's scores are kept as they are done (`root/part-K.batches/`), so a killed task
+    resumes at its first unscored batch."""
+    root: Path
+    parts: list
+    cfg: PplFilterConfig
+    model: object  # the scoring model's Artifact (None for KenLM)
+    step: str | None
+
+    def scores_file(self, k: int) -> Path:
+        return self.root / f"part-{k:05d}.npz"
+
+    def marker(self, k: int) -> Path:
+        return self.root / f"part-{k:05d}.done"
+
+    def pending(self) -> list[int]:
+        from llmkit.workspace import sealed
+
+        return [k for k in range(len(self.parts)) if sealed(self.marker(k)) is None]
+
+    def __call__(self, k: int) -> None:
+        from llmkit.workspace import seal, sealed
+
+        if sealed(self.marker(k)) is not None:
+            return
+        scratch = self.root / f"part-{k:05d}.batches"
+        scratch.mkdir(parents=True, exist_ok=True)
+        ppl, codes, groups = score_part(self.parts[k], self.scorer, self.cfg, scratch)
+        tmp = self.scores_file(k).with_suffix(".tmp.npz")
+        np.savez(tmp, ppl=ppl, codes=codes, groups=np.array(groups, dtype=object))
+        tmp.replace(self.scores_file(k))
+        seal(self.marker(k), [self.scores_file(k)], {"rows": len(ppl)})
+
+    def rows(self, k: int) -> int:
+        from llmkit.workspace import sealed
+
+        return sealed(self.marker(k))["rows"]
+
+    def scorer(self):
+        """The scoring model, loaded once per process, on this process's device."""
+        key = (str(getattr(self.model, "path", None)), self.step, self.cfg.backend)
+        if key not in _SCORERS:
+            _SCORERS.clear()
+            _SCORERS[key] = open_scorer(task_config(self.cfg), self.model, self.step)
+        return _SCORERS[key]
+
+    def collect(self) -> tuple[np.ndarray, np.ndarray, list]:
+        """Every row's perplexity in input order, its group (an index into the returned
+        `group_by` values, in order of first appearance), and those values: what one pass
+        over the whole dataset would give."""
+        names: dict = {}
+        scores, codes = [], []
+        for k in range(len(self.parts)):
+            with np.load(self.scores_file(k), allow_pickle=True) as f:
+                scores.append(f["ppl"])
+                to_global = np.array([names.setdefault(v, len(names)) for v in f["groups"]],
+                                     np.int64)
+                codes.append(to_global[f["codes"]] if len(f["codes"]) else f["codes"])
+        if not scores:
+            return np.zeros(0), np.zeros(0, np.int64), []
+        return np.concatenate(scores), np.concatenate(codes).astype(np.int64), list(names)
+
+
+_SCORERS: dict = {}
+
+
+def task_config(cfg: PplFilterConfig) -> PplFilterConfig:
+    """The config a scoring process uses: in a local pool of --workers processes each takes a
+    GPU of its own (`cuda:<slot % GPUs>`), or its share of the CPU's threads."""
+    from llmkit.executor import worker_slot
+
+    slot = worker_slot()
+    if slot is None or cfg.backend != "model":
+        return cfg
+    import torch
+
+    index, n = slot
+    if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
+        return dataclasses.replace(cfg, device=f"cuda:{index % torch.cuda.device_count()}")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+    return cfg
+
+
+def score_part(part: Path, scorer, cfg: PplFilterConfig, scratch: Path
+               ) -> tuple[np.ndarray, np.ndarray, list]:
+    """Perplexity of every row of one parquet part, each row's group (an index into the
+    returned `group_by` values; all 0 without group_by), and those values. `scorer()` gives
+    the scorer, asked for only when a batch is not scored yet in `scratch`."""
+    from llmkit.data.io import open_parquet
 
     columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
     names: dict = {}
     scores, codes = [], []
-    for k, batch in enumerate(iter_batches(path, columns=columns, batch_size=cfg.batch_rows)):
-        if cfg.group_by and cfg.group_by not in batch.schema.names:
-            raise UserError(f"group_by={cfg.group_by!r}: {path} has no such column "
-                            f"(it has {', '.join(batch.schema.names)})")
+    pf = open_parquet(part)
+    if cfg.group_by and cfg.group_by not in pf.schema_arrow.names:
+        raise UserError(f"group_by={cfg.group_by!r}: {part} has no such column "
+                        f"(it has {', '.join(pf.schema_arrow.names)})")
+    for k, batch in enumerate(pf.iter_batches(columns=columns, batch_size=cfg.batch_rows,
+                                              use_threads=False)):
         done = scratch / f"ppl-{k:06d}.npy"
         if done.is_file():
             ppl = np.load(done)
         else:
             texts = [(t or "")[:cfg.max_chars] for t in batch.column("text").to_pylist()]
-            ppl = perplexities(*scorer.score(texts))
+            ppl = perplexities(*scorer().score(texts))
             np.save(done.with_suffix(".tmp.npy"), ppl)
             done.with_suffix(".tmp.npy").replace(done)
         scores.append(ppl)
         values = batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
         codes.append(np.array([names.setdefault(v, len(names)) for v in values], np.int64))
-        if progress is not None:
-            progress.advance(batch.num_rows)
     if not scores:
         return np.zeros(0), np.zeros(0, np.int64), []
     return np.concatenate(scores), np.concatenate(codes), list(names)
+
+
+# -- pass 2: filter, a task per input part ------------------------------------------------------
+
+def filter_part(task: int, part: Path, writer, *, ppl: np.ndarray, codes: np.ndarray,
+                edges: np.ndarray | None, cfg: PplFilterConfig) -> int:
+    """A `SplitTasks` split: part `task`'s rows with their `ppl`, removed by `removal_reasons`
+    (`ppl`, `codes`: the part's, from `ScoreTasks.collect`)."""
+    from llmkit.data.io import open_parquet
+
+    start = 0
+    for batch in open_parquet(part).iter_batches(batch_size=cfg.batch_rows, use_threads=False):
+        end = start + batch.num_rows
+        reasons = removal_reasons(ppl[start:end], codes[start:end], edges, cfg)
+        writer.write(*split_batch(batch, ppl[start:end], reasons))
+        start = end
+    if start != len(ppl):  # a bug, never a user error
+        raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read in {part}")
+    return start
 
 
 # -- decisions ---------------------------------------------------------------------------------
@@ -253,9 +359,12 @@ def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
 
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
-    from llmkit.data.io import count_rows, iter_batches
-    from llmkit.data.pipeline import SplitWriter, require_rows
-    from llmkit.progress import Progress, data_stage_summary
+    """Score (a task per input part: `ScoreTasks`), then filter (`SplitTasks`: perplexity
+    buckets need every score first). With --rank only this rank's scoring tasks run; a plain
+    run scores what is left, filters and commits."""
+    from llmkit.data.io import dataset_files
+    from llmkit.data.pipeline import SplitTasks, require_rows, run_rank_tasks, run_tasks_with
+    from llmkit.progress import data_stage_summary
 
     src = ctx.input("dedup")
     model_art, step = scoring_input(ctx.workspace, cfg, model)
@@ -264,22 +373,24 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
                               inputs=[src, model_art], force=ctx.force)
     if b.up_to_date:
         return b
-    scorer = open_scorer(cfg, model_art, step)
-    rows = count_rows(src.path)
+    parts = dataset_files(src.path)
+    scores = ScoreTasks(b.work_dir / "score", parts, cfg, model_art, step)
+    b.start_work(2 * len(parts), "tasks")
+    if ctx.rank is not None:
+        run_rank_tasks(ctx, cfg, "ppl-filter score", scores, scores.pending(),
+                       work_dir=b.work_dir, workers=ctx.workers, assemble="llmkit ppl-filter")
+        return None
     with b:
-        with Progress("ppl-filter: score", total=rows) as bar:
-            ppl, codes, groups = score_dataset(src.path, scorer, cfg, b.work_dir, bar)
+        run_tasks_with(cfg, "ppl-filter: score", scores, scores.pending(), work_dir=b.work_dir,
+                       workers=ctx.workers, total=len(parts))
+        ppl, codes, groups = scores.collect()
         edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
-        writer = SplitWriter.into(b.dir)
-        start = 0
-        for batch in iter_batches(src.path, batch_size=cfg.batch_rows):
-            end = start + batch.num_rows
-            reasons = removal_reasons(ppl[start:end], codes[start:end], edges, cfg)
-            writer.write(*split_batch(batch, ppl[start:end], reasons))
-            start = end
-        if start != len(ppl):  # a bug, never a user error
-            raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read")
-        counts = writer.close(start, "ppl-filter")
+        bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
+        filters = SplitTasks("ppl-filter", b.work_dir / "filter", parts, _PartFilter(
+            ppl, codes, bounds, edges, cfg))
+        run_tasks_with(cfg, "ppl-filter: filter", filters, filters.pending(),
+                       work_dir=b.work_dir, total=len(parts))
+        counts = filters.assemble(b.dir)
         b.stats.update(**counts.stats(), ppl=_ppl_stats(ppl, edges, groups))
         require_rows("ppl-filter", b.stats, cfg.allow_empty, source=str(src.path),
                      first_removed=counts.first_removed)
@@ -287,6 +398,21 @@ def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
     data_stage_summary(b.name, b.stats, time.time() - b.started,
                        notes=[("policy", design)] if design else [])
     return b
+
+
+@dataclass(frozen=True)
+class _PartFilter:
+    """`filter_part` with each part's slice of the whole dataset's scores."""
+    ppl: np.ndarray
+    codes: np.ndarray
+    bounds: np.ndarray  # part k's rows are [bounds[k], bounds[k + 1]) in input order
+    edges: np.ndarray | None
+    cfg: PplFilterConfig
+
+    def __call__(self, task: int, part: Path, writer) -> int:
+        rows = slice(self.bounds[task], self.bounds[task + 1])
+        return filter_part(task, part, writer, ppl=self.ppl[rows], codes=self.codes[rows],
+                           edges=self.edges, cfg=self.cfg)
 
 
 def kept_by_design(cfg: PplFilterConfig) -> str | None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from llmkit.data.arrow import string_buffers, strings
-from llmkit.data.io import dataset_files, fresh_dir, part_rows, replace_dir, temporary_path
+from llmkit.data.io import dataset_files, fresh_dir, replace_dir, temporary_path
 from llmkit.data.pipeline import ordered_imap
 from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
                                       token_dtype)
@@ -179,7 +179,7 @@ class _OrderedPool:
 # -- one shard ------------------------------------------------------------------------------
 
 def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPool,
-                   cfg: TokenizeConfig, progress=None) -> dict:
+                   cfg: TokenizeConfig) -> dict:
     """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet), then seal
     it with `out.done` (`finished_shard` reads it back); returns the shard's stats."""
     import pyarrow as pa
@@ -210,8 +210,6 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
             complete = column is not None and column.type == pa.string() and all(names)
             writer.add(train, val, ids, column if complete else None,
                        [s or default_source for s in names], lengths, in_val)
-            if progress is not None:
-                progress.advance(len(ids))
     finally:
         stats = writer.close()
     marker = _marker(out)
@@ -281,39 +279,68 @@ def plan_shards(datasets) -> list[tuple[Path, str]]:
     return [(f, art.name) for art in datasets for f in dataset_files(art.path)]  # [] if all empty
 
 
-def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
-    from llmkit.progress import Progress, print_summary
+@dataclass(frozen=True)
+class TokenizeTasks:
+    """Task K tokenizes input part K into `work/shard-K/` (`tokenize_shard`), with the
+    tokenizer in `tokenizer_dir` (opened once per process) on `workers` threads."""
+    work: Path
+    shards: list  # (part file, source name for rows without one), as plan_shards gives them
+    tokenizer_dir: Path
+    cfg: TokenizeConfig
+    workers: int
+    itemsize: int
+
+    def pending(self) -> list[int]:
+        return [k for k in range(len(self.shards))
+                if finished_shard(self.work / SHARD.format(k), self.itemsize) is None]
+
+    def __call__(self, k: int) -> None:
+        out = self.work / SHARD.format(k)
+        if finished_shard(out, self.itemsize) is not None:
+            return
+        part, source = self.shards[k]
+        with _OrderedPool(self.workers, tokenizer_in(self.tokenizer_dir)) as pool:
+            tokenize_shard(part, source, out, pool, self.cfg)
+
+
+_TOKENIZERS: dict = {}
+
+
+def tokenizer_in(folder: Path):
+    """The tokenizer of `folder`, opened once per process (its chunk cache stays warm from one
+    shard to the next)."""
     from llmkit.tokenizer import open_tokenizer
+
+    key = str(folder)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = open_tokenizer(folder)
+    return _TOKENIZERS[key]
+
+
+def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
+    from llmkit.data.pipeline import run_rank_tasks, run_tasks_with
+    from llmkit.progress import print_summary
     from llmkit.train.loading import tokenizer_folder
 
     tok_art = ctx.workspace.artifact(tokenizer)  # a tokenizer, or a checkpoint run carrying one
-    tok = open_tokenizer(tokenizer_folder(tok_art.path))  # fails early on a folder that is not one
+    folder = tokenizer_folder(tok_art.path)
+    tok = tokenizer_in(folder)  # fails early on a folder that is not one
     datasets = ctx.input_list("dedup")
     b = ctx.workspace.builder(ctx.out_name("tokens"), stage="tokenize", config=cfg,
                               inputs=[tok_art, *datasets], force=ctx.force)
     if b.up_to_date:
         return b
     shards = plan_shards(datasets)
-    mine = [k for k in range(len(shards))
-            if ctx.rank is None or k % ctx.world_size == ctx.rank]
-    itemsize = _itemsize(tok)
-
-    def run_shards(work: Path) -> None:
-        todo = [k for k in mine if finished_shard(work / SHARD.format(k), itemsize) is None]
-        total = sum(part_rows(shards[k][0]) for k in todo)
-        with Progress("tokenize", total=total, unit="docs") as bar, \
-                _OrderedPool(ctx.workers, tok) as pool:
-            for k in todo:
-                part, source = shards[k]
-                tokenize_shard(part, source, work / SHARD.format(k), pool, cfg, bar)
-
+    # a local task encodes on --workers threads; a Ray task is given its CPUs instead
+    workers = ctx.workers if cfg.executor == "local" else max(1, int(cfg.ray.cpus_per_task))
+    tasks = TokenizeTasks(b.start_work(len(shards), "shards"), shards, folder, cfg, workers,
+                          _itemsize(tok))
     if ctx.rank is not None:
-        run_shards(b.start_work(len(shards), "shards"))
-        print(f"tokenize: rank {ctx.rank}/{ctx.world_size} done ({len(mine)} of {len(shards)} "
-              f"shards in {b.work_dir}); run `llmkit tokenize` without --rank to assemble")
+        run_rank_tasks(ctx, cfg, "tokenize", tasks, tasks.pending(), work_dir=b.work_dir)
         return b
     with b:
-        run_shards(b.start_work(len(shards), "shards"))
+        run_tasks_with(cfg, "tokenize", tasks, tasks.pending(), work_dir=b.work_dir,
+                       total=len(shards))
         b.stats.update(_assemble(b.work_dir, b.dir, len(shards), tok))
         if not b.stats["tokens"] and not cfg.allow_empty:
             raise UserError(f"tokenize: {', '.join(d.name for d in datasets)} gave no token "

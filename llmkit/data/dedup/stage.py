@@ -68,19 +68,19 @@ def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     b.start_work(sum(len(plan.tasks(p)) for p in PHASES), "tasks")
     if ctx.rank is not None:
         tasks = [t for t in plan.tasks(phase) if t % ctx.world_size == ctx.rank]
-        run_tasks(plan, phase, tasks, ctx.workers)
+        run_tasks(plan, phase, tasks, ctx, cfg)
         print(f"dedup {phase}: rank {ctx.rank}/{ctx.world_size} done ({len(tasks)} tasks); "
               f"{len(plan.pending(phase))} of {len(plan.tasks(phase))} still pending")
         return None
     last = PHASES.index(phase) if phase else len(PHASES) - 1
     if last < len(PHASES) - 1:
         for p in PHASES[:last + 1]:
-            run_tasks(plan, p, plan.pending(p), ctx.workers)
+            run_tasks(plan, p, plan.pending(p), ctx, cfg)
         print(f"dedup: phases up to {phase} done in {plan.work}")
         return None
     with b:
         for p in PHASES:
-            run_tasks(plan, p, plan.pending(p), ctx.workers)
+            run_tasks(plan, p, plan.pending(p), ctx, cfg)
         b.stats.update(plan.assemble(b.dir))
         require_rows("dedup", b.stats, cfg.allow_empty, source=src.name)
     _summary(b)
@@ -97,23 +97,23 @@ def _arrow_allocator_that_returns_memory() -> None:
         os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
-def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], workers: int) -> None:
-    """Tasks of one phase, here or on `workers` processes (clusters is one task)."""
-    from llmkit.progress import Progress
+@dataclass(frozen=True)
+class PhaseTask:
+    """Task t of one phase of a plan, as an executor runs it: `PhaseTask(plan, phase)(t)`."""
+    plan: DedupPlan
+    phase: str
 
-    with Progress(f"dedup {phase}", total=len(tasks), unit="tasks") as bar:
-        if workers <= 1 or len(tasks) <= 1:
-            for t in tasks:
-                plan.run(phase, t)
-                bar.advance(1)
-            return
-        from concurrent.futures import ProcessPoolExecutor
+    def __call__(self, task: int) -> None:
+        self.plan.run(self.phase, task)
 
-        from llmkit.data.pipeline import process_context
 
-        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=process_context()) as pool:
-            for _ in pool.map(plan.run, [phase] * len(tasks), tasks):
-                bar.advance(1)
+def run_tasks(plan: DedupPlan, phase: str, tasks: list[int], ctx, cfg: DedupConfig) -> None:
+    """Tasks of one phase on the config's executor (locally on --workers processes)."""
+    from llmkit.data.pipeline import run_tasks_with
+
+    total = len(plan.tasks(phase)) if ctx.rank is None else None  # a rank has a share only
+    run_tasks_with(cfg, f"dedup {phase}", PhaseTask(plan, phase), tasks, work_dir=plan.work,
+                   workers=ctx.workers, total=total)
 
 
 def _summary(b) -> None:

@@ -44,7 +44,7 @@ from llmkit.data.dedup.sketch import Sketcher
 from llmkit.data.io import dataset_files, part_path
 from llmkit.data.pipeline import RowCounts, link_task_outputs
 from llmkit.errors import UserError
-from llmkit.workspace import seal, sealed
+from llmkit.workspace import kill_point, seal, sealed
 
 PHASES = ("signatures", "buckets", "clusters", "filter")
 
@@ -102,6 +102,7 @@ class DedupPlan:
         unit.marker(task).unlink(missing_ok=True)  # a damaged task's: redone now
         started = time.time()
         info = unit.run(task)
+        kill_point(f"dedup:{phase}")  # the task's files written, not yet sealed
         _release_freed_memory()
         info["seconds"] = round(time.time() - started, 3)
         seal(unit.marker(task), unit.outputs(task), info)
