@@ -79,8 +79,6 @@ def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
         else:
             from concurrent.futures import ProcessPoolExecutor
 
-            from llmkit.data.pipeline import process_context
-
             n = min(workers, len(items))
             context = process_context()
             slots = context.Queue()
@@ -197,3 +195,12 @@ def see_workspace(check: tuple[str, str] | None) -> None:
 def _ray_task(fn, item, check):
     see_workspace(check)
     return fn(item)
+
+
+def process_context():
+    """The multiprocessing context for worker processes: fork, but spawn once torch is
+    loaded (forking a process that has started torch's thread pools can deadlock)."""
+    import multiprocessing as mp
+    import sys
+
+    return mp.get_context("spawn" if "torch" in sys.modules else "fork")

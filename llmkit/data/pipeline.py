@@ -26,6 +26,7 @@ from pathlib import Path
 from llmkit.data.io import (DatasetWriter, dataset_files, fresh_dir, open_parquet, part_path,
                             replace_dir, temporary_path)
 from llmkit.errors import UserError
+from llmkit.executor import process_context, run_tasks
 from llmkit.progress import data_stage_summary
 from llmkit.workspace import kill_point, link_or_copy, seal, sealed
 
@@ -211,8 +212,6 @@ def run_tasks_with(config, label: str, fn, tasks: list[int], *, work_dir: Path,
                    workers: int = 1, total: int | None = None) -> None:
     """`fn(t)` for each task on the config's executor (`executor`, `ray`); `total`: the
     tasks there are in all, to say how many an earlier run finished."""
-    from llmkit.executor import run_tasks
-
     if total and len(tasks) < total:
         print(f"{label}: {total - len(tasks)} of {total} tasks already done (resumed)", flush=True)
 
@@ -303,12 +302,3 @@ class _mapper:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
-
-
-def process_context():
-    """The multiprocessing context for worker processes: fork, but spawn once torch is
-    loaded (forking a process that has started torch's thread pools can deadlock)."""
-    import multiprocessing as mp
-    import sys
-
-    return mp.get_context("spawn" if "torch" in sys.modules else "fork")
