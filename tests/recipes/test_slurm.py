@@ -1,0 +1,72 @@
+"""recipes/slurm: the sbatch array scripts and submit.sh, run by a stand-in `sbatch` that runs
+each job at once, array task after array task (the dependencies then hold by construction),
+give the artifacts of one-process runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.data.stage_tasks import STAGES, assert_same_artifact, build_workspace, llmkit
+
+SLURM = Path(__file__).resolve().parents[2] / "recipes" / "slurm"
+
+FAKE_SBATCH = r'''#!/usr/bin/env python3
+"""sbatch, as far as submit.sh needs it: run the script now, once per array index."""
+import os, re, subprocess, sys
+args = sys.argv[1:]
+opts = []
+while args[0].startswith("--"):
+    opts.append(args.pop(0))
+script, rest = args[0], args[1:]
+array = next((o.split("=", 1)[1] for o in opts if o.startswith("--array=")), None)
+if array is None:
+    found = re.search(r"^#SBATCH --array=(\S+)", open(script).read(), re.M)
+    array = found.group(1) if found and "dedup" not in script else None
+lo, hi = map(int, array.split("-")) if array else (None, None)
+for index in ([None] if array is None else range(lo, hi + 1)):
+    env = dict(os.environ, SLURM_CPUS_PER_TASK="1")
+    if index is not None:
+        env.update(SLURM_ARRAY_TASK_ID=str(index), SLURM_ARRAY_TASK_COUNT=str(hi - lo + 1))
+    with open(os.environ["SBATCH_LOG"], "a") as log:
+        log.write(f"{os.path.basename(script)} {' '.join(rest)} [{index}]\n")
+    subprocess.run(["bash", script, *rest], env=env, check=True, stdout=sys.stderr)  # a log
+print(os.getpid())  # the job id
+'''
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, tok):
+    return build_workspace(tmp_path_factory.mktemp("slurm") / "ws", tok)
+
+
+def test_submit_runs_every_stage_as_array_tasks_then_assembles_the_one_process_artifacts(
+        ws, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    slurm_ws = tmp_path / "ws"
+    slurm_ws.mkdir()
+    (slurm_ws / "prose.jsonl").write_bytes((ws / "prose.jsonl").read_bytes())
+    os.symlink(ws / "lm", slurm_ws / "lm")  # the scoring model and tokenizer
+    recipe = tmp_path / "recipe.yaml"  # the settings of the one-process runs
+    recipe.write_text("ppl-filter: {max_chars: 200, group_by: source}\n"
+                      "tokenize: {val_fraction: 0.05}\n")
+    llmkit(ws, "tokenize", "--in", "filtered", "--tokenizer", "lm", "--out", "tokens_filtered",
+           "--set", "val_fraction=0.05")
+    ingest_args = [str(a).format(ws=slurm_ws) for a in STAGES["ingest"][1][1:]]
+    env = dict(os.environ, PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+               LLMKIT_WORKSPACE=str(slurm_ws), TASKS="3", PPL_MODEL="lm", TOKENIZER="lm",
+               RECIPE=str(recipe), SBATCH_LOG=str(tmp_path / "jobs.log"), OMP_NUM_THREADS="1")
+    r = subprocess.run(["bash", str(SLURM / "submit.sh"), *ingest_args], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = (tmp_path / "jobs.log").read_text().splitlines()
+    assert "dedup.sbatch signatures [2]" in jobs and "clean.sbatch  [0]" in jobs
+    assert jobs[-1].startswith("assemble.sbatch tokenize --in filtered --tokenizer lm")
+    for artifact in ("raw", "clean", "dedup", "filtered"):
+        assert_same_artifact(ws / artifact, slurm_ws / artifact)
+    assert_same_artifact(ws / "tokens_filtered", slurm_ws / "tokens")
