@@ -116,6 +116,8 @@ def scratch(tmp_path_factory):
         mp.chdir(root)
         mp.delenv("LLMKIT_WORKSPACE", raising=False)
         outputs = {line: run(line) for line in commands()}
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # the local cluster `--executor ray` started here
     return root, outputs
 
 
