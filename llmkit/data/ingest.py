@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llmkit.data.io import (MAX_REMOVED_TEXT, BadRecord, DatasetWriter, decode_text, fresh_dir,
-                            open_binary, part_path, read_jsonl, replace_dir, temporary_path)
+from llmkit.data.io import (MAX_REMOVED_TEXT, BadRecord, DatasetWriter, decode_text, open_binary,
+                            read_jsonl)
+from llmkit.data.pipeline import FolderTasks
 from llmkit.errors import ConfigError, UserError
 from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
-from llmkit.workspace import kill_point, seal, sealed
+from llmkit.workspace import kill_point
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
 COMPRESSIONS = (".gz", ".zst")
@@ -321,36 +322,19 @@ def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
 
 
 @dataclass(frozen=True)
-class IngestTasks:
-    """Task K reads file group K into `root/part-K/` (kept/, removed/) and seals it with
-    `root/part-K.done` and what it counted (`read_group`)."""
+class IngestTasks(FolderTasks):
+    """Task K reads file group K into `root/part-K/` (kept/, removed/); its marker holds what
+    it counted (`read_group`)."""
     root: Path
     groups: list
     cfg: IngestConfig
 
-    def folder(self, k: int) -> Path:
-        return part_path(self.root, k, "")
+    def __len__(self) -> int:
+        return len(self.groups)
 
-    def marker(self, k: int) -> Path:
-        return part_path(self.root, k, ".done")
-
-    def pending(self) -> list[int]:
-        return [k for k in range(len(self.groups)) if sealed(self.marker(k)) is None]
-
-    def info(self, k: int) -> dict:
-        return sealed(self.marker(k))
-
-    def __call__(self, k: int) -> None:
-        marker = self.marker(k)
-        if sealed(marker) is not None:
-            return
-        marker.unlink(missing_ok=True)
-        final = self.folder(k)
-        tmp = fresh_dir(temporary_path(final))
-        info = read_group(self.groups[k], self.cfg, DatasetWriter(tmp / "kept"),
+    def build(self, k: int, tmp: Path) -> dict:
+        return read_group(self.groups[k], self.cfg, DatasetWriter(tmp / "kept"),
                           DatasetWriter(tmp / "removed"))
-        replace_dir(tmp, final)
-        seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), info)
 
 
 def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w) -> dict:
@@ -417,16 +401,16 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
     if b.up_to_date:
         return b
     tasks = IngestTasks(b.work_dir / "files", file_groups(files, cfg.task_bytes), cfg)
-    b.start_work(len(tasks.groups), "tasks")
+    b.start_work(len(tasks), "tasks")
     if ctx.rank is not None:
         run_rank_tasks(ctx, cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
                        assemble="llmkit ingest (same files and settings)")
         return None
     with b:
         run_tasks_with(cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers, total=len(tasks.groups))
-        infos = [tasks.info(k) for k in range(len(tasks.groups))]
-        link_task_outputs([tasks.folder(k) for k in range(len(tasks.groups))], b.dir, "ingest")
+                       workers=ctx.workers, total=len(tasks))
+        infos = [tasks.info(k) for k in range(len(tasks))]
+        link_task_outputs([tasks.folder(k) for k in range(len(tasks))], b.dir, "ingest")
         total = {key: Counter() for key in ("reasons", "per_source", "fields_seen")}
         for info in infos:
             for key, counter in total.items():

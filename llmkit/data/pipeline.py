@@ -121,13 +121,13 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
     tasks = SplitTasks(stage, b.work_dir / "split", dataset_files(src.path),
                        partial(map_part, process_batch=process_batch, config=config,
                                batch_rows=batch_rows, workers=workers))
-    b.start_work(len(tasks.parts), "tasks")
+    b.start_work(len(tasks), "tasks")
     if ctx.rank is not None:
         run_rank_tasks(ctx, config, stage, tasks, tasks.pending(), work_dir=b.work_dir)
         return None
     with b:
         run_tasks_with(config, stage, tasks, tasks.pending(), work_dir=b.work_dir,
-                       total=len(tasks.parts))
+                       total=len(tasks))
         counts = tasks.assemble(b.dir)
         b.stats.update(counts.stats())
         if extra_stats:
@@ -153,17 +153,13 @@ def map_part(task: int, part: Path, writer: SplitWriter, *, process_batch, confi
     return rows
 
 
-@dataclass(frozen=True)
-class SplitTasks:
-    """A row-filtering stage (or phase) as tasks, one per input part: task K calls
-    `split(K, parts[K], writer)`, which writes the part's kept and removed rows to a
-    `SplitWriter` and returns the rows it read, into `root/part-K/`; then seals it with
-    `root/part-K.done` and the counts. A task is callable (`tasks(k)`), so an executor can run
-    it anywhere that sees the workspace, and it does nothing once sealed."""
-    stage: str
+class FolderTasks:
+    """Tasks 0 … len(self) - 1 that each build a folder `root/part-K/` (`build(k, tmp)`, into
+    a temporary folder renamed into place) and seal it with `root/part-K.done`, which records
+    every file's size and what `build` returned. A task is callable (`tasks(k)`), does nothing
+    once sealed, and redoes a task whose files were lost or cut short; so an executor can run
+    it anywhere that sees the workspace, as often as it likes."""
     root: Path
-    parts: list
-    split: object
 
     def folder(self, k: int) -> Path:
         return part_path(self.root, k, "")
@@ -171,8 +167,11 @@ class SplitTasks:
     def marker(self, k: int) -> Path:
         return part_path(self.root, k, ".done")
 
+    def info(self, k: int) -> dict | None:
+        return sealed(self.marker(k))
+
     def pending(self) -> list[int]:
-        return [k for k in range(len(self.parts)) if sealed(self.marker(k)) is None]
+        return [k for k in range(len(self)) if self.info(k) is None]
 
     def __call__(self, k: int) -> None:
         marker = self.marker(k)
@@ -181,14 +180,33 @@ class SplitTasks:
         marker.unlink(missing_ok=True)  # a damaged task's: redone now
         final = self.folder(k)
         tmp = fresh_dir(temporary_path(final))
-        writer = SplitWriter.task_layout(tmp)
-        counts = writer.close(self.split(k, self.parts[k], writer), self.stage)
+        info = self.build(k, tmp)
         replace_dir(tmp, final)
-        seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), counts.as_json())
+        seal(marker, sorted(p for p in final.rglob("*") if p.is_file()), info)
+
+    def build(self, k: int, tmp: Path) -> dict:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SplitTasks(FolderTasks):
+    """A row-filtering stage (or phase) as tasks, one per input part: task K calls
+    `split(K, parts[K], writer)`, which writes the part's kept and removed rows to a
+    `SplitWriter` and returns the rows it read; the marker holds the counts."""
+    stage: str
+    root: Path
+    parts: list
+    split: object
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def build(self, k: int, tmp: Path) -> dict:
+        writer = SplitWriter.task_layout(tmp)
+        return writer.close(self.split(k, self.parts[k], writer), self.stage).as_json()
 
     def counts(self) -> RowCounts:
-        return sum((RowCounts.from_json(sealed(self.marker(k)))
-                    for k in range(len(self.parts))), RowCounts())
+        return sum((RowCounts.from_json(self.info(k)) for k in range(len(self))), RowCounts())
 
     def assemble(self, out_dir: Path) -> RowCounts:
         """Link every task's output into the dataset `out_dir`; the stage's counts."""

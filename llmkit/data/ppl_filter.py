@@ -32,6 +32,7 @@ from typing import Literal
 
 import numpy as np
 
+from llmkit.data.pipeline import FolderTasks
 from llmkit.errors import ConfigError, UserError
 from llmkit.executor import RayConfig, executor_field, ray_field
 
@@ -158,45 +159,32 @@ def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
 # -- pass 1: scores, a task per input part -----------------------------------------------------
 
 @dataclass(frozen=True)
-class ScoreTasks:
-    """Task K scores input part K: `root/part-K.npz` (each row's perplexity, and its group's
-    index into the part's own list of `group_by` values), sealed by `root/part-K.done`. Each
-    batch's scores are kept as they are done (`root/part-K.batches/`), so a killed task
-    resumes at its first unscored batch."""
+class ScoreTasks(FolderTasks):
+    """Task K scores input part K: `root/part-K/scores.npz` holds each row's perplexity and
+    its group's index into the part's own list of `group_by` values. Each batch's scores are
+    kept as they are done (`root/part-K.batches/`), so a killed task resumes at its first
+    unscored batch."""
     root: Path
     parts: list
     cfg: PplFilterConfig
     model: object  # the scoring model's Artifact (None for KenLM)
     step: str | None
 
+    def __len__(self) -> int:
+        return len(self.parts)
+
     def scores_file(self, k: int) -> Path:
-        return self.root / f"part-{k:05d}.npz"
+        return self.folder(k) / "scores.npz"
 
-    def marker(self, k: int) -> Path:
-        return self.root / f"part-{k:05d}.done"
-
-    def pending(self) -> list[int]:
-        from llmkit.workspace import sealed
-
-        return [k for k in range(len(self.parts)) if sealed(self.marker(k)) is None]
-
-    def __call__(self, k: int) -> None:
-        from llmkit.workspace import seal, sealed
-
-        if sealed(self.marker(k)) is not None:
-            return
+    def build(self, k: int, tmp: Path) -> dict:
         scratch = self.root / f"part-{k:05d}.batches"
         scratch.mkdir(parents=True, exist_ok=True)
         ppl, codes, groups = score_part(self.parts[k], self.scorer, self.cfg, scratch)
-        tmp = self.scores_file(k).with_suffix(".tmp.npz")
-        np.savez(tmp, ppl=ppl, codes=codes, groups=np.array(groups, dtype=object))
-        tmp.replace(self.scores_file(k))
-        seal(self.marker(k), [self.scores_file(k)], {"rows": len(ppl)})
+        np.savez(tmp / "scores.npz", ppl=ppl, codes=codes, groups=np.array(groups, dtype=object))
+        return {"rows": len(ppl)}
 
     def rows(self, k: int) -> int:
-        from llmkit.workspace import sealed
-
-        return sealed(self.marker(k))["rows"]
+        return self.info(k)["rows"]
 
     def scorer(self):
         """The scoring model, loaded once per process, on this process's device."""
