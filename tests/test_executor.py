@@ -14,11 +14,14 @@ from llmkit.workspace import Workspace
 from tests.conftest import write_jsonl
 
 
-def test_executor_ray_without_ray_exits_2_with_the_install_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", [["--executor", "ray"], ["--set", "executor=ray"], "recipe"])
+def test_executor_ray_without_ray_exits_2_with_the_install_line(tmp_path, monkeypatch, how):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
-    r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"),
-                                         "--executor", "ray"])
+    if how == "recipe":
+        (tmp_path / "recipe.yaml").write_text("ingest:\n  executor: ray\n  ray: {address: auto}\n")
+        how = ["--recipe", str(tmp_path / "recipe.yaml")]
+    r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"), *how])
     assert r.exit_code == 2 and "pip install 'llmkit[ray]'" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "ws" / "raw").exists()
 

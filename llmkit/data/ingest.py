@@ -11,6 +11,10 @@ A record that cannot be read or normalised is quarantined in `removed/` with its
 `location` (file:line); it never stops the run. Records are counted as they are read, and
 that count must equal the rows written plus the rows quarantined. An output without rows is
 refused (exit 2, the reasons named) unless `allow_empty`.
+
+The files are read in consecutive groups of `task_bytes` (`file_groups`), one task each
+(`IngestTasks`: its own parts and counts, sealed in the work area), and the artifact is the
+tasks' parts in order: the same for any --workers, --rank/--world-size split or executor.
 """
 
 from __future__ import annotations

@@ -4,13 +4,15 @@ Two passes over the input dataset:
 1. score: every document's perplexity under the scoring model — an llmkit checkpoint (`--model`,
    batched, sliding window for long documents) or a KenLM model (`backend: kenlm`, the CCNet
    convention: lines normalised, split into sentencepiece pieces when `kenlm_tokenizer` is
-   given, scored by `kenlm.Model.score`). Scores of finished batches are kept in the workspace's
-   scratch folder, so a killed run resumes where it stopped.
+   given, scored by `kenlm.Model.score`). A task per input part (`ScoreTasks`); scores of
+   finished batches are kept in the workspace's scratch folder, so a killed run resumes where
+   it stopped.
 2. filter: rows get a `ppl` column; a row is removed when its perplexity is above `max_ppl`
    (reason `ppl_above_threshold`), or, without a threshold, when it falls in a bucket not in
    `keep_buckets` (reason `ppl_bucket_<bucket>`). Buckets are CCNet's: head below the first
    percentile of the whole dataset (or of the row's `group_by` value: source, lang…), middle
-   below the second, tail above.
+   below the second, tail above. A task per input part again (`SplitTasks`), given the
+   percentiles of all the scores.
 
 Perplexity is exp(negative log-likelihood / units). With an llmkit model the units are `byte`s of
 UTF-8 text by default: per byte, random characters of any script score above real text of any

@@ -5,10 +5,11 @@ the tokenizer that made them (tokenizer/), config.yaml and manifest.json (stats:
 per split and per source; dtype, vocab).
 
 One shard per input part file, in input order; a document goes to val when the hash of its id
-falls below `val_fraction`. So the output is the same for any --workers and any
---rank/--world-size split. With --rank, a task only tokenizes its shards (every
-world_size-th) into the workspace's scratch folder; `llmkit tokenize` without --rank then
-adds whatever is missing and assembles the artifact.
+falls below `val_fraction`. So the output is the same for any --workers, any
+--rank/--world-size split and either executor (a shard is a task: `TokenizeTasks`). With
+--rank, a run only tokenizes its shards (every world_size-th) into the workspace's scratch
+folder; `llmkit tokenize` without --rank then adds whatever is missing and assembles the
+artifact.
 
 The scratch folder (`Builder.work_dir`) holds `shard-K/` and its `shard-K.done` marker,
 written last with the stats and the files' sizes. A shard without an intact marker (killed
