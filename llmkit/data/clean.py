@@ -99,8 +99,8 @@ class CleanConfig:
     # --- switches
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
     allow_empty: bool = False  # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         for name in self.disabled_rules:

@@ -53,8 +53,8 @@ class IngestConfig:
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
     task_bytes: int = 256 << 20     # file bytes per task: files are grouped in order up to this
     allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:

@@ -60,8 +60,8 @@ class PplFilterConfig:
     kenlm_model: str | None = None  # .arpa / .bin KenLM model (backend kenlm)
     kenlm_tokenizer: str | None = None  # sentencepiece .model the KenLM model was trained on (CCNet's lm_sp)
     allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.max_ppl is not None and self.max_ppl <= 0:

@@ -53,8 +53,8 @@ class TokenizeConfig:
     batch_rows: int = 1024       # documents read from parquet at a time
     task_bytes: int = 1 << 20    # text per worker task (memory: a few tasks per worker)
     allow_empty: bool = False    # write shards of no token instead of refusing them (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:

@@ -41,8 +41,8 @@ class DedupConfig:
     minhash: MinHashConfig = field(default_factory=MinHashConfig)  # method=minhash
     batch_rows: int = 512   # documents per batch (memory ∝ batch_rows × document size)
     allow_empty: bool = False  # write an empty output instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where the tasks run: here, or on Ray (not in the fingerprint)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, and what each task reserves on it
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.batch_rows < 1:
