@@ -57,8 +57,8 @@ def ray_field():
 
 
 def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
-              ray: RayConfig | None = None, workers: int = 1, work_dir: Path | None = None,
-              unit: str = "tasks") -> None:
+              ray: RayConfig | None = None, workers: int = 1,
+              work_dir: Path | None = None) -> None:
     """Run `fn(item)` for every item (each call one sealed, idempotent task) and wait for all.
 
     local: in this process, or on `workers` processes (the tasks' order of completion does not
@@ -68,7 +68,7 @@ def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
 
     if executor == "ray":
         require_ray()  # even with nothing to run: the setting is wrong here either way
-    with Progress(label, total=len(items), unit=unit) as bar:
+    with Progress(label, total=len(items), unit="tasks") as bar:
         if executor == "ray":
             if items:
                 _run_on_ray(fn, items, ray or RayConfig(), work_dir, bar)

@@ -51,7 +51,7 @@ class DedupConfig:
 
 def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     """Run (or resume) the dedup stage; returns the Builder, or None for a partial run."""
-    from llmkit.data.pipeline import require_rows
+    from llmkit.data.pipeline import require_rows, tasks_of_rank
 
     _arrow_allocator_that_returns_memory()
     if phase is not None and phase not in PHASES:
@@ -67,7 +67,7 @@ def run_dedup(ctx, cfg: DedupConfig, phase: str | None = None):
     plan = DedupPlan(src.path, b.work_dir, cfg)
     b.start_work(sum(len(plan.tasks(p)) for p in PHASES), "tasks")
     if ctx.rank is not None:
-        tasks = [t for t in plan.tasks(phase) if t % ctx.world_size == ctx.rank]
+        tasks = tasks_of_rank(ctx, plan.tasks(phase))
         run_tasks(plan, phase, tasks, ctx, cfg)
         print(f"dedup {phase}: rank {ctx.rank}/{ctx.world_size} done ({len(tasks)} tasks); "
               f"{len(plan.pending(phase))} of {len(plan.tasks(phase))} still pending")
