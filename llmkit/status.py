@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
+from llmkit.train.lora import PINNED_BASE  # a LoRA run holds its base input itself
 from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
@@ -49,7 +50,8 @@ def artifact_status(path: Path, root: Path) -> ArtifactStatus:
     except (OSError, ValueError):
         return _unfinished_status(path, name, root)
     changed = [i["path"] for i in m.get("inputs", [])
-               if _current_fingerprint(resolve_input(root, i["path"])) != i["fingerprint"]]
+               if _current_fingerprint(resolve_input(root, i["path"])) != i["fingerprint"]
+               and _current_fingerprint(path / PINNED_BASE) != i["fingerprint"]]
     stats = m.get("stats", {})
     if "rows_out" in stats:
         size = f"{stats['rows_out']:,} rows"

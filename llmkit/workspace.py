@@ -23,7 +23,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from llmkit.config import config_to_dict
 from llmkit.errors import UserError
+from llmkit.locks import acquire_lock, release_lock
 from llmkit.stages import OUTPUTS, build_command
 from llmkit.version import __version__
 
@@ -182,6 +182,10 @@ class Artifact:
         path = Path(path)
         mf = path / MANIFEST
         if not mf.is_file():
+            hf_config = path / "config.json"  # a transformers model folder, not an llmkit artifact
+            if hf_config.is_file() and '"model_type"' in hf_config.read_text(errors="replace"):
+                raise UserError(f"{path} holds a Hugging Face transformers config.json; turn the folder "
+                                f"into an llmkit checkpoint with `llmkit import --from {path} --out NAME` first")
             if path.is_dir():
                 raise UserError(
                     f"{path} has no {MANIFEST}: it is incomplete (a stage was interrupted?). "
@@ -292,6 +296,8 @@ class Builder:
             self._clear_leftovers()
             if not quiet:
                 print(f"{name}: up to date ({self.final})")
+        elif not force:
+            self._refuse_to_replace_another_kind()
 
     def _clear_leftovers(self) -> None:
         """What a run killed after renaming its artifact into place left: its work dir and,
@@ -303,6 +309,28 @@ class Builder:
                 release_lock(acquire_lock(lock))
             except UserError:
                 pass
+
+    def _refuse_to_replace_another_kind(self) -> None:
+        """Without --force, a stage never replaces what another stage built (a dataset is not
+        overwritten by a run, nor a run by a dataset), nor a folder of complete checkpoints it
+        does not continue: reusing a name by mistake must not cost a finished artifact."""
+        if not self.final.is_dir():
+            return
+        try:
+            built_by = json.loads((self.final / MANIFEST).read_text(encoding="utf-8")).get("stage")
+        except (OSError, ValueError, AttributeError):
+            built_by = None
+        checkpoints = [p.name for p in self.final.glob("step-*/complete")]
+        if built_by not in (None, self.stage):
+            what = f"an artifact built by `llmkit {built_by}`"
+        elif built_by is None and checkpoints and not self.in_place:
+            what = f"{len(checkpoints)} complete checkpoint(s) of a training run"
+        else:
+            return
+        raise UserError(
+            f"{shown(self.final)} holds {what}; `llmkit {self.stage}` would replace it with its own "
+            f"output. Write elsewhere with --out NEW_NAME, or add --force to replace it (its "
+            f"contents are deleted)")
 
     def _existing_fingerprint(self) -> str | None:
         try:
@@ -330,10 +358,18 @@ class Builder:
         try:
             if exc_type is None:
                 self._commit()
-            elif not self.in_place:
+                return
+            if not self.in_place:
                 shutil.rmtree(self.dir, ignore_errors=True)
+            # a refusal (bad input, settings) fails the same way again: nothing in the work area
+            # is worth resuming; a crash or an interrupt keeps what tasks wrote for the rerun
+            if issubclass(exc_type, UserError) or not self._work_written():
+                shutil.rmtree(self.work_dir, ignore_errors=True)
         finally:
             release_lock(self._lock)
+
+    def _work_written(self) -> bool:
+        return any(p.is_file() and p.name != WORK_INFO for p in self.work_dir.rglob("*"))
 
     def manifest(self) -> dict:
         return {
@@ -388,97 +424,3 @@ class Builder:
             shutil.rmtree(old, ignore_errors=True)
             _fsync_dir(self.final.parent)
         shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-# -- locks ---------------------------------------------------------------------------------
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def acquire_lock(path: Path, wait_for_writer: float = 1.0) -> Path:
-    """Create `path` holding our pid and host; clear it if its owner is dead; else refuse.
-
-    The lock appears with its content (a hard link to a written temp file), so a reader
-    never sees an ownerless lock; one that reads empty or unparsable (a writer of an older
-    llmkit mid-write) is waited on for `wait_for_writer` seconds before it counts as stale."""
-    path = Path(path)
-    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
-    # per thread too: two builders in one process must not share a temp file
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(mine)
-    try:
-        unreadable_since = None
-        while True:
-            try:
-                _create_with(tmp, path, mine)
-                return path
-            except FileExistsError:
-                pass
-            try:
-                seen = path.read_text()
-                owner = json.loads(seen)
-                pid, host = int(owner["pid"]), owner.get("host")
-            except FileNotFoundError:  # released meanwhile: try again
-                continue
-            except OSError as e:
-                raise UserError(f"cannot read lock {path} ({e}); remove it if no run is "
-                                "building that artifact") from None
-            except (ValueError, KeyError, TypeError):
-                unreadable_since = unreadable_since or time.monotonic()
-                if time.monotonic() - unreadable_since < wait_for_writer:
-                    time.sleep(0.01)
-                    continue
-                pid, host = -1, None
-            if host == socket.gethostname() and pid > 0 and _pid_alive(pid):
-                raise UserError(
-                    f"{path.with_suffix('')} is being built by process {pid} (lock {path}); "
-                    "wait for it to finish, or stop it")
-            if host not in (None, socket.gethostname()):
-                raise UserError(f"{path} is held by {host} pid {pid}; remove it if that run died")
-            print(f"warning: clearing stale lock {path} (process {pid} is gone)", file=sys.stderr)
-            _clear_stale_lock(path, seen)
-            unreadable_since = None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _create_with(tmp: Path, path: Path, content: str) -> None:
-    """Create `path` holding `content` (the content of `tmp`); FileExistsError if it exists."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:  # a filesystem without hard links: readers wait out the empty moment
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-
-
-def _clear_stale_lock(path: Path, seen: str) -> None:
-    """Remove the lock if it still holds `seen`: another builder may have cleared it and
-    taken the lock since we read it, and that lock must stay. Clearers take turns (a flock
-    on the folder, which the kernel drops if its holder dies), so none removes a lock that
-    another just took."""
-    import fcntl
-
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if path.read_text() == seen:
-            path.unlink()
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def release_lock(path: Path | None) -> None:
-    if path is not None:
-        path.unlink(missing_ok=True)

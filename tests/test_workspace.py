@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from llmkit.errors import UserError
-from llmkit.workspace import Artifact, Workspace, acquire_lock, seal, sealed
+from llmkit.locks import acquire_lock, release_lock
+from llmkit.workspace import Artifact, Workspace, seal, sealed
 
 
 @dataclass
@@ -111,7 +112,6 @@ def test_incomplete_artifact_is_refused_as_input(tmp_path):
 
 
 def _race_for_locks(root, rounds, start, results):
-    from llmkit.workspace import release_lock
 
     sys.stderr = open(os.devnull, "w")  # the stale-lock warnings
     for i in range(rounds):

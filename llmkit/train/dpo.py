@@ -2,9 +2,15 @@
 frozen reference (Rafailov et al. 2023), with the IPO, cDPO, robust and reference-free variants.
 
 A completion's log-probability is the sum over its reply tokens (the mean for IPO, as its
-authors specify). By default the reference's log-probabilities are computed once, in one pass
-over the data before training, and stored in the batches, so the reference model is not held
-in memory while the policy trains (`precompute_ref=false` keeps it and recomputes per batch).
+authors specify): the reply and its end of turn, the tokens SFT learns. Text a chat template
+writes after the end of turn is not the reply: TRL's DPOTrainer counts every token after the
+rendered prompt, so with ChatML templates that put the newline after <|im_end|> outside any
+{% generation %} block (Qwen2.5's, SmolLM2's) its log-probs hold that newline too, one token per
+sequence that llmkit leaves out (tests/train/test_trl_parity.py asserts exactly this).
+
+By default the reference's log-probabilities are computed once, in one pass over the data
+before training, and stored in the batches, so the reference model is not held in memory while
+the policy trains (`precompute_ref=false` keeps it and recomputes per batch).
 The reference is `--ref`, by default the starting checkpoint `--from`; under LoRA that is the
 policy itself with its adapters disabled (`lora.adapters_disabled`), so no second model is held.
 """
@@ -201,7 +207,7 @@ DPO_METRICS = {"final_loss": "loss", "reward_margin": "rewards/margins",
 def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: str | None = None):
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
-    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, base, "pref_train", eval_data)
+    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, "dpo", cfg, base, eval_data)
     ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
                          else (None, None))
     if ref_step is not None and ref_step.resolve() == base_step.resolve():

@@ -153,6 +153,17 @@ def starting_weights(workspace, from_: str):
     return art, resolve_step_dir(art.path)
 
 
+def run_start(ctx, stage: str, cfg, from_: str):
+    """`starting_weights` of run `stage` (or --out); a LoRA run that continues (not started over
+    by --force) starts from the base it pinned (`lora.pinned_start`)."""
+    from llmkit.train.lora import pinned_start
+
+    art, step_dir = starting_weights(ctx.workspace, from_)
+    if cfg.lora.enabled and not (ctx.force and cfg.resume_from is None):
+        return pinned_start(ctx.workspace.path(ctx.out_name(stage)), art, step_dir)
+    return art, step_dir
+
+
 def model_config_from(config: dict, path):
     """ModelConfig of a checkpoint's config.json, without llmkit's own marker keys."""
     import dataclasses

@@ -12,6 +12,12 @@ base step folder they adapt (relative to the step folder) and the fingerprint of
 loading refuses a base that changed since. `llmkit.load` merges the adapters into the base in
 memory, so generate / eval / export see a plain model.
 
+The run pins its base: `RUN/base/` holds the base step folder's files as hard links (a copy
+where the filesystem has none) and the manifest of the run they came from, and the step
+folders name that. Pruning, extending or --force-retraining the base run then cannot take the
+adapters' base away, and a continued LoRA run starts from its pin, not from where --from's run
+has moved since.
+
 `import peft` (~3-6 s: it imports transformers) happens only in the functions that need it.
 """
 
@@ -23,14 +29,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, WEIGHTS, weights_file
+from llmkit.train.checkpoint import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DEEPSPEED, MODEL_CONFIG, WEIGHTS,
+                                     is_complete, step_dirs, weights_file)
+from llmkit.workspace import MANIFEST, Artifact, link_or_copy, write_atomic
 
 ALL_LINEAR = "all-linear"
 LORA_KEY = "llmkit_lora"  # the section of a LoRA step's config.json naming its base
+PINNED_BASE = "base"  # in a LoRA run's folder: the step folder its adapters adapt, pinned
 PEFT_PREFIX = "base_model.model."  # what PeftModel.save_pretrained puts before module names
 ADAPTER_NAME = "default"  # peft's name of a model's one adapter
 
@@ -285,3 +295,54 @@ def load_adapters(model, step_dir, merge: bool = True):
                         f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); the checkpoint is damaged")
     model.load_state_dict(tensors, strict=False)
     return merge_adapters(model) if merge else model
+
+
+# -- the pinned base -----------------------------------------------------------------------
+
+def pin_base(base_step: Path, run_dir: Path) -> Path:
+    """`run_dir/base/`: the files of step folder `base_step` hard-linked (its DeepSpeed states
+    left out) and the manifest of its run; a base that itself holds adapters gets its own base
+    pinned inside. Returns the pin. An existing pin of the same weights is kept."""
+    base_step, pin = Path(base_step), Path(run_dir) / PINNED_BASE
+    if pin.is_dir() and pin.resolve() == base_step.resolve():
+        return pin
+    tmp = pin.with_name(f"{PINNED_BASE}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _link_tree(base_step, tmp)
+    if holds_adapters(base_step):  # its own base is named relative to it: pin that too
+        config = read_config(base_step)
+        pin_base(base_of(base_step, config), tmp)
+        config[LORA_KEY]["base"] = PINNED_BASE
+        (tmp / MODEL_CONFIG).unlink()
+        write_atomic(tmp / MODEL_CONFIG, json.dumps(config, indent=2))
+    run_manifest = base_step.parent / MANIFEST
+    if run_manifest.is_file():
+        shutil.copyfile(run_manifest, tmp / MANIFEST)
+    shutil.rmtree(pin, ignore_errors=True)
+    os.replace(tmp, pin)
+    return pin
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    for entry in src.iterdir():
+        if entry.is_dir():
+            if entry.name not in (DEEPSPEED, PINNED_BASE):
+                _link_tree(entry, dest / entry.name)
+        else:
+            link_or_copy(entry, dest / entry.name)
+
+
+def pinned_start(run_dir: Path, art, step_dir: Path):
+    """(artifact, step folder) a LoRA run continuing in `run_dir` starts from: its pinned base,
+    whatever the run --from names (`art`, `step_dir`) has done since; (art, step_dir) when the
+    run has no checkpoint yet. Says so when the two differ."""
+    run_dir = Path(run_dir)
+    pin = run_dir / PINNED_BASE
+    if not (pin / MANIFEST).is_file() or not any(is_complete(p) for p in step_dirs(run_dir)):
+        return art, step_dir
+    pinned = Artifact.open(pin)
+    if weights_fingerprint(pin) != weights_fingerprint(step_dir):
+        print(f"{run_dir.name}: continuing on its pinned base ({pin}); {step_dir} holds other weights "
+              f"now. --force trains new adapters on those", flush=True)
+    return pinned, pin

@@ -54,13 +54,17 @@ class GenerativeConfig(PostTrainConfig):
 
 # -- the starting checkpoint ---------------------------------------------------------------
 
-def post_training_inputs(ctx, base: str, data_default: str, eval_data: str | None):
-    """(start artifact, its step folder, data artifact, --eval artifact or None) of a stage that
-    fine-tunes checkpoint `base` on --in (default `data_default`)."""
-    from llmkit.train.loading import starting_weights
+DEFAULT_DATA = {"sft": "sft_train", "rm": "pref_train", "dpo": "pref_train", "ppo": "prompts_train"}
 
-    base_art, base_step = starting_weights(ctx.workspace, base)
-    data_art = ctx.input(default=data_default)
+
+def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None):
+    """(start artifact, its step folder, data artifact, --eval artifact or None) of `stage`
+    fine-tuning checkpoint `base` (a continued LoRA run: the base it pinned) on --in (default
+    `DEFAULT_DATA[stage]`)."""
+    from llmkit.train.loading import run_start
+
+    base_art, base_step = run_start(ctx, stage, cfg, base)
+    data_art = ctx.input(default=DEFAULT_DATA[stage])
     return base_art, base_step, data_art, ctx.workspace.artifact(eval_data) if eval_data else None
 
 

@@ -471,7 +471,7 @@ def ppo_summary(s: dict) -> list[tuple]:
 
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
     """`llmkit ppo`: PPO or GRPO of checkpoint `policy` on the prompts of --in (prompts_train)."""
-    policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, policy, "prompts_train", eval_data)
+    policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, "ppo", cfg, policy, eval_data)
     rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
     mode = reward_mode(cfg.reward, rm_art is not None)
 

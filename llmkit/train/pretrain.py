@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.config import TrainConfig
-from llmkit.train.loading import starting_weights
+from llmkit.train.loading import run_start
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import Task
 
@@ -201,7 +201,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     the checkpoint run `pretrain`; --from starts from a checkpoint's weights and architecture."""
     tokens_art = ctx.input(default="tokens")
     tokenizer_art, tokenizer_dir = tokenizer_of(tokens_art, ctx.workspace)
-    from_art, from_step = starting_weights(ctx.workspace, from_) if from_ is not None else (None, None)
+    from_art, from_step = run_start(ctx, "pretrain", cfg, from_) if from_ is not None else (None, None)
 
     def prepare() -> Fit:
         model = pretrain_start(cfg, tokens_art.manifest["stats"]["vocab_size"], from_step,

@@ -95,7 +95,7 @@ def rm_summary(stats: dict) -> list[tuple]:
 
 def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
     """`llmkit rm`: a reward model from checkpoint `base` on the preference pairs of --in."""
-    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, base, "pref_train", eval_data)
+    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, "rm", cfg, base, eval_data)
 
     def prepare() -> Fit:
         trunk, tokenizer = load_start(base_step, cfg)

@@ -59,7 +59,7 @@ def sft_summary(stats: dict) -> list[tuple]:
 
 def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
     """`llmkit sft`: fine-tune checkpoint `base` on the SFT dataset of --in (default sft_train)."""
-    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, base, "sft_train", eval_data)
+    base_art, base_step, data_art, eval_art = post_training_inputs(ctx, "sft", cfg, base, eval_data)
 
     def prepare() -> Fit:
         model, tokenizer = load_start(base_step, cfg)

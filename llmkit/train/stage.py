@@ -63,6 +63,8 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
     if cfg.lora.enabled:
         add_lora(fit, cfg)
     with training_run(b, plan) as dist:
+        if cfg.lora.enabled:
+            pin_lora_base(fit, b.final, dist.is_main)
         if fit.model is not None:
             fit.model.to(dist.device)
         before = fit.score(fit.model, dist) if fit.score else {}
@@ -92,3 +94,13 @@ def add_lora(fit: Fit, cfg) -> None:
                           "(--from), or set lora.r=0")
     add_adapters(fit.model, cfg.lora, fit.start, seed=cfg.seed)
     fit.stats.update(trainable_share(fit.model))
+
+
+def pin_lora_base(fit: Fit, run_dir: Path, is_main: bool) -> None:
+    """The adapters name the run's pin of their base (`lora.pin_base`), made by the main process
+    once the run folder is started."""
+    from llmkit.train.lora import PINNED_BASE, adapters_of, pin_base
+
+    if is_main:
+        pin_base(fit.start, run_dir)
+    adapters_of(fit.model).base = (Path(run_dir) / PINNED_BASE).resolve()

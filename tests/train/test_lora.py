@@ -157,8 +157,10 @@ def test_sft_with_lora_trains_only_the_adapters(make_ctx, ws, monkeypatch):
     assert adapter_config["peft_type"] == "LORA" and adapter_config["r"] == 4
     assert adapter_config["task_type"] == "CAUSAL_LM"
     base = json.loads((step / ckpt.MODEL_CONFIG).read_text())["llmkit_lora"]
-    assert base == {"base": f"../../pretrain/{BASE_STEP}",
+    assert base == {"base": f"../{lora.PINNED_BASE}",
                     "base_fingerprint": lora.weights_fingerprint(ws / "pretrain" / BASE_STEP)}
+    pinned = ws / "sft" / lora.PINNED_BASE  # hard links: no second copy of the base on disk
+    assert (pinned / ckpt.WEIGHTS).stat().st_ino == (ws / "pretrain" / BASE_STEP / ckpt.WEIGHTS).stat().st_ino
     ds_module = ckpt.safe_torch_load(next((step / ckpt.DEEPSPEED).rglob("*model_states.pt")))["module"]
     assert ds_module and all(".lora_" in n for n in ds_module)  # no frozen weights in the resume state
 
@@ -196,9 +198,10 @@ def test_generate_and_eval_read_a_lora_run(make_ctx, ws, monkeypatch):
     assert json.loads((ws / "eval" / "sft" / "results.json").read_text())["generation"]
 
 
-def test_a_base_that_changed_is_refused(make_ctx, ws, tok):
+def test_a_pinned_base_that_changed_is_refused(make_ctx, ws, tok):
     train(make_ctx, "sft", "max_steps=2")
-    base_step = ws / "pretrain" / BASE_STEP
+    base_step = ws / "sft" / lora.PINNED_BASE
+    (base_step / ckpt.WEIGHTS).unlink()  # a hard link: replaced, not written through
     other = tiny_model(tok.vocab_size, seed=7).state_dict(keep_vars=True)
     ckpt.save_weights(base_step / ckpt.WEIGHTS, {k: v.detach() for k, v in other.items()},
                       ckpt.tied_groups(other))
@@ -206,6 +209,63 @@ def test_a_base_that_changed_is_refused(make_ctx, ws, tok):
         load_model(ws / "sft")
     with pytest.raises(UserError, match="trained on other weights"):  # nor is the run continued
         train(make_ctx, "sft", "max_steps=4")
+
+
+def test_the_base_is_pinned_when_its_run_moves_on_or_starts_over(make_ctx, ws, tok, capsys):
+    """A LoRA run keeps its base (hard links in RUN/base/) when the base run is extended with
+    keep_last=1 (pruning the step the adapters were trained on) or retrained with --force: it
+    still loads, generates, exports and continues — on the weights it was trained on."""
+    from typer.testing import CliRunner
+
+    from llmkit.cli.app import build_app
+    from llmkit.status import artifact_status
+
+    full = ("lora.r=0", "save_every=2", "keep_last=1")
+    train(make_ctx, "sft", "max_steps=2", *full, out="base")
+    train(make_ctx, "sft", "max_steps=2", out="adapted", base="base")
+    trained = logits(load_model(ws / "adapted")[0])
+    train(make_ctx, "sft", "max_steps=4", *full, out="base")
+    assert not (ws / "base" / "step-00000002").exists()  # pruned: the adapters' base step is gone
+    assert artifact_status(ws / "adapted", ws).state == "done"  # it holds its base
+    torch.testing.assert_close(logits(load_model(ws / "adapted")[0]), trained, rtol=0, atol=0)
+    cli = CliRunner()
+    for args in (["generate", "--from", "adapted", "--prompt", "1+1", "--set", "max_new_tokens=2"],
+                 ["export", "--from", "adapted", "--out", "export/adapted"]):
+        done = cli.invoke(build_app(), [args[0], "-w", str(ws), *args[1:]])
+        assert done.exit_code == 0, done.output
+
+    capsys.readouterr()
+    train(make_ctx, "sft", "max_steps=4", out="adapted", base="base")  # continued on its pin
+    assert "continuing on its pinned base" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(ws / "adapted") if "loss" in r][-2:] == [3, 4]
+    step = ckpt.resolve_step_dir(ws / "adapted")
+    assert lora.base_of(step) == ws / "adapted" / lora.PINNED_BASE
+    assert lora.weights_fingerprint(lora.base_of(step)) == lora.read_config(step)[lora.LORA_KEY]["base_fingerprint"]
+
+    before = logits(load_model(ws / "adapted")[0])
+    make_ctx_force = lambda **kw: make_ctx(force=True, **kw)  # noqa: E731
+    train(make_ctx_force, "sft", "max_steps=2", "seed=3", *full, out="base")  # started over
+    torch.testing.assert_close(logits(load_model(ws / "adapted")[0]), before, rtol=0, atol=0)
+
+
+def test_an_artifact_of_another_stage_is_never_replaced_without_force(make_ctx, ws):
+    from typer.testing import CliRunner
+
+    from llmkit.cli.app import build_app
+
+    train(make_ctx, "sft", "max_steps=2", "lora.r=0")
+    cli = CliRunner()
+    data = Path(__file__).resolve().parents[2] / "recipes/demo/data/tasks/sft_train.jsonl"
+    done = cli.invoke(build_app(), ["ingest", "-w", str(ws), str(data), "--kind", "sft", "--out", "sft"])
+    assert done.exit_code == 2 and "built by `llmkit sft`" in done.output and "--force" in done.output
+    assert ckpt.is_complete(ws / "sft" / "step-00000002")
+    with pytest.raises(UserError, match="built by `llmkit ingest`"):  # a run over a dataset
+        train(make_ctx, "sft", "max_steps=2", "lora.r=0", out="pref_train")
+    assert (ws / "pref_train" / "part-00000.parquet").is_file()
+    done = cli.invoke(build_app(), ["ingest", "-w", str(ws), str(data), "--kind", "sft", "--out", "sft",
+                                    "--force"])
+    assert done.exit_code == 0, done.output
+    assert not (ws / "sft" / "step-00000002").exists()
 
 
 def test_zero3_lora_trains_like_zero0(make_ctx, ws):
@@ -254,7 +314,8 @@ def test_continued_pretraining_with_lora_trains_adapters_of_its_from_checkpoint(
     pretrain(ws, *short, *LORA, extra=["--from", "pretrain", "--out", "more"])
     step = ckpt.resolve_step_dir(ws / "more")
     assert (step / ckpt.ADAPTER_WEIGHTS).is_file() and not (step / ckpt.WEIGHTS).exists()
-    assert lora.base_of(step) == ws / "pretrain" / "step-00000002"
+    assert lora.base_of(step) == ws / "more" / lora.PINNED_BASE
+    assert lora.weights_fingerprint(lora.base_of(step)) == lora.weights_fingerprint(ws / "pretrain" / "step-00000002")
     merged, _ = load_model(ws / "more")
     base, _ = load_model(ws / "pretrain")
     assert not torch.equal(logits(merged), logits(base))
