@@ -7,11 +7,14 @@ be run again from scratch with the same result, and be skipped once sealed. The 
 chooses where the pending tasks run; the driver (the `llmkit` command) then assembles the
 artifact from the sealed task outputs, the same way whichever executor ran them.
 
-`ray` connects to a running cluster (`ray.address: auto` for the one `ray start --head` runs,
-or `ray://HOST:10001`) or starts a local one. A task is a Ray task reserving
+`ray` joins the cluster `ray.address` names (`auto` for the one `ray start --head` runs, or
+`ray://HOST:10001`), else starts a private local one, never another cluster found on the machine
+(`RAY_ADDRESS`, the last `ray start`). A task is a Ray task reserving
 `ray.cpus_per_task` CPUs (and `ray.gpus_per_task` GPUs); Ray runs a task again when its worker
-process dies (`ray.max_retries`). Every node must see the workspace at the same path: each
-task first reads a token the driver wrote there and fails with a clear error when it cannot.
+process dies (`ray.max_retries`). Every node must see the workspace at the same path, and a
+task's working directory is not the driver's: the driver gives tasks absolute paths, and each
+task first reads a token the driver wrote at the very path it uses, failing with a clear error
+when it cannot.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from llmkit.errors import ConfigError, UserError
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = "pip install 'llmkit[ray]'"
+RAY_INIT = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
 # A field with this metadata says where or how a stage runs, not what it computes: it is in
 # config.yaml but not in the artifact's fingerprint (llmkit.workspace.Builder).
 RUN_OPTION = {"fingerprint": False}
@@ -34,8 +38,8 @@ RUN_OPTION = {"fingerprint": False}
 
 @dataclass
 class RayConfig:
-    address: str | None = None  # a running cluster: "auto" (`ray start --head` here), ray://HOST:10001; null: start a local one
-    num_cpus: int | None = None  # CPUs of the local cluster started when address is null (null: all)
+    address: str | None = None  # a running cluster: auto (`ray start --head` here), ray://HOST:10001; null: a private local one
+    num_cpus: int | None = None  # CPUs of the private local cluster (address null); null: all
     cpus_per_task: float = 1.0  # CPUs Ray reserves for each task
     gpus_per_task: float = 0.0  # GPUs Ray reserves for each task (ppl-filter on GPUs: 1)
     max_retries: int = 3  # a task whose worker process died runs again, up to this many times
@@ -46,6 +50,10 @@ class RayConfig:
                               "ray.max_retries ≥ 0")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError(f"ray.num_cpus must be ≥ 1 or null, got {self.num_cpus}")
+        if self.num_cpus is not None and self.address:
+            raise ConfigError(f"ray.num_cpus sizes the local cluster started without an address; "
+                              f"the cluster at ray.address={self.address!r} has its own CPUs: "
+                              "unset one of the two")
 
 
 def executor_field():
@@ -138,18 +146,42 @@ def _run_on_ray(fn, items, cfg: RayConfig, work_dir: Path | None, bar, check=Non
 
 
 def connect(ray, cfg: RayConfig) -> None:
+    """Join the cluster `ray.address` names, else start a private local one: `ray.init()`
+    without an address would join whatever `RAY_ADDRESS` or the machine's last `ray start`
+    names, someone else's cluster perhaps. A process that already runs Ray keeps its own."""
     if ray.is_initialized():
         return
-    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         if cfg.address:
-            ray.init(address=cfg.address, **kwargs)
+            ray.init(address=cfg.address, **RAY_INIT)
         else:
-            ray.init(num_cpus=cfg.num_cpus, **kwargs)
-    except ConnectionError as e:
-        raise UserError(f"cannot reach the Ray cluster at ray.address={cfg.address!r} ({e}); "
-                        "start one (`ray start --head`) or leave ray.address unset for a local "
-                        "one") from None
+            ray.init(address="local", num_cpus=cfg.num_cpus, **RAY_INIT)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+        raise UserError(_init_failed(cfg, e)) from None
+    print(f"ray: {_where(ray, cfg)}", flush=True)
+
+
+def _init_failed(cfg: RayConfig, e: Exception) -> str:
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if cfg.address:
+        return (f"cannot join the Ray cluster at ray.address={cfg.address!r} ({reason}); start "
+                "one (`ray start --head`), name a running one (HOST:6379, ray://HOST:10001), or "
+                "unset ray.address for a private local cluster")
+    return f"cannot start a local Ray cluster (ray.num_cpus={cfg.num_cpus}): {reason}"
+
+
+def _where(ray, cfg: RayConfig) -> str:
+    n = int(ray.cluster_resources().get("CPU", 0))
+    cpus = f"{n} CPU{'s' * (n != 1)}"
+    if not cfg.address:
+        return f"a local cluster of {cpus}, for this run only"
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    try:
+        found = ray.get_runtime_context().gcs_address  # what `auto` found
+    except Exception:  # a line of display never stops a run (a ray:// client may have none)
+        found = cfg.address
+    named = "" if found == cfg.address else f" (ray.address={cfg.address})"
+    return f"the cluster at {found}{named}: {nodes} node{'s' * (nodes != 1)}, {cpus}"
 
 
 def _result(ray, ref):
@@ -167,8 +199,9 @@ VISIBILITY_FILE = "executor-token"
 
 
 def write_visibility_token(work_dir: Path) -> tuple[str, str]:
-    """Leave a fresh token in the work area; the tasks check they can read it (`see_workspace`)."""
-    work_dir = Path(work_dir).resolve()
+    """Leave a fresh token in the work area; the tasks check they can read it (`see_workspace`)
+    at `work_dir` as given, the path they write to (resolved, it would pass where theirs fails)."""
+    work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(8)
     (work_dir / VISIBILITY_FILE).write_text(token)
@@ -186,10 +219,13 @@ def see_workspace(check: tuple[str, str] | None) -> None:
     except OSError:
         seen = None
     if seen != token:
+        relative = ("" if Path(work_dir).is_absolute() else
+                    f" (a relative path, here read from {os.getcwd()}: give the workspace as an "
+                    "absolute path)")
         raise UserError(f"a Ray task on {socket.gethostname()} (pid {os.getpid()}) cannot see the "
-                        f"workspace's work area {work_dir}: every node must mount the workspace "
-                        "at the same path (NFS, Lustre, a shared volume); see the README's "
-                        "'Data stages on a cluster'")
+                        f"workspace's work area {work_dir}{relative}: every node must mount the "
+                        "workspace at the same path (NFS, Lustre, a shared volume); see the "
+                        "README's 'Scaling out'")
 
 
 def _ray_task(fn, item, check):

@@ -1,6 +1,9 @@
 """llmkit.executor: where a stage's tasks run, and what stays the same wherever they do."""
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -41,6 +44,38 @@ def test_where_a_stage_runs_is_recorded_but_not_fingerprinted(tmp_path):
     assert there.config["executor"] == "ray" and there.config["ray"]["address"] == "auto"
 
 
+def test_the_work_area_is_checked_at_the_very_path_tasks_use(tmp_path, monkeypatch):
+    """A relative path is what a task in another working directory (a Ray worker's is where its
+    cluster started) fails on: the check must fail there too, saying why."""
+    monkeypatch.chdir(tmp_path)
+    check = write_visibility_token(Path("ws/.work/clean-x"))
+    assert check[0] == "ws/.work/clean-x"
+    see_workspace(check)
+    monkeypatch.chdir(tmp_path / "ws")
+    with pytest.raises(UserError, match="ws/.work/clean-x \\(a relative path, here read from "):
+        see_workspace(check)
+
+
+def test_a_cluster_that_cannot_be_joined_is_an_error_naming_the_setting(tmp_path):
+    docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
+    r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"),
+                                         "--executor", "ray", "--set", "ray.address=nohost"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "cannot join the Ray cluster at ray.address='nohost' (Invalid address format" in r.output
+
+
+def test_a_broken_ray_install_fails_the_ray_tests_instead_of_skipping_them(tmp_path):
+    (tmp_path / "ray").mkdir()
+    # a dependency of Ray missing: ModuleNotFoundError, which importorskip took for "no Ray"
+    (tmp_path / "ray" / "__init__.py").write_text("import a_dependency_of_ray_not_installed\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                        "-p", "no:cacheprovider", str(root / "tests/data/test_on_ray.py")],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "a_dependency_of_ray_not_installed" in r.stdout, r.stdout[-2000:]
+
+
 def test_a_process_that_does_not_see_the_work_area_is_told_why(tmp_path):
     check = write_visibility_token(tmp_path / "work")
     see_workspace(check)  # the driver's own view
@@ -63,7 +98,8 @@ def test_each_local_worker_process_has_a_slot_of_its_own(tmp_path):
     assert files[0].read_text() == "None"
 
 
-@pytest.mark.parametrize("bad", [{"cpus_per_task": 0}, {"max_retries": -1}, {"num_cpus": 0}])
+@pytest.mark.parametrize("bad", [{"cpus_per_task": 0}, {"max_retries": -1}, {"num_cpus": 0},
+                                 {"address": "auto", "num_cpus": 2}])
 def test_ray_settings_are_checked(bad):
     from llmkit.errors import ConfigError
 

@@ -7,8 +7,10 @@ function), so that `ctx.config()` reads that stage's config and recipe section, 
 errors into exit code 2 with a one-line message.
 """
 
+import dataclasses
 import functools
 import inspect
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,6 +19,7 @@ import typer
 
 from llmkit.errors import UserError
 from llmkit.stages import stage_of_function
+from llmkit.workspace import Workspace
 
 WORKSPACE = [
     ("workspace", Annotated[Optional[Path], typer.Option(
@@ -94,12 +97,23 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
                 inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),
                 workers=common.get("workers", 1), rank=common.get("rank"),
                 world_size=common.get("world_size"), stage=stage)
-            return fn(ctx, **kwargs)
+            return fn(absolute_paths(ctx) if sharded else ctx, **kwargs)
 
     del command.__wrapped__  # typer must see the new signature, not fn's
     command.__signature__ = inspect.Signature(own + added)
     command.__annotations__ = {p.name: p.annotation for p in own + added}
     return command
+
+
+def absolute_paths(ctx):
+    """`ctx` with its workspace and its --in paths absolute. A stage made of tasks hands them
+    paths that may be read elsewhere: a Ray worker's working directory is where its cluster was
+    started, not here. --in names stay names (looked up in the workspace)."""
+    def absolute(name: str) -> str:
+        return os.path.abspath(name) if os.sep in name else name
+
+    return dataclasses.replace(ctx, workspace=Workspace(os.path.abspath(ctx.workspace.root)),
+                               inputs=[absolute(name) for name in ctx.inputs])
 
 
 class user_errors:

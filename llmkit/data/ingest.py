@@ -328,22 +328,23 @@ def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
 @dataclass(frozen=True)
 class IngestTasks(FolderTasks):
     """Task K reads file group K into `root/part-K/` (kept/, removed/); its marker holds what
-    it counted (`read_group`)."""
+    it counted (`read_group`). Relative paths are read from the driver's directory `cwd`."""
     root: Path
     groups: list
     cfg: IngestConfig
+    cwd: Path
 
     def __len__(self) -> int:
         return len(self.groups)
 
     def build(self, k: int, tmp: Path) -> dict:
         return read_group(self.groups[k], self.cfg, DatasetWriter(tmp / "kept"),
-                          DatasetWriter(tmp / "removed"))
+                          DatasetWriter(tmp / "removed"), self.cwd)
 
 
-def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w) -> dict:
-    """Read, normalise and write the records of `files`; what was counted, as a task's marker
-    records it (conservation checked here)."""
+def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Path) -> dict:
+    """Read, normalise and write the records of `files` (relative ones read from `cwd`); what
+    was counted, as a task's marker records it (conservation checked here)."""
     reasons: Counter = Counter()
     per_source: Counter = Counter()
     # fields of the records without the text field, with the characters of their strings
@@ -353,7 +354,9 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w) -> dict:
     kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
     for path in files:
         source = cfg.source or _stem(path)
-        for n, (loc, rec) in enumerate(read_records(path, cfg)):
+        opened = Path(cwd, path)  # locations and generated ids name it as typed, read anywhere
+        for n, (loc, rec) in enumerate(read_records(opened, cfg)):
+            loc = str(path) + loc[len(str(opened)):]
             records += 1  # counted as read; checked below against what was written
             kill_point("ingest:record")
             rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
@@ -404,7 +407,8 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                               force=ctx.force)
     if b.up_to_date:
         return b
-    tasks = IngestTasks(b.work_dir / "files", file_groups(files, cfg.task_bytes), cfg)
+    tasks = IngestTasks(b.work_dir / "files", file_groups(files, cfg.task_bytes), cfg,
+                        Path.cwd())
     b.start_work(len(tasks), "tasks")
     if ctx.rank is not None:
         run_rank_tasks(ctx, cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,

@@ -1,14 +1,15 @@
 #!/bin/bash
 # The data stages as a chain of Slurm jobs, each after the one before succeeded:
 #   LLMKIT_WORKSPACE=/shared/ws recipes/slurm/submit.sh 'corpus/*.jsonl.zst'
-# TASKS=N sets every array's size (default 16); PPL_MODEL=RUN adds ppl-filter (on GPUs)
-# between dedup and tokenize; TOKENIZER names the tokenizer artifact (default tokenizer).
+# TASKS=N splits every stage into N ranks (default 16: arrays 0-15); PPL_MODEL=RUN adds
+# ppl-filter (on GPUs) between dedup and tokenize; TOKENIZER names the tokenizer artifact
+# (default tokenizer).
 set -euo pipefail
 : "${LLMKIT_WORKSPACE:?export LLMKIT_WORKSPACE=<the workspace, on storage every node mounts>}"
 export LLMKIT_WORKSPACE
 HERE=$(cd "$(dirname "$0")" && pwd)
-LAST=${TASKS:-16}
-LAST=$((LAST - 1))
+export TASKS=${TASKS:-16}  # each job's --world-size, whatever its array
+LAST=$((TASKS - 1))
 after=()
 
 submit() {  # submit [sbatch options] SCRIPT ARGS…: the job id; later jobs wait for it
