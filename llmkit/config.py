@@ -68,7 +68,25 @@ def resolve_config(cls, *layers: dict | None, _path: str = ""):
             if not isinstance(layer, dict):
                 raise ConfigError(f"{_path or cls.__name__}: expected a mapping, got {layer!r}")
             _deep_update(merged, layer)
-    return _build(cls, merged, _path)
+    try:
+        return _build(cls, merged, _path)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{_untyped_partners(str(e), cls, merged)}") from None
+
+
+def _untyped_partners(message: str, cls, values: dict) -> str:
+    """For a check across settings that --set broke (`warmup_steps (10) exceeds max_steps (6)`
+    after --set max_steps=6): the other settings it names, which come from a recipe or the
+    defaults, and how to change them too."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init and re.search(rf"\b{f.name}\b", message)]
+    typed = [n for n in names if isinstance(values.get(n), _Raw)]
+    others = [n for n in names if n not in typed]
+    if not typed or not others:
+        return ""
+    where = " and ".join(f"{n}={yaml_value(values[n])} (the recipe's)" if n in values else
+                         f"{n} (its default)" for n in others)
+    return f"; --set {typed[0]}={values[typed[0]]} meets {where}: set that too, e.g. " + \
+        " ".join(f"--set {n}=…" for n in others)
 
 
 def _deep_update(base: dict, new: dict) -> None:
@@ -119,11 +137,27 @@ def _dataclass_in(tp):
     return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
 
 
+# names other trainers give llmkit's settings (transformers' TrainingArguments, TRL, peft):
+# no spelling distance leads from one to the other
+ALIASES = {
+    "learning_rate": "lr", "min_learning_rate": "min_lr", "max_grad_norm": "grad_clip",
+    "per_device_train_batch_size": "micro_batch_size", "batch_size": "micro_batch_size",
+    "gradient_accumulation_steps": "grad_accum", "gradient_checkpointing": "activation_checkpointing",
+    "max_seq_length": "seq_len", "max_length": "seq_len", "block_size": "seq_len",
+    "logging_steps": "log_every", "save_steps": "save_every", "eval_steps": "eval_every",
+    "save_total_limit": "keep_last", "warmup": "warmup_steps", "num_threads": "threads",
+    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+    "target_modules": "lora.target", "lora_target": "lora.target",
+}
+
+
 def _suggest(key: str, cls, path: str) -> str:
     # matched against dotted keys and their last parts, so that `threshold` (a field given without
     # its section) finds `minhash.threshold`, and every section holding the best match is named
     keys = dotted_keys(cls)
     last = {k: k.rsplit(".", 1)[-1] for k in keys}
+    if ALIASES.get(key) in keys:
+        return f"; did you mean {path + ALIASES[key]!r} (what llmkit calls {key})?"
     best = difflib.get_close_matches(key, sorted(set(keys) | set(last.values())), n=1, cutoff=0.5)
     close = [k for k in keys if best and best[0] in (k, last[k])]
     if close:

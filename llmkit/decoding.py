@@ -88,6 +88,17 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
     return tokens
 
 
+def reply_text(tokenizer, ids: list[int], cut: bool) -> str:
+    """The text of reply tokens. A reply `cut` at the token limit may end inside a character that
+    the tokenizer spells in several tokens (byte-level BPE, byte fallback): the first bytes of it
+    decode to U+FFFD, and are dropped rather than shown."""
+    text = tokenizer.decode(ids)
+    return text.rstrip(INCOMPLETE) if cut else text
+
+
+INCOMPLETE = "\ufffd"  # what a decoder gives for bytes that are not (yet) a whole character
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (ids [N, P], attention mask [N, P]) padded on the left, as generation needs."""
     width = max(len(s) for s in sequences)

@@ -25,7 +25,8 @@ class GenerateConfig:
     greedy: bool = False  # always take the likeliest token (temperature, top_k, top_p unused)
     seed: int = 0  # sampling seed: the same seed, prompts and batch_size give the same text
     chat: bool | None = None  # wrap each prompt as a user turn of the chat template; None: when the
-    #                           checkpoint was trained on chats (an sft / dpo / ppo run)
+    #                           checkpoint was trained on chats (an sft / dpo / ppo run, or an imported
+    #                           model whose tokenizer has a chat template)
     batch_size: int = 8  # prompts generated together (left-padded)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
 
@@ -45,11 +46,11 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     token), `new_tokens`, `stopped` (a stop token ended it) and `prompt_truncated`.
 
     A prompt is a string (plain text, or a user turn when chat) or a list of chat messages; chat
-    is cfg.chat, or when that is None `model.trained_on_chats` (set by `load`).
-    Prompts longer than max_seq_len - max_new_tokens keep their last tokens."""
+    is `uses_chat_template(model, cfg)`. Prompts longer than max_seq_len - max_new_tokens keep
+    their last tokens; a completion cut at max_new_tokens inside a character drops its part."""
     import torch
 
-    from llmkit.decoding import generate, left_pad
+    from llmkit.decoding import generate, left_pad, reply_text
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:
@@ -57,7 +58,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                           f"model's max_seq_len={model.config.max_seq_len}; lower it")
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    template = cfg.chat if cfg.chat is not None else getattr(model, "trained_on_chats", False)
+    template = uses_chat_template(model, cfg)
     chat = template or any(not isinstance(p, str) for p in prompts)
     stop_ids = set(tokenizer.stop_ids)
     records = []
@@ -72,10 +73,18 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                        attention_mask=mask.to(device), generator=generator)
         for prompt, prompt_ids, new in zip(batch, encoded, out[:, width:].tolist()):
             end = next((i for i, t in enumerate(new) if t in stop_ids), None)
-            records.append({"prompt": prompt, "completion": tokenizer.decode(new[:end]),
+            completion = reply_text(tokenizer, new[:end], cut=end is None)
+            records.append({"prompt": prompt, "completion": completion,
                             "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
                             "prompt_truncated": len(prompt_ids) > width})
     return records
+
+
+def uses_chat_template(model, cfg: GenerateConfig) -> bool:
+    """cfg.chat, or when that is None `model.trained_on_chats` (set by `load`: an sft / dpo / ppo
+    run, or an imported model whose tokenizer has a chat template, as llama.cpp and Ollama prompt
+    a model file that carries one)."""
+    return cfg.chat if cfg.chat is not None else getattr(model, "trained_on_chats", False)
 
 
 def generate(model, tokenizer, prompts, **options):
@@ -103,6 +112,21 @@ def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
     if chat:
         return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
     return tokenizer.document_start_ids() + tokenizer.encode(prompt)
+
+
+def warn_if_empty(records: list[dict], chat: bool) -> None:
+    """A warning on stderr when completions are empty (the model ended its reply at once), with
+    the prompt format to try instead."""
+    empty = [n for n, r in enumerate(records, 1) if not r["completion"].strip()]
+    if not empty:
+        return
+    which = "every completion is" if len(empty) == len(records) else \
+        f"{len(empty)} of {len(records)} completions (prompt {', '.join(map(str, empty[:5]))}) are"
+    hint = ("the prompts went through the chat template; a model trained on plain text may do "
+            "better with --set chat=false") if chat else \
+        ("the prompts went in as plain text; an instruct or chat model answers through its chat "
+         "template: --set chat=true")
+    print(f"warning: {which} empty: the model ended its reply at once. {hint}", file=sys.stderr)
 
 
 def read_prompts(path) -> list:
@@ -135,12 +159,14 @@ def run_generate(ctx, cfg: GenerateConfig, source: str, prompts: list, output=No
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load(source, device=device, workspace=ctx.workspace.root)
     if cfg.chat is None and model.trained_on_chats:
-        print(f"{source} was trained on chats: prompts go through the chat template (--set chat=false "
-              "for plain text)", file=sys.stderr)
+        print(f"{source} was trained on chats (an sft / dpo / ppo run, or an imported model whose "
+              "tokenizer has a chat template): prompts go through the chat template (--set "
+              "chat=false for plain text)", file=sys.stderr)
     records = generate_texts(model, tokenizer, prompts, cfg)
     for record in records:
         shown = record["prompt"] if isinstance(record["prompt"], str) else record["prompt"][-1]["content"]
         print(f">>> {shown}\n{record['completion']}\n")
+    warn_if_empty(records, uses_chat_template(model, cfg) or any(not isinstance(p, str) for p in prompts))
     if output is not None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         with open(output, "w", encoding="utf-8") as f:

@@ -214,3 +214,29 @@ def test_default_warmup_is_a_share_of_a_run_shorter_than_it():
         resolve_config(PretrainConfig, parse_overrides(["max_steps=20", "warmup_steps=30"]))
     # the fingerprinted config of a run with the default warmup is what it was before `None`
     assert config_to_dict(PretrainConfig())["warmup_steps"] == 100
+
+
+# -- messages that say what to type -------------------------------------------------------------
+
+def test_another_trainers_name_of_a_setting_suggests_llmkits():
+    from llmkit.train.sft import SftConfig
+
+    for theirs, ours in [("learning_rate", "lr"), ("gradient_accumulation_steps", "grad_accum"),
+                         ("lora_r", "lora.r"), ("max_seq_length", "seq_len")]:
+        with pytest.raises(ConfigError, match=rf"unknown key '{theirs}'; did you mean '{ours}'"):
+            resolve_config(SftConfig, parse_overrides([f"{theirs}=1"]))
+
+
+def test_a_set_value_that_breaks_a_check_with_a_recipe_value_names_the_recipe_setting_to_change():
+    from llmkit.train.sft import SftConfig
+
+    recipe = {"max_steps": 150, "warmup_steps": 10}
+    with pytest.raises(ConfigError) as raised:
+        resolve_config(SftConfig, recipe, parse_overrides(["max_steps=6"]))
+    assert str(raised.value) == ("warmup_steps (10) exceeds max_steps (6); --set max_steps=6 meets "
+                                 "warmup_steps=10 (the recipe's): set that too, e.g. --set warmup_steps=…")
+    with pytest.raises(ConfigError) as raised:  # both typed: the message is enough
+        resolve_config(SftConfig, recipe, parse_overrides(["max_steps=6", "warmup_steps=8"]))
+    assert str(raised.value) == "warmup_steps (8) exceeds max_steps (6)"
+    with pytest.raises(ConfigError, match=r"meets lr \(its default\): set that too, e.g. --set lr=…"):
+        resolve_config(SftConfig, parse_overrides(["min_lr=1"]))

@@ -76,6 +76,25 @@ def one_per_prompt(rows: list[dict]) -> list[dict]:
     return out
 
 
+# what `llmkit ingest --kind K` reads (llmkit.data.ingest), said when no record had that shape
+ACCEPTED = {
+    "sft": "--kind sft reads `messages` (a list of {role, content} with an assistant turn), or "
+           "`prompt` (or `instruction`, + `input`) with `response` (or `output`)",
+    "preference": "--kind preference reads `prompt` with `chosen` and `rejected`, or `prompt` "
+                  "with `responses` ranked best first",
+    "prompt": "--kind prompt reads `prompt` (or `instruction`)",
+}
+SHAPE_REASONS = ("malformed_messages", "malformed_responses", "no_assistant_turn", "record_not_object")
+
+
+def shape_hint(kind: str, reasons) -> dict[str, str]:
+    """`require_rows`' `explain` for the commonest reason a record did not have `kind`'s shape:
+    that reason followed by the shapes the kind reads."""
+    shaped = [r for r, _ in reasons.most_common() if kind in ACCEPTED and
+              (r.startswith(("missing_", "empty_", "non_string_")) or r in SHAPE_REASONS)]
+    return {shaped[0]: f"{shaped[0]} — {ACCEPTED[kind]}"} if shaped else {}
+
+
 # -- tokenisation --------------------------------------------------------------------------
 
 @dataclass

@@ -35,6 +35,7 @@ from llmkit.data.pipeline import FolderTasks
 from llmkit.errors import ConfigError, UserError
 from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
+from llmkit.data.chat import shape_hint
 from llmkit.workspace import kill_point
 
 FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
@@ -270,7 +271,7 @@ def _sft_row(rec: dict) -> list[dict] | str:
         return [{"messages": msgs, "prompt": None, "response": None, "text": text}]
     prompt = _text(rec.get("prompt")) or _text(rec.get("instruction"))
     if prompt is None:
-        return _missing(rec, "prompt" if "prompt" in rec else "instruction")
+        return _missing(rec, "instruction" if "instruction" in rec else "prompt")
     if _text(rec.get("input")):
         prompt = f"{prompt}\n\n{rec['input']}"
     response = _text(rec.get("response")) or _text(rec.get("output"))
@@ -435,7 +436,8 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                   "re-run with --set encoding=gb18030", flush=True)
         require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),
                      first_removed=first_removed, unit="records",
-                     explain={f"missing_{cfg.text_field}": _missing_field(cfg, total["fields_seen"]),
+                     explain={**shape_hint(cfg.kind, total["reasons"]),
+                              f"missing_{cfg.text_field}": _missing_field(cfg, total["fields_seen"]),
                               "invalid_utf8": "invalid_utf8 (GBK/GB18030 files: --set "
                                               "encoding=gb18030)"})
     data_stage_summary(b.name, b.stats, time.time() - b.started)

@@ -158,7 +158,7 @@ def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
 def evaluate_generation(model, tokenizer, rows: list[dict], cfg: GenerationConfig, *, chat: bool,
                         device, name: str = "generation") -> tuple[dict, list[dict]]:
     """Metrics by language for one file, and the samples (prompt, references, reply, lang)."""
-    from llmkit.decoding import generate_replies
+    from llmkit.decoding import generate_replies, reply_text
 
     refs = [references_of(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
     langs = [language_of(r, ref) for r, ref in zip(rows, refs)]
@@ -167,7 +167,7 @@ def evaluate_generation(model, tokenizer, rows: list[dict], cfg: GenerationConfi
     replies = generate_replies(model.to(device).eval(), prompts, stop_ids=stop_ids,
                                pad_id=tokenizer.pad_id, max_new_tokens=cfg.max_new_tokens,
                                batch_size=cfg.batch_size)
-    texts = [tokenizer.decode(r) for r in replies]
+    texts = [reply_text(tokenizer, r, cut=len(r) == cfg.max_new_tokens) for r in replies]
     if not chat and cfg.stop_at_newline:
         texts = [t.strip("\n").split("\n", 1)[0] for t in texts]
     texts = [t.strip() for t in texts]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from llmkit.errors import ConfigError
+from llmkit.executor import RUN_OPTION
 from llmkit.train import checkpoint as ckpt
 from llmkit.train.lora import LoraConfig
 
@@ -41,6 +42,7 @@ class TrainConfig:
     max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
     resume_from: str | None = None  # step folder to resume from; None = the newest complete one
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
+    threads: int = field(default=0, metadata=RUN_OPTION)  # CPU threads; 0 = this process's free cores (OMP_NUM_THREADS wins)
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.r > 0): train those, the weights stay frozen
 
     # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
@@ -49,7 +51,7 @@ class TrainConfig:
     CONTINUABLE: ClassVar[frozenset] = frozenset({
         "max_steps", "lr", "min_lr", "warmup_steps", "grad_clip", "save_every", "keep_last",
         "eval_every", "eval_batches", "log_every", "max_bad_steps", "resume_from", "peak_flops",
-        "compile", "activation_checkpointing"})
+        "compile", "activation_checkpointing", "threads"})
 
     AUTO_WARMUP: ClassVar[int] = 100  # the warmup that warmup_steps=None gives a long enough run
 
@@ -64,7 +66,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "save_every", "keep_last", "eval_every", "weight_decay",
-                     "grad_clip", "min_lr"):
+                     "grad_clip", "min_lr", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:

@@ -37,9 +37,10 @@ from llmkit.train import checkpoint as ckpt
 from llmkit.train import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.distributed import barrier, seed_everything, setup_distributed
-from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu
+from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu, training_flops_per_token
 from llmkit.train.optim import deepspeed_config, make_optimizer
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task, to_device
+from llmkit.train.threads import CpuThreads
 
 log = logging.getLogger("llmkit.train")
 
@@ -97,18 +98,19 @@ class Engine:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.run_dir, enabled=self.dist.is_main)
         self.console = ConsoleLine(enabled=self.dist.is_main, max_steps=self.cfg.max_steps)
-        self._build()
-        resumed = self._resume()
-        if resumed is None:
-            seed_everything(self.cfg.seed + self.dist.rank)
-        self.metrics.resume_at(self.step)
-        handlers = self._catch_signals()
-        try:
-            self._train_loop()
-        finally:
-            self._restore_signals(handlers)
-            self.metrics.close()
-            self.console.close()
+        with CpuThreads.start(self.cfg.threads, self.dist, self.console.note) as self.threads:
+            self._build()
+            resumed = self._resume()
+            if resumed is None:
+                seed_everything(self.cfg.seed + self.dist.rank)
+            self.metrics.resume_at(self.step)
+            handlers = self._catch_signals()
+            try:
+                self._train_loop()
+            finally:
+                self._restore_signals(handlers)
+                self.metrics.close()
+                self.console.close()
         return FitResult(self.step, self.tokens_seen, self.skipped_steps, self.last_record,
                          ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None)
 
@@ -127,7 +129,7 @@ class Engine:
                                   "gradient_checkpointing switch")
             model.gradient_checkpointing = True
         self.n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.flops_per_token = self.task.flops_per_token() or 6 * self.n_params
+        self.flops_per_token = training_flops_per_token(model, self.task.flops_per_token())
         self.peak_flops = cfg.peak_flops or device_peak_flops(self.dist.device)
         if self.dist.device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs use tensor cores (TF32)
@@ -227,6 +229,7 @@ class Engine:
             self.step += 1
             last = self.step == cfg.max_steps
             tokens, stopping = record.pop("tokens"), record.pop("_stop")
+            self.threads.watch(record["step_s"])
             if self.step == 1:
                 self._warn_if_undertrained(tokens)
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
@@ -489,11 +492,7 @@ def _stacked(values: list, device):
 
 
 def _as_dict(config) -> dict:
-    if config is None:
-        return {}
-    if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    return dict(config)
+    return {} if config is None else dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
 
 
 def _write_json(path: Path, obj) -> None:

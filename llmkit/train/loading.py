@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.checkpoint import (TOKENIZER, is_complete, load_weights, resolve_step_dir,
-                                     step_dirs, step_of, weights_file)
+from llmkit.train.checkpoint import (MODEL_CONFIG, TOKENIZER, is_complete, load_weights,
+                                     resolve_step_dir, step_dirs, step_of, weights_file)
 
 CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
 
@@ -23,7 +23,7 @@ def load(name_or_path, device=None, workspace=None):
 
     The model is float32 on `device` (default CPU); `model(input_ids)` returns logits
     [batch, seq, vocab] and `generate` completes prompts. `model.trained_on_chats` says whether
-    the run was trained on chats (an sft / dpo / ppo run): `generate` then uses the chat template."""
+    it was trained on chats (`trained_on_chats`): `generate` then uses the chat template."""
     from llmkit.workspace import Workspace
 
     root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
@@ -33,17 +33,20 @@ def load(name_or_path, device=None, workspace=None):
         raise UserError(f"{step_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
                         f"vocab_size is {model.config.vocab_size}; the checkpoint's tokenizer/ folder "
                         "belongs to another model")
-    model.trained_on_chats = trained_on_chats(step_dir)
+    model.trained_on_chats = trained_on_chats(step_dir, tokenizer)
     return model, tokenizer
 
 
-def trained_on_chats(step_dir) -> bool:
-    """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its manifest."""
+def trained_on_chats(step_dir, tokenizer=None) -> bool:
+    """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its
+    manifest, or an imported model whose `tokenizer` has a chat template (an Instruct model;
+    llama.cpp and Ollama chat with a model file that carries one, too)."""
     from llmkit.workspace import MANIFEST, Artifact
 
     step_dir = Path(step_dir)
     run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
-    return run is not None and Artifact.open(run).stage in CHAT_STAGES
+    stage = Artifact.open(run).stage if run is not None else None
+    return stage in CHAT_STAGES or (stage == "import" and getattr(tokenizer, "chat_template", None) is not None)
 
 
 def load_model(path, device=None):
@@ -77,8 +80,12 @@ def check_language_model(config: dict, step_dir) -> None:
                         "pretrain / sft / dpo checkpoint (a reward model loads with "
                         "llmkit.train.loading.load_reward_model)")
     if "model_type" in config:
-        raise UserError(f"{step_dir} holds a Hugging Face transformers config.json; turn the folder into an "
-                        "llmkit checkpoint with `llmkit import --from DIR --out NAME` first")
+        raise UserError(transformers_folder_message(step_dir))
+
+
+def transformers_folder_message(path) -> str:
+    return (f"{path} holds a Hugging Face transformers config.json; turn the folder into an llmkit "
+            f"checkpoint with `llmkit import --from {path} --out NAME` first")
 
 
 def load_tokenizer(step_dir):
@@ -148,9 +155,18 @@ def starting_weights(workspace, from_: str):
 
     path = Path(from_)
     if weights_file(path).is_file():
+        if '"model_type"' in _text_or_empty(path / MODEL_CONFIG):  # a transformers folder: no run around it
+            raise UserError(transformers_folder_message(path))
         return Artifact.open(path.parent), path
     art = workspace.artifact(from_)
     return art, resolve_step_dir(art.path)
+
+
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def run_start(ctx, stage: str, cfg, from_: str):

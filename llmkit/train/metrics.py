@@ -51,15 +51,21 @@ def gpu_peak_flops(device_name: str) -> float | None:
     return GPU_PEAK_FLOPS[max(matches, key=len)] if matches else None
 
 
-@functools.cache
 def measured_cpu_peak_flops(size: int = 1024, repeats: int = 10) -> float:
-    """fp32 matmul FLOP/s of one thread, times the threads torch uses (measured once, ~0.3 s).
+    """fp32 matmul FLOP/s of one thread (measured once, ~0.3 s), times the threads torch uses now.
 
     One thread, because a measurement on all of them reads low whenever another process holds
     a core for that instant, and MFU then exceeds 100% once the core is free again. Even one
     thread reads low while a sibling hyperthread is busy, so the best rate ever measured on this
     CPU is remembered in the user's cache and used when higher.
     """
+    import torch
+
+    return torch.get_num_threads() * best_rate_seen(_one_thread_matmul_flops(size, repeats))
+
+
+@functools.cache
+def _one_thread_matmul_flops(size: int, repeats: int) -> float:
     import torch
 
     threads = torch.get_num_threads()
@@ -74,7 +80,7 @@ def measured_cpu_peak_flops(size: int = 1024, repeats: int = 10) -> float:
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
-    return threads * best_rate_seen(2 * size**3 / best)
+    return 2 * size**3 / best
 
 
 def best_rate_seen(rate: float) -> float:
@@ -137,6 +143,30 @@ def device_peak_flops(device: str) -> float:
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
     return flops_per_token * tokens_per_s / peak_flops
+
+
+def training_flops_per_token(model, all_trained: float | None) -> float:
+    """Training FLOPs per token of `model` as it trains: `all_trained` (the task's figure for a
+    model whose every weight trains: 6 per matmul weight, forward 2 and backward 4; None = 6 per
+    parameter) less 2 per frozen matmul weight. A frozen weight (LoRA's base) still runs its
+    forward and passes the gradient back to its input, but computes no gradient of its own."""
+    if all_trained is None:
+        all_trained = 6 * sum(p.numel() for p in model.parameters())
+    return all_trained - 2 * frozen_matmul_weights(model)
+
+
+def frozen_matmul_weights(model) -> float:
+    """The frozen `nn.Linear` weights of `model`; a mixture-of-experts layer's experts (a module
+    with `experts` and `top_k`) count for the share of tokens routed to each."""
+    import torch
+
+    share = {}
+    for module in model.modules():
+        experts, top_k = getattr(module, "experts", None), getattr(module, "top_k", None)
+        if isinstance(experts, torch.nn.ModuleList) and top_k:
+            share.update({id(m): top_k / len(experts) for m in experts.modules()})
+    return sum(m.weight.numel() * share.get(id(m), 1.0) for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad)
 
 
 class MetricsLog:

@@ -99,3 +99,84 @@ def test_a_run_trained_on_chats_gets_the_chat_template_unless_chat_false(ws):
     config = GenerateConfig(greedy=True, max_new_tokens=8, chat=False)
     [record] = generate_texts(model, tok, ["What is 12+34?"], config)
     assert plain.stdout == f">>> What is 12+34?\n{record['completion']}\n\n"
+
+
+@pytest.fixture
+def first_ids_then(monkeypatch):
+    """`llmkit.decoding.generate` answering each prompt with the ids set in `answer` (default:
+    the stop token at once), recording the prompt ids and stop id it was given."""
+    import llmkit.decoding
+
+    seen, answer = [], []
+
+    def fake_generate(model, ids, n, eos_id, **kw):
+        seen.append((ids[0].tolist(), eos_id))
+        new = torch.tensor([(answer or [eos_id])[:n]] * len(ids))
+        return torch.cat([ids, new], dim=1)
+
+    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
+    return seen, answer
+
+
+def test_a_reply_cut_at_the_token_limit_inside_a_character_drops_its_first_bytes(ws, first_ids_then):
+    _, answer = first_ids_then
+    model, tok = llmkit.load(ws / "sft")
+    ids = tok.encode(" 等于 龘")  # 龘 is not in the vocabulary: three byte tokens
+    assert [tok.id_to_piece(i) for i in ids[-3:]] == ["<0xE9>", "<0xBE>", "<0x98>"]
+    answer.extend(ids)
+    config = GenerateConfig(max_new_tokens=len(ids) - 1, chat=False)
+    [cut] = generate_texts(model, tok, ["计算 10+20"], config)
+    assert cut["completion"] == " 等于 " and not cut["stopped"]
+    [whole] = generate_texts(model, tok, ["计算 10+20"], GenerateConfig(max_new_tokens=len(ids), chat=False))
+    assert whole["completion"] == " 等于 龘"
+
+
+def test_an_empty_completion_is_a_warning_naming_the_prompt_format_to_try(ws, first_ids_then):
+    args = ["--from", "sft", "--prompt", "What is 12+34?", "--prompt", "x", "--set", "max_new_tokens=4"]
+    plain = invoke(ws, *args)
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout == ">>> What is 12+34?\n\n\n>>> x\n\n\n"
+    assert "warning: every completion is empty" in plain.stderr and "--set chat=true" in plain.stderr
+    chat = invoke(ws, *args, "--set", "chat=true")
+    assert chat.exit_code == 0 and "--set chat=false" in chat.stderr
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A workspace with a tiny Qwen2 folder imported twice: `instruct` (its tokenizer has a chat
+    template) and `base` (the same folder without one)."""
+    import transformers
+
+    from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+
+    root = tmp_path_factory.mktemp("imported")
+    config = transformers.Qwen2Config(vocab_size=832, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    for name, template in (("instruct", QWEN25_TEMPLATE), ("base", None)):
+        folder = save_folder(root / name, train_bpe(QWEN_SPECIALS), template, eos_token="<|im_end|>")
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        r = runner.invoke(build_app(), ["import", "--from", str(folder), "--out", name, "-w", str(root / "ws")])
+        assert r.exit_code == 0, r.output
+    return root
+
+
+def test_an_imported_model_whose_tokenizer_has_a_chat_template_is_prompted_through_it(imported, first_ids_then):
+    seen, _ = first_ids_then
+    ws = imported / "ws"
+    for name in ("instruct", "base"):
+        r = invoke(ws, "--from", name, "--prompt", "What is 12+34?", "--set", "max_new_tokens=2")
+        assert r.exit_code == 0, r.output
+    instruct, base = (llmkit.load(name, workspace=ws) for name in ("instruct", "base"))
+    assert instruct[0].trained_on_chats and not base[0].trained_on_chats
+    tok = instruct[1]
+    assert seen == [(tok.encode_chat([{"role": "user", "content": "What is 12+34?"}], add_generation_prompt=True)[0],
+                     tok.end_of_turn_id),
+                    (base[1].document_start_ids() + base[1].encode("What is 12+34?"), base[1].eos_id)]
+
+
+def test_an_imported_model_says_it_gets_the_chat_template_and_how_to_turn_it_off(imported, first_ids_then):
+    r = invoke(imported / "ws", "--from", "instruct", "--prompt", "hi", "--set", "max_new_tokens=2")
+    assert r.exit_code == 0 and "prompts go through the chat template" in r.stderr
+    assert "imported model whose tokenizer has a chat template" in r.stderr and "--set chat=false" in r.stderr
+    r = invoke(imported / "ws", "--from", "base", "--prompt", "hi", "--set", "max_new_tokens=2")
+    assert r.exit_code == 0 and "prompts go through the chat template" not in r.stderr

@@ -161,3 +161,15 @@ def test_one_row_per_prompt_keeps_the_best_pair_of_a_ranked_list():
               {"prompt": "1+1", "chosen": "3", "rejected": "9"},  # a lesser reply as `chosen`
               {"prompt": "2+2", "chosen": "4", "rejected": "5"}]
     assert [reference_answer(r) for r in one_per_prompt(ranked)] == ["2", "4"]
+
+
+def test_the_commonest_reason_a_record_lacked_its_kinds_shape_is_followed_by_the_shapes_read():
+    from collections import Counter
+
+    from llmkit.data.chat import shape_hint
+
+    reasons = Counter({"invalid_utf8": 9, "missing_prompt": 5, "no_assistant_turn": 2})
+    assert shape_hint("sft", reasons) == {"missing_prompt": "missing_prompt — --kind sft reads `messages` (a list "
+                                          "of {role, content} with an assistant turn), or `prompt` (or "
+                                          "`instruction`, + `input`) with `response` (or `output`)"}
+    assert shape_hint("text", reasons) == {} and shape_hint("sft", Counter({"invalid_utf8": 1})) == {}

@@ -10,9 +10,9 @@ from llmkit.train import metrics
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    metrics.measured_cpu_peak_flops.cache_clear()
+    metrics._one_thread_matmul_flops.cache_clear()
     yield tmp_path / "cache" / "llmkit" / "cpu_peak_flops.json"
-    metrics.measured_cpu_peak_flops.cache_clear()
+    metrics._one_thread_matmul_flops.cache_clear()
 
 
 def test_cpu_peak_is_one_threads_matmul_rate_times_the_threads_in_use(monkeypatch):
@@ -43,6 +43,83 @@ def test_cpu_peak_is_the_best_rate_seen_on_this_cpu(private_cache):
     assert list(json.loads(private_cache.read_text()).values()) == [8e9]
     private_cache.write_text("not json")
     assert metrics.best_rate_seen(1e9) == 1e9  # a broken cache is rewritten, not fatal
+
+
+def test_cpu_peak_follows_the_threads_of_each_run(monkeypatch):
+    # the one-thread rate is measured once per process; runs on other thread counts scale it
+    monkeypatch.setattr(metrics, "best_rate_seen", lambda rate: 1e9)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert metrics.measured_cpu_peak_flops(size=64, repeats=2) == 2e9
+        torch.set_num_threads(1)
+        assert metrics.measured_cpu_peak_flops(size=64, repeats=2) == 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
+def tiny_model(**overrides):
+    from llmkit.model import ModelConfig, Transformer
+
+    return Transformer(ModelConfig(vocab_size=64, hidden_size=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                                   intermediate_size=32, max_seq_len=16, **overrides))
+
+
+def attention_and_norm_flops(model, seq_len):
+    """What model.flops_per_token counts beside the matmul weights: 6 per norm weight, and attention."""
+    cfg = model.config
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    return 6 * norms + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+def test_lora_training_flops_count_the_frozen_base_forward_and_backward_not_its_gradients():
+    # LoRA SFT logged mfu 107%: its frozen base was counted as trained (6 FLOPs per weight and
+    # token) though it computes no weight gradient (4: forward, and the gradient to its input)
+    import peft
+
+    model = tiny_model()
+    base = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    model.requires_grad_(False)
+    peft.inject_adapter_in_model(peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]), model)
+    adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert adapters and all(p.requires_grad == ("lora_" in n) for n, p in model.named_parameters())
+    flops = metrics.training_flops_per_token(model, model.flops_per_token(16))
+    assert flops == 4 * base + 6 * adapters + attention_and_norm_flops(model, 16)
+    assert flops < model.flops_per_token(16)
+
+
+def test_the_mfu_a_lora_run_logs_counts_its_frozen_base(tmp_path):
+    # a task without its own figure was counted as 6 x its trainable parameters: the adapters alone
+    import peft
+
+    from tests.train.conftest import make_engine
+
+    engine = make_engine(tmp_path / "run", max_steps=2, transformer=True)  # peak_flops 1e9
+    model = engine.task.model
+    base = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    model.requires_grad_(False)
+    peft.inject_adapter_in_model(peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]), model)
+    engine.fit()
+    first = metrics.read_metrics(tmp_path / "run")[0]
+    every_weight = sum(p.numel() for p in model.parameters())
+    assert first["mfu"] == pytest.approx((6 * every_weight - 2 * base) * first["tokens_per_s"] / 1e9)
+
+
+def test_training_flops_of_a_fully_trained_model_are_the_tasks_figure():
+    model = tiny_model()
+    assert metrics.training_flops_per_token(model, model.flops_per_token(16)) == model.flops_per_token(16)
+    assert metrics.training_flops_per_token(model, None) == 6 * model.num_parameters()
+
+
+def test_frozen_experts_count_for_the_share_of_tokens_routed_to_them():
+    model = tiny_model(n_experts=4, experts_top_k=2).requires_grad_(False)
+    dense = sum(m.weight.numel() for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and ".experts." not in n)
+    experts = sum(m.weight.numel() for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and ".experts." in n)
+    assert metrics.frozen_matmul_weights(model) == dense + experts / 2
+    flops = metrics.training_flops_per_token(model, model.flops_per_token(16))
+    assert flops == 4 * (dense + experts / 2) + attention_and_norm_flops(model, 16)
 
 
 def test_read_metrics_names_the_line_that_is_not_json(tmp_path):
