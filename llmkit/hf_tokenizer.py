@@ -3,7 +3,10 @@
 
 Ids are those of transformers' `AutoTokenizer` on the same folder with
 `add_special_tokens=False`: `encode` adds nothing around a text, and `encode_chat` tokenizes the
-rendered chat as `apply_chat_template(tokenize=True)` does. `decode` drops the special tokens
+rendered chat as `apply_chat_template(tokenize=True)` does. Documents of a corpus (`encode_flat`,
+`encode_utf8`: what `llmkit tokenize` writes) are plain text, special tokens' strings included
+(`split_special_tokens=True`), as llmkit's own tokenizer reads `</s>` in text: the only document
+end in token shards is the one written after each document. `decode` drops the special tokens
 (those tokenizer.json marks special: <|im_end|>, <|begin_of_text|>, …), as the sentencepiece
 backend drops its control tokens.
 
@@ -29,7 +32,6 @@ The loss mask of a chat is 1 on each assistant reply as rendered plus its end of
 
 from __future__ import annotations
 
-import json
 import shutil
 from functools import cached_property
 from pathlib import Path
@@ -38,7 +40,7 @@ from typing import Iterable, Sequence
 from llmkit.chat_template import (TEMPLATE_FILE, chat_template_of, checked_messages, end_of_turn_after_reply,
                                   has_generation_blocks, reply_spans, render_chat)
 from llmkit.errors import UserError
-from llmkit.tokenizer_base import CONFIG_FILE, JSON_FILE, ChatEncoding
+from llmkit.tokenizer_base import CONFIG_FILE, JSON_FILE, ChatEncoding, read_config
 
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 FILES = (JSON_FILE, CONFIG_FILE, TEMPLATE_FILE, SPECIAL_TOKENS_FILE)  # what `save` copies
@@ -58,7 +60,7 @@ class HFTokenizer(ChatEncoding):
         if not model.is_file() or not cfg.is_file():
             raise UserError(f"{self.path} is not a Hugging Face tokenizer: it needs {JSON_FILE} and "
                             f"{CONFIG_FILE} (as transformers' save_pretrained writes them)")
-        self.config = json.loads(cfg.read_text(encoding="utf-8"))
+        self.config = read_config(cfg)
         try:
             self.backend = Backend.from_file(str(model))
         except Exception as e:  # the library says what is wrong in its own words
@@ -121,19 +123,32 @@ class HFTokenizer(ChatEncoding):
     # -- texts ------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text`, no special token added around it."""
+        """Ids of `text` as transformers' `tokenizer(text, add_special_tokens=False)` gives them: no
+        special token added around it, and a special token's string in it is that token (a
+        prompt may hold them; a corpus's documents go through `encode_flat`)."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
 
+    @cached_property
+    def _corpus_backend(self):
+        """The backend that reads special tokens' strings as plain text (transformers'
+        split_special_tokens=True): a web page quoting <|endoftext|> is not two documents."""
+        from tokenizers import Tokenizer as Backend
+
+        backend = Backend.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
     def encode_flat(self, texts: Sequence[str], end_id: int = -1):
         """All texts' ids concatenated (int32 numpy array) and the number of ids of each; with
-        `end_id` ≥ 0 that id follows each text and counts in its length."""
+        `end_id` ≥ 0 that id follows each text and counts in its length. The texts are a corpus's
+        documents: a special token's string in them is plain text, unlike in `encode`."""
         import numpy as np
 
         # encode_batch_fast: the library's parallel batch encoder, without the offsets
-        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        encodings = self._corpus_backend.encode_batch_fast(list(texts), add_special_tokens=False)
         flat, counts = [], np.empty(len(encodings), np.int64)
         for k, encoding in enumerate(encodings):
             ids = encoding.ids
@@ -155,7 +170,9 @@ class HFTokenizer(ChatEncoding):
         return self.encode_flat(texts, end_id)
 
     def for_another_thread(self) -> "HFTokenizer":
-        """Itself: a `tokenizers` tokenizer may encode in several threads at once."""
+        """Itself: a `tokenizers` tokenizer may encode in several threads at once (its corpus
+        backend is built here, before the threads share it)."""
+        self._corpus_backend
         return self
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -229,7 +246,7 @@ def _named_tokens(directory: Path, config: dict) -> dict[str, str]:
     named = dict(config)
     legacy = directory / SPECIAL_TOKENS_FILE
     if "added_tokens_decoder" not in config and legacy.is_file():
-        named.update(json.loads(legacy.read_text(encoding="utf-8")))
+        named.update(read_config(legacy))
     out = {}
     for name in NAMED_TOKENS:
         value = named.get(name)

@@ -24,7 +24,6 @@ Training is llmkit.tokenizer_training.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 from itertools import chain
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Iterable, Sequence
 
 from llmkit.errors import UserError
 from llmkit.tokenizer_base import (CHAT_TEMPLATE, CONFIG_FILE, END_OF_TURN, JSON_FILE, MODEL_FILE,
-                                   ROLE_TOKENS, ChatEncoding)
+                                   ROLE_TOKENS, ChatEncoding, read_config)
 
 # the names callers import from here, some of them defined in llmkit.tokenizer_base
 __all__ = ["open_tokenizer", "same_tokenizer", "tokenizer_file", "Tokenizer", "ChatEncoding",
@@ -88,7 +87,7 @@ class Tokenizer(ChatEncoding):
         if not model.is_file() or not cfg.is_file():
             raise UserError(f"{self.path} is not a tokenizer: it needs {MODEL_FILE} and "
                             f"{CONFIG_FILE}; build one with `llmkit tokenizer`")
-        self.config = json.loads(cfg.read_text(encoding="utf-8"))
+        self.config = read_config(cfg)
         self.sp = spm.SentencePieceProcessor(model_file=str(model))
         self.vocab_size = self.sp.get_piece_size()
         self.jieba = bool(self.config.get("jieba", False))

@@ -9,6 +9,8 @@ below both so that the one which opens a folder can import the other without a c
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from llmkit.errors import UserError
@@ -24,6 +26,18 @@ END_OF_TURN = "<|end|>"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
     "'<|end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def read_config(path: Path) -> dict:
+    """A tokenizer folder's JSON object file (tokenizer_config.json, special_tokens_map.json); a
+    UserError names the file when it is not one."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is unreadable ({e}); restore it from where the tokenizer came from") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds no JSON object; restore it from where the tokenizer came from")
+    return config
 
 
 class ChatEncoding:

@@ -139,6 +139,28 @@ def test_probe_detects_a_model_that_differs(exported, tokenizer):
     assert found["tokenizer_identical"]
 
 
+def test_probe_uses_the_current_kv_cache_api_without_deprecation_warnings(exported, tokenizer):
+    """transformers 5 renamed `past_key_values` to `cache` and removes the old name in 5.40: the
+    probe's greedy loop must not lean on it (it warned on every step)."""
+    import logging
+    import warnings
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = compare_with_transformers(exported["model"], tokenizer, exported["hf_model"],
+                                              exported["hf_tokenizer"], ExportConfig())
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    said = [str(w.message) for w in caught] + messages
+    assert found["greedy_tokens_equal"]
+    assert not [m for m in said if "past_key_values" in m or "deprecated" in m.lower()], said
+
+
 def test_rerun_is_up_to_date_and_bf16_export_casts_the_weights(exported, tmp_path):
     args = ["export", "--from", "pretrain", "-w", str(exported["ws"]), "--to", str(exported["out"])]
     r = runner.invoke(build_app(), args)

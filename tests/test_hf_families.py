@@ -1,7 +1,8 @@
 """The public families llmkit imports (Qwen2 tied and untied, Qwen3 with its own head_dim, Llama with
-llama3 RoPE scaling, a SmolLM2-shaped Llama, Mistral with a window): tiny random models built and
-saved by transformers, read by llmkit.hf.mapping, give transformers' logits to 1e-4 in fp32 and its
-greedy tokens; each delta switched off makes them differ."""
+llama3 RoPE scaling, a SmolLM2-shaped Llama, Mistral with a window, Mixtral): tiny random models built
+and saved by transformers, read by llmkit.hf.mapping, give transformers' logits to 1e-4 in fp32 and its
+greedy tokens; each delta switched off makes them differ. Mistral and Mixtral come with the tokenizer
+files their published folders have (`tokenizer.model` beside `tokenizer.json`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from llmkit.errors import ConfigError
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
 from llmkit.model import Transformer, rope_tables
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.test_hf_tokenizer import (PROBE_TEXTS, QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, save_mistral_folder,
+                                     train_bpe)
 
 
 SHAPE = dict(vocab_size=832, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -32,9 +34,12 @@ FAMILIES = {  # name -> (transformers config class, its settings, the ModelConfi
     "smollm2": ("LlamaConfig", dict(rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
                                     tie_word_embeddings=True, num_key_value_heads=4), "rope_theta"),
     "mistral-window": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False), "sliding_window"),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+                "experts_top_k"),
 }
 OFF = {"attention_bias": False, "qk_norm": False, "rope_scaling": None, "rope_theta": 10000.0,
-       "sliding_window": None}
+       "sliding_window": None, "experts_top_k": 1}
+TWO_TOKENIZER_FILES = {"mistral-window", "mixtral"}  # sentencepiece and tokenizer.json, as published
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -51,7 +56,10 @@ def family(request, tmp_path_factory):
                 p.add_(0.3 * torch.randn_like(p))
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
-    save_folder(folder, train_bpe(QWEN_SPECIALS), QWEN25_TEMPLATE, eos_token="<|im_end|>")
+    if request.param in TWO_TOKENIZER_FILES:
+        save_mistral_folder(folder)
+    else:
+        save_folder(folder, train_bpe(QWEN_SPECIALS), QWEN25_TEMPLATE, eos_token="<|im_end|>")
     return request.param, model, folder, delta
 
 
@@ -141,6 +149,27 @@ def test_import_export_import_round_trips_and_transformers_loads_the_export(fami
         assert (exported(ids).logits - hf(ids).logits).abs().max() < 1e-4
     run, back = llmkit.load(ws / "run")[0].state_dict(), llmkit.load(ws / "back")[0].state_dict()
     assert run.keys() == back.keys() and all(torch.equal(run[k], back[k]) for k in run)
+
+
+def test_the_imported_run_gives_transformers_logits_and_autotokenizer_ids(family, tmp_path):
+    """What `llmkit import` makes of the folder: transformers' logits, and the ids AutoTokenizer gives
+    on the same folder (for Mistral its tokenizer.json, as AutoTokenizer reads it)."""
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    import llmkit
+    from llmkit.cli.app import build_app
+
+    name, hf, folder, _ = family
+    r = CliRunner().invoke(build_app(), ["import", "--from", str(folder), "-w", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    model, tokenizer = llmkit.load(tmp_path / "imported")
+    ids = batch()
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max().item() < 1e-4, name
+    theirs = AutoTokenizer.from_pretrained(folder)
+    assert [tokenizer.encode(t) for t in PROBE_TEXTS] == [theirs.encode(t, add_special_tokens=False)
+                                                          for t in PROBE_TEXTS], name
 
 
 def test_llama3_rope_tables_equal_transformers_beyond_the_original_context():

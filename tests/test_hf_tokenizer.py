@@ -157,6 +157,35 @@ def save_folder(path, backend, template=None, **special):
     return path
 
 
+MISTRAL_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                    "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}"
+                    "{% endif %}{% endfor %}")
+
+
+def save_mistral_folder(path):
+    """A tokenizer folder as Mistral, Mixtral and Llama 2 publish theirs: a sentencepiece
+    `tokenizer.model` with a dummy prefix (which llmkit's own sentencepiece encoder does not
+    reproduce) beside the `tokenizer.json` transformers converts from it."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus()), model_writer=model, vocab_size=500, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tokenizer.model").write_bytes(model.getvalue())
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "legacy": False, "add_bos_token": True}))
+    AutoTokenizer.from_pretrained(path, chat_template=MISTRAL_TEMPLATE).save_pretrained(path)  # + tokenizer.json
+    return path
+
+
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                   "<|eot_id|>"]
@@ -231,7 +260,7 @@ def test_special_tokens_in_text_are_their_ids_and_decode_to_nothing(ours):
 
 def test_encode_flat_and_encode_utf8_count_each_text_with_its_end(ours):
     tok = ours["qwen2.5"]
-    texts = PROBE_TEXTS
+    texts = [t for t in PROBE_TEXTS if "<|" not in t]  # a special token string is plain text here (tested below)
     ids, counts = tok.encode_flat(texts)
     assert ids.dtype == np.int32 and counts.dtype == np.int64
     assert counts.tolist() == [len(tok.encode(t)) for t in texts]
@@ -260,6 +289,28 @@ def test_the_tokenize_stage_writes_each_document_between_its_start_and_its_end(o
     assert train.tolist() == [*start, *tok.encode(texts[0]), tok.eos_id,
                               *start, *tok.encode(texts[1]), tok.eos_id]
     assert lengths.tolist() == [len(start) + len(tok.encode(t)) + 1 for t in texts] and len(val) == 0
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "llama3"])
+def test_special_token_strings_inside_a_document_are_plain_text_in_the_token_shards(ours, folders, name):
+    """A web page quoting <|endoftext|> stays one document: its text encodes as transformers'
+    split_special_tokens=True encodes it, and the one document end is the real one after it."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from llmkit.data.tokenize import TokenizeConfig, encode_documents
+
+    tok = ours[name]
+    text = "GPT-2 ends documents with <|endoftext|>, Llama 3 with <|end_of_text|>; a turn with <|eot_id|>."
+    batch = pa.record_batch([pa.array(["page"]), pa.array([text])], names=["id", "text"])
+    train, _, lengths, _ = encode_documents([batch], TokenizeConfig(val_fraction=0.0), tok)
+    plain = AutoTokenizer.from_pretrained(folders[name], split_special_tokens=True).encode(
+        text, add_special_tokens=False)
+    start = [tok.bos_id] if name == "llama3" else []
+    assert train.tolist() == [*start, *plain, tok.eos_id] and lengths.tolist() == [len(start) + len(plain) + 1]
+    assert not {tok.eos_id, tok.end_of_turn_id, tok.bos_id} & set(plain)
+    assert tok.decode(train) == text
+    assert tok.eos_id in tok.encode(text)  # a prompt still reads them as transformers' tokenizer(text) does
 
 
 # -- special tokens: document end, end of turn, start ----------------------------------------

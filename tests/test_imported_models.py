@@ -27,6 +27,9 @@ FAMILIES = {"qwen2": ("Qwen2Config", dict(tie_word_embeddings=True), 32),  # 32 
 TINY = ["--set", "warmup_steps=0", "--set", "micro_batch_size=2", "--set", "eval_every=0",
         "--set", "seq_len=128", "--set", "max_steps=2"]
 GENERATIVE = ["--set", "eval_records=4", "--set", "max_new_tokens=4"]
+# a user's corpus for continued pretraining; some pages quote the model's document end
+CORPUS = [f"文档 {i}: the model reads this text. 😀 " * 4 + ("GPT-2 ends texts with <|endoftext|>." if i % 8 == 0 else "")
+          for i in range(40)]
 
 
 def llmkit_cli(*args) -> str:
@@ -59,8 +62,8 @@ def pipeline(request, tokenizer_backend, tmp_path_factory):
         write_dataset(ws, f"{name}_train", rows[:24])
         write_dataset(ws, f"{name}_eval", rows[24:])  # scored by exact match before and after
     # continued pretraining on the user's corpus, tokenized with the imported model's own tokenizer
-    write_dataset(ws, "corpus", [{"id": f"d{i}", "prompt": f"文档 {i}: the model reads this text. 😀 " * 4}
-                                 for i in range(40)])  # (write_dataset's text is the prompt)
+    write_dataset(ws, "corpus", [{"id": f"d{i}", "prompt": text}  # (write_dataset's text is the prompt)
+                                 for i, text in enumerate(CORPUS)])
     llmkit_cli("tokenize", "--in", "corpus", "--tokenizer", "base", "-w", ws, "--set", "val_fraction=0")
     llmkit_cli("pretrain", "--from", "base", "--in", "tokens", "--out", "continued", "-w", ws,
                "--set", "max_steps=2", "--set", "warmup_steps=0", "--set", "micro_batch_size=2",
@@ -120,9 +123,14 @@ def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
 def test_continued_pretraining_reads_the_corpus_tokenized_by_the_models_own_tokenizer(pipeline):
     _, _, ws, _ = pipeline
     model, tokenizer = llmkit.load(ws / "base")
+    import numpy as np
+
     tokens = json.loads((ws / "tokens" / "manifest.json").read_text())["stats"]
-    texts = [f"文档 {i}: the model reads this text. 😀 " * 4 for i in range(40)]
-    assert tokens["tokens"] == sum(len(tokenizer.encode(t)) + 1 for t in texts)  # each, then <|endoftext|>
+    _, lengths = tokenizer.encode_flat(CORPUS)
+    assert tokens["tokens"] == int(lengths.sum()) + len(CORPUS)  # each, then <|endoftext|>
+    shards = np.concatenate([np.fromfile(f, tokens["dtype"]) for f in sorted((ws / "tokens" / "train").glob("*.bin"))])
+    # a quoted <|endoftext|> is text: the only document ends are the 40 written after the documents
+    assert (shards == tokenizer.eos_id).sum() == len(CORPUS) and shards[-1] == tokenizer.eos_id
     assert stats(ws, "continued")["steps"] == 2
     continued, _ = llmkit.load(ws / "continued")
     assert continued.config == model.config

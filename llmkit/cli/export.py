@@ -10,11 +10,14 @@ def export(
     ctx,
     from_: Annotated[str, typer.Option("--from", help="Checkpoint run or step folder (name or path).")],
     to: Annotated[Optional[str], typer.Option(
-        "--to", help="Output folder (default: WORKSPACE/export/hf, or WORKSPACE/<--out>).")] = None,
-    format_: Annotated[Optional[str], typer.Option("--format", help="Output format: hf.")] = None,
+        "--to", help="Output folder (default: WORKSPACE/export/<format>, or WORKSPACE/<--out>).")] = None,
+    format_: Annotated[Optional[str], typer.Option(
+        "--format", help="Output format: hf (a transformers folder) or gguf (one file for llama.cpp).")] = None,
+    quant: Annotated[Optional[str], typer.Option(
+        "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0 or q4_1 (default f16).")] = None,
 ):
-    """Write a checkpoint as a Hugging Face transformers folder and record its logit parity."""
+    """Write a checkpoint as a Hugging Face transformers folder or a GGUF file and record its logit parity."""
     from llmkit.hf.export import run_export
 
-    flags = {"format": format_} if format_ is not None else {}
+    flags = {k: v for k, v in (("format", format_), ("quant", quant)) if v is not None}
     run_export(ctx, ctx.config(**flags), from_, to)

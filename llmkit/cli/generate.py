@@ -15,7 +15,7 @@ def generate(
         "--prompts", help="File of prompts: .jsonl with `prompt` (or `messages`), else one per line.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Also write the generations as jsonl.")] = None,
 ):
-    """Complete prompts with a checkpoint (KV cache); --set temperature=0.7 top_k=50 greedy=true; sft/dpo/ppo runs get the chat template unless --set chat=false."""
+    """Complete prompts with a checkpoint (KV cache); --set temperature=0.7 top_k=50 greedy=true; sft/dpo/ppo runs and imported models whose tokenizer has a chat template get it unless --set chat=false."""
     from llmkit.generation import read_prompts, run_generate
 
     cfg = ctx.config()

@@ -4,6 +4,11 @@ The artifact: the token shards of `llmkit.data.token_shards` (train/, val/, inde
 the tokenizer that made them (tokenizer/), config.yaml and manifest.json (stats: tokens, docs,
 per split and per source; dtype, vocab).
 
+A document is its ids then the document end (after the tokenizer's document start, where that is
+not the document end: Llama 3's <|begin_of_text|>). A special token's string inside a document (a
+web page quoting <|endoftext|>) is plain text (the tokenizer's `encode_utf8`): the shards hold no
+document end but those written after the documents.
+
 One shard per input part file, in input order; a document goes to val when the hash of its id
 falls below `val_fraction`. So the output is the same for any --workers, any
 --rank/--world-size split and either executor (a shard is a task: `TokenizeTasks`). With

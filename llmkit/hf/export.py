@@ -3,7 +3,8 @@
 Mixtral for MoE), model.safetensors, generation_config.json and the tokenizer (llmkit.hf.tokenizer).
 When transformers is installed, the folder is loaded back and its parity recorded in
 `llmkit_export.json` (llmkit.hf.parity). A LoRA checkpoint is exported with its adapters merged
-into the weights, or (merge=false) as its base's weights plus peft's adapter folder `adapter/`."""
+into the weights, or (merge=false) as its base's weights plus peft's adapter folder `adapter/`.
+`format: gguf` writes one GGUF file for llama.cpp instead (llmkit.hf.gguf_export)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.hf.gguf_export import GGUF_QUANTS, export_gguf
 from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CONFIG, HF_WEIGHTS,
                               write_json)
 from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
@@ -21,7 +23,8 @@ from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
 
 @dataclass
 class ExportConfig:
-    format: str = "hf"  # only "hf": a Hugging Face transformers folder
+    format: str = "hf"  # "hf": a Hugging Face transformers folder; "gguf": one GGUF file for llama.cpp / Ollama
+    quant: str = "f16"  # gguf only: f16, bf16, q8_0, q4_0, q4_1 (matrices; norms and biases stay f32)
     dtype: str = "auto"  # weights written as: auto (as stored in the checkpoint), float32, bfloat16, float16
     probe: bool = True  # load the export with transformers (when installed) and measure its parity
     probe_tokens: int = 32  # tokens per probe row (two rows: the probe texts, random ids)
@@ -30,8 +33,14 @@ class ExportConfig:
     merge: bool = True  # a LoRA checkpoint: adapters merged into the weights; false = the base + adapter/ for peft
 
     def __post_init__(self):
-        if self.format != "hf":
-            raise ConfigError(f"export format must be 'hf', got {self.format!r}")
+        if self.format not in ("hf", "gguf"):
+            raise ConfigError(f"export format must be 'hf' or 'gguf', got {self.format!r}")
+        if self.quant not in GGUF_QUANTS:
+            raise ConfigError(f"export quant must be one of {', '.join(GGUF_QUANTS)}, got {self.quant!r} "
+                              "(K-quants: quantise the f16 file with llama.cpp's llama-quantize)")
+        if self.format == "gguf" and not self.merge:
+            raise ConfigError("export merge=false keeps LoRA adapters apart, which a GGUF file cannot; "
+                              "drop merge=false or use format=hf")
         if self.dtype not in DTYPES:
             raise ConfigError(f"export dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.probe_tokens < 2 or self.probe_new_tokens < 1:
@@ -42,7 +51,8 @@ class ExportConfig:
 
 def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     """`llmkit export`: the checkpoint `source` (run or step folder, name or path) -> a transformers
-    folder at `to` (default: workspace/export/hf), an artifact with manifest.json."""
+    folder (or a folder holding the GGUF file) at `to` (default: workspace/export/<format>), an
+    artifact with manifest.json."""
     from llmkit.train.checkpoint import weights_file
     from llmkit.train.loading import checkpoint_step_dir, find_checkpoint
     from llmkit.progress import print_summary
@@ -52,7 +62,7 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     step_dir = checkpoint_step_dir(run_or_step)
     run_dir = step_dir.parent if (step_dir.parent / "latest").is_file() else step_dir
     inputs = [Artifact.open(run_dir)] if (run_dir / "manifest.json").is_file() else []
-    name = str(Path(to).resolve()) if to else ctx.out_name("export/hf")
+    name = str(Path(to).resolve()) if to else ctx.out_name(f"export/{cfg.format}")
     weights = weights_file(step_dir)
     identity = {"source": str(step_dir.resolve()), "weights_bytes": weights.stat().st_size,
                 "weights_mtime_ns": weights.stat().st_mtime_ns}
@@ -61,13 +71,15 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     if b.up_to_date:
         return b
     with b:
-        record = export_hf(step_dir, b.dir, cfg)
-        b.stats.update({k: record[k] for k in ("architecture", "dtype", "parameters", "max_abs_logit_diff",
+        record = export_gguf(step_dir, b.dir, cfg) if cfg.format == "gguf" else export_hf(step_dir, b.dir, cfg)
+        kind = "quant" if cfg.format == "gguf" else "dtype"
+        b.stats.update({k: record[k] for k in ("architecture", kind, "parameters", "max_abs_logit_diff",
                                                  "greedy_tokens_equal", "tokenizer_identical")})
     diff = record["max_abs_logit_diff"]
     verdict = {None: "not measured", True: "yes", False: "NO"}
+    size = [("file", f"{record['file']} ({record['bytes'] / 2**20:.1f} MiB)")] if cfg.format == "gguf" else []
     print_summary(f"export done: {b.final}", [
-        ("architecture", record["architecture"]), ("dtype", record["dtype"]),
+        ("architecture", record["architecture"]), (kind, record[kind]), *size,
         ("max |logit diff|", "not measured" if diff is None else f"{diff:.2e}"),
         ("greedy tokens equal", verdict[record["greedy_tokens_equal"]]),
         ("tokenizer identical", verdict[record["tokenizer_identical"]])])
@@ -115,6 +127,7 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
         record.update(probe_parity(out_dir, model, tokenizer, cfg))
     write_json(out_dir / EXPORT_RECORD, record)
     return record
+
 
 
 def exported_weights(step_dir: Path, cfg: ExportConfig) -> Path:

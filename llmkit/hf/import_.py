@@ -1,17 +1,23 @@
 """`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
 Qwen2/2.5, Qwen3, Mistral, Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by
 transformers) -> a checkpoint run with one complete step folder, `step-00000000/`, that carries the
-model's own tokenizer (sentencepiece `tokenizer.model`, or `tokenizer.json` with its chat template)."""
+model's own tokenizer (`tokenizer.json` with its chat template, as AutoTokenizer reads the folder, or
+a sentencepiece `tokenizer.model`). Everything is read and checked before the run's folder is made,
+so a refused import leaves nothing behind."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
-from llmkit.hf.tokenizer import write_llmkit_tokenizer
+from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
+
+if TYPE_CHECKING:
+    from llmkit.model import ModelConfig  # torch: imported where the weights are
 
 
 @dataclass
@@ -23,8 +29,20 @@ class ImportConfig:
             raise ConfigError(f"import dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
+@dataclass
+class SourceModel:
+    """A model read and checked, before an import writes anything: a refusal leaves no folder."""
+    path: Path            # the transformers folder or GGUF file
+    hf_config: dict       # its config.json
+    config: ModelConfig
+    state_dict: dict      # llmkit's names, fitting Transformer(config)
+    tokenizer_dir: Path   # where its own tokenizer is
+
+
 def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None):
     """`llmkit import`: a transformers folder -> checkpoint run `ctx.out` (default "imported")."""
+    import tempfile
+
     from llmkit.progress import print_summary
 
     src = Path(source)
@@ -39,52 +57,47 @@ def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None
                               config={**dataclasses.asdict(cfg), **identity}, force=ctx.force)
     if b.up_to_date:
         return b
-    with b:
-        if src.suffix == ".gguf":
-            b.stats.update(import_gguf(src, b.dir, cfg, tokenizer_dir))
-        else:
-            b.stats.update(import_hf(src, b.dir, cfg, tokenizer_dir))
+    with tempfile.TemporaryDirectory(prefix="llmkit-import-") as scratch:  # a GGUF file's tokenizer
+        model = read_gguf(src, Path(scratch)) if src.suffix == ".gguf" else read_hf_folder(src)
+        model_tok = model_tokenizer(tokenizer_dir or model.tokenizer_dir, model.config.vocab_size)
+        with b:
+            b.stats.update(write_imported_run(model, model_tok, b.dir, cfg))
     print_summary(f"import done: {b.final}", [(k, v) for k, v in b.stats.items()])
     return b
 
 
-def import_hf(src: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path | None = None) -> dict:
-    """Write `run_dir/step-00000000/` (weights, config.json, trainer_state.json, tokenizer/,
-    complete) and `run_dir/latest` from a transformers folder; returns counts for the manifest."""
+def read_hf_folder(src: Path) -> SourceModel:
+    """The model of a transformers folder (config.json, safetensors weights)."""
     src = Path(src)
     hf_config = read_json(src / HF_CONFIG)
     model_config = imported_model_config(hf_config, src)  # before the weights: a refusal costs nothing
-    return write_imported_run(hf_config, model_config, read_hf_weights(src), src, run_dir, cfg,
-                              tokenizer_dir or src)
+    return SourceModel(src, hf_config, model_config, fitted_state_dict(read_hf_weights(src), model_config, src),
+                       src)
 
 
-def import_gguf(path: Path, run_dir: Path, cfg: ImportConfig, tokenizer_dir: Path | None = None) -> dict:
-    """The same run from a GGUF file: transformers dequantises its weights (to float32) and rebuilds
-    its tokenizer (tokenizer.json + chat template), which the run carries."""
+def read_gguf(path: Path, scratch: Path) -> SourceModel:
+    """The model of a GGUF file: transformers dequantises its weights (to float32) and rebuilds its
+    tokenizer (tokenizer.json + chat template), saved in `scratch`."""
     import importlib.util
-    import tempfile
 
     missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"{path}: reading GGUF needs {', '.join(missing)}: pip install 'llmkit[gguf]'")
-    import torch
-    import transformers
+    from llmkit.hf.gguf_read import load_gguf_with_transformers
 
-    folder, name = str(path.parent), path.name
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except (ValueError, OSError, KeyError) as e:
-        raise UserError(f"{path}: transformers cannot read this GGUF file ({str(e)[:300]})") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        if tokenizer_dir is None:
-            hf_tokenizer.save_pretrained(tmp)
-        hf_config = model.config.to_dict()
-        return write_imported_run(hf_config, imported_model_config(hf_config, path), model.state_dict(), path,
-                                  run_dir, cfg, tokenizer_dir or Path(tmp))
+    try:  # transformers, with what its GGUF reader leaves out put back
+        model, hf_tokenizer, _ = load_gguf_with_transformers(path)
+        hf_tokenizer.save_pretrained(scratch)
+    except Exception as e:  # struct.error for a cut file, ValueError, a config validator's error, …
+        raise UserError(f"{path}: transformers cannot read this GGUF file ({type(e).__name__}: {str(e)[:300]}); "
+                        "if it was downloaded or copied, check that the file is complete") from None
+    hf_config = model.config.to_dict()
+    model_config = imported_model_config(hf_config, path)
+    return SourceModel(path, hf_config, model_config, fitted_state_dict(model.state_dict(), model_config, path),
+                       scratch)
 
 
-def imported_model_config(hf_config: dict, src: Path):
+def imported_model_config(hf_config: dict, src: Path) -> ModelConfig:
     """The ModelConfig of a transformers config; a UserError naming what llmkit cannot read."""
     from llmkit.hf.mapping import from_hf_config
 
@@ -94,17 +107,14 @@ def imported_model_config(hf_config: dict, src: Path):
         raise UserError(f"{src}: {e if isinstance(e, ConfigError) else f'config.json lacks the key {e}'}") from None
 
 
-def write_imported_run(hf_config: dict, model_config, weights: dict, src: Path, run_dir: Path,
-                       cfg: ImportConfig, tokenizer_dir: Path) -> dict:
+def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> dict:
+    """transformers' weights under llmkit's names; a UserError unless they fit the config."""
     import torch
 
     from llmkit.hf.mapping import from_hf_state_dict
     from llmkit.model import Transformer
-    from llmkit.train import checkpoint as ckpt
 
     state_dict = from_hf_state_dict(weights, model_config)
-    if cfg.dtype != "auto":
-        state_dict = {k: v.to(getattr(torch, cfg.dtype)) for k, v in state_dict.items()}
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
     missing = sorted(set(shapes) - set(state_dict))
@@ -113,18 +123,31 @@ def write_imported_run(hf_config: dict, model_config, weights: dict, src: Path, 
     if missing or unexpected or wrong:
         raise UserError(f"{src}: the weights do not fit {HF_CONFIG} (missing {missing[:3]}, unexpected "
                         f"{unexpected[:3]}, wrong shape {wrong[:3]})")
+    return state_dict
 
+
+def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: Path, cfg: ImportConfig) -> dict:
+    """`run_dir/step-00000000/` (weights, config.json, trainer_state.json, tokenizer/, complete) and
+    `run_dir/latest`; returns counts for the manifest."""
+    import torch
+
+    from llmkit.train import checkpoint as ckpt
+
+    state_dict = model.state_dict
+    if cfg.dtype != "auto":
+        state_dict = {k: v.to(getattr(torch, cfg.dtype)) for k, v in state_dict.items()}
     step_dir = Path(run_dir) / ckpt.step_dir_name(0)
     step_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_vocab = write_llmkit_tokenizer(tokenizer_dir, step_dir / ckpt.TOKENIZER, model_config.vocab_size)
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if model_config.tie_embeddings else {}
+    write_model_tokenizer(tokenizer, step_dir / ckpt.TOKENIZER)
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if model.config.tie_embeddings else {}
     ckpt.save_weights(step_dir / ckpt.WEIGHTS, state_dict, tied)
-    write_json(step_dir / ckpt.MODEL_CONFIG, dataclasses.asdict(model_config))
-    write_json(step_dir / ckpt.TRAINER_STATE, {"step": 0, "tokens_seen": 0, "imported_from": str(src)})
+    write_json(step_dir / ckpt.MODEL_CONFIG, dataclasses.asdict(model.config))
+    write_json(step_dir / ckpt.TRAINER_STATE, {"step": 0, "tokens_seen": 0, "imported_from": str(model.path)})
     ckpt.mark_complete(step_dir)
     n_params = sum(v.numel() for k, v in state_dict.items() if k not in tied)
+    hf_config = model.hf_config
     return {"architecture": (hf_config.get("architectures") or [hf_config["model_type"]])[0],
-            "parameters": n_params, "vocab_size": model_config.vocab_size, "tokenizer_vocab": tokenizer_vocab,
+            "parameters": n_params, "vocab_size": model.config.vocab_size, "tokenizer_vocab": tokenizer.vocab_size,
             "dtype": str(next(iter(state_dict.values())).dtype).removeprefix("torch.")}
 
 

@@ -104,13 +104,22 @@ def _greedy_transformers(hf_model, inputs, n: int) -> list[list[int]]:
     applies the exported generation_config (its eos ids), which llmkit's probe does not stop at."""
     import torch
 
+    cache = _cache_name(hf_model)
     tokens = []
     with torch.no_grad():
         out = hf_model(inputs, use_cache=True)
         for _ in range(n):
             tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
-            out = hf_model(tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+            out = hf_model(tokens[-1], use_cache=True, **{cache: getattr(out, cache)})
     return torch.cat(tokens, 1).tolist()
+
+
+def _cache_name(hf_model) -> str:
+    """What transformers calls the KV cache, in forward's arguments and in its outputs: `cache`
+    since transformers 5.2x (`past_key_values` warns, and goes in 5.40), `past_key_values` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
 
 
 def _as_ids(encoded) -> list[int]:

@@ -1,17 +1,19 @@
 """Tokenizers across the border. Export: `tokenizer.json` (a `PreTrainedTokenizerFast` built from
 the sentencepiece model: same pieces, merges in sentencepiece's score order, byte fallback, no
 dummy prefix) beside the original `tokenizer.model`, with the chat template in
-tokenizer_config.json. Import: an llmkit tokenizer from a folder's `tokenizer.model`, when llmkit
-encodes with it exactly as it was trained."""
+tokenizer_config.json. Import: the tokenizer AutoTokenizer would use (`tokenizer.json` where the
+folder has one), or a sentencepiece `tokenizer.model` when llmkit encodes with it exactly as it was
+trained or llmkit made the folder."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import UserError
-from llmkit.hf.folder import (HF_TOKENIZER, HF_TOKENIZER_CONFIG, LLMKIT_TOKENIZER_KEY, read_json,
-                              write_json)
+from llmkit.hf.folder import HF_TOKENIZER, HF_TOKENIZER_CONFIG, LLMKIT_TOKENIZER_KEY, write_json
+from llmkit.tokenizer_base import CONFIG_FILE, MODEL_FILE, read_config
 
 # -- export ---------------------------------------------------------------------------------
 
@@ -108,56 +110,87 @@ def _chat_special_tokens(tokenizer) -> list[str]:
 # -- import ---------------------------------------------------------------------------------
 
 
-def write_llmkit_tokenizer(src: Path, dest: Path, vocab_size: int) -> int:
-    """Give the imported run the tokenizer of folder `src`: an llmkit tokenizer, a sentencepiece
-    `tokenizer.model` that llmkit encodes with exactly as it was trained, or a Hugging Face
-    `tokenizer.json` (with its tokenizer_config.json and chat template), used as it is. A tokenizer
-    with fewer ids than the model's embedding is fine (Qwen2.5 pads its embedding), more is an
-    error. Returns its vocab size."""
+@dataclass(frozen=True)
+class ModelTokenizer:
+    """A model folder's tokenizer, read and checked before an import writes anything: the files
+    the imported run's tokenizer folder gets (a file to copy, or a JSON object to write)."""
+    source: Path
+    files: dict
+    vocab_size: int
+
+
+def model_tokenizer(src: Path, vocab_size: int) -> ModelTokenizer:
+    """The tokenizer of folder `src`, as AutoTokenizer picks it: `tokenizer.json` (with its
+    tokenizer_config.json and chat template, used as it is) when the folder has one, else a
+    sentencepiece `tokenizer.model` that llmkit encodes with exactly as it was trained. A folder
+    llmkit made (its own tokenizer, or an export: tokenizer.json built from its tokenizer.model)
+    keeps its sentencepiece model. A tokenizer with fewer ids than the model's embedding is fine
+    (Qwen2.5 pads its embedding), more is an error."""
     from llmkit.hf_tokenizer import FILES as HF_TOKENIZER_FILES
-    from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, open_tokenizer
+    from llmkit.hf_tokenizer import HFTokenizer
 
     src = Path(src)
-    dest.mkdir(parents=True, exist_ok=True)
-    if (src / MODEL_FILE).is_file():
-        shutil.copyfile(src / MODEL_FILE, dest / MODEL_FILE)
-        config = read_json(src / CONFIG_FILE) if (src / CONFIG_FILE).is_file() else {}
-        if not {"special_tokens", "vocab_size"} <= config.keys():  # not llmkit's own tokenizer_config.json
-            config = _llmkit_tokenizer_config(src)
-        write_json(dest / CONFIG_FILE, config)
+    own = _llmkit_config(src)
+    if (src / MODEL_FILE).is_file() and (own is not None or not (src / HF_TOKENIZER).is_file()):
+        proto = _sentencepiece_proto(src / MODEL_FILE)
+        config = own if own is not None else _derived_llmkit_config(src / MODEL_FILE, proto)
+        found = ModelTokenizer(src, {MODEL_FILE: src / MODEL_FILE, CONFIG_FILE: config}, len(proto.pieces))
     elif (src / HF_TOKENIZER).is_file():
-        for name in HF_TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, dest / name)
+        files = {name: src / name for name in HF_TOKENIZER_FILES if (src / name).is_file()}
+        found = ModelTokenizer(src, files, HFTokenizer(src).vocab_size)  # reads and checks them
     else:
         raise UserError(f"{src} has no tokenizer ({MODEL_FILE} or {HF_TOKENIZER}); give one with "
                         "--tokenizer NAME_OR_PATH whose vocabulary fits the model's")
-    tokenizer = open_tokenizer(dest)
-    if tokenizer.vocab_size > vocab_size:
-        raise UserError(f"the tokenizer ({src}) has {tokenizer.vocab_size} tokens but the model's embedding "
+    if found.vocab_size > vocab_size:
+        raise UserError(f"the tokenizer ({src}) has {found.vocab_size} tokens but the model's embedding "
                         f"has only {vocab_size}; give a matching one with --tokenizer")
-    return tokenizer.vocab_size
+    return found
 
 
-def _llmkit_tokenizer_config(src: Path) -> dict:
-    """llmkit's tokenizer_config.json for a transformers folder's tokenizer.model: the one an llmkit
-    export stored, or one derived from a sentencepiece model that llmkit can encode with."""
+def write_model_tokenizer(tokenizer: ModelTokenizer, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, content in tokenizer.files.items():
+        if isinstance(content, Path):
+            shutil.copyfile(content, dest / name)
+        else:
+            write_json(dest / name, content)
+
+
+def _llmkit_config(src: Path) -> dict | None:
+    """llmkit's own tokenizer config in the folder's tokenizer_config.json: the whole file in a
+    tokenizer llmkit trained, the `llmkit` key in one it exported; None in any other folder."""
+    path = src / HF_TOKENIZER_CONFIG
+    config = read_config(path) if path.is_file() else {}
+    if {"special_tokens", "vocab_size"} <= config.keys():
+        return config
+    own = config.get(LLMKIT_TOKENIZER_KEY)
+    return own if isinstance(own, dict) else None
+
+
+def _sentencepiece_proto(path: Path):
     from sentencepiece import sentencepiece_model_pb2
 
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as e:  # protobuf's DecodeError, in its own words
+        raise UserError(f"{path} is not a sentencepiece model ({e}); restore it from where the model "
+                        "came from") from None
+    return proto
+
+
+def _derived_llmkit_config(path: Path, proto) -> dict:
+    """llmkit's tokenizer config for a sentencepiece tokenizer.model that llmkit can encode with
+    exactly (identity normalisation, whitespace kept, no dummy prefix, byte fallback)."""
     from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json
 
-    hf_config = read_json(src / HF_TOKENIZER_CONFIG) if (src / HF_TOKENIZER_CONFIG).is_file() else {}
-    if isinstance(hf_config.get(LLMKIT_TOKENIZER_KEY), dict):
-        return hf_config[LLMKIT_TOKENIZER_KEY]
-    model = (src / "tokenizer.model").read_bytes()
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model)
     spec = proto.normalizer_spec
     problems = [p for p, bad in [("a dummy prefix", spec.add_dummy_prefix),
                                  (f"'{spec.name}' normalisation", spec.name != "identity"),
                                  ("whitespace collapsing", spec.remove_extra_whitespaces),
                                  ("no byte fallback", not proto.trainer_spec.byte_fallback)] if bad]
     if problems:
-        raise UserError(f"{src / 'tokenizer.model'} uses {', '.join(problems)}, which llmkit's tokenizer does "
-                        "not reproduce; give an llmkit tokenizer with --tokenizer NAME_OR_PATH")
-    return tokenizer_config_json(TokenizerConfig(vocab_size=max(300, len(proto.pieces))), model)
+        raise UserError(f"{path} uses {', '.join(problems)}, which llmkit's tokenizer does not reproduce, "
+                        f"and {path.parent} has no {HF_TOKENIZER}; give that tokenizer's {HF_TOKENIZER}, or an llmkit "
+                        "tokenizer, with --tokenizer NAME_OR_PATH")
+    return tokenizer_config_json(TokenizerConfig(vocab_size=max(300, len(proto.pieces))), path.read_bytes())

@@ -1,0 +1,237 @@
+"""`llmkit export --format gguf`: a checkpoint -> one GGUF file for llama.cpp / Ollama, written with
+the `gguf` package's pure-Python writer and quantisers, laid out as llama.cpp's
+convert_hf_to_gguf.py lays out the same model: its architecture (`llama` for Llama 3, SmolLM2,
+Mistral and llmkit's own models; `qwen2`; `qwen3`), tensor names (`blk.N.attn_q.weight`, …), the
+q/k rows of `llama` models permuted to llama.cpp's rotary layout, Llama 3 RoPE scaling as the
+`rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint is merged.
+
+Quantisation (`quant`): f16 / bf16 store every matrix in that type; q8_0, q4_0, q4_1 quantise every
+matrix in blocks of 32 (a row not a multiple of 32 falls back to f16), except that q4_x keeps the
+output matrix (the embedding when tied) in q8_0, as llama.cpp's quantiser keeps it above 4 bits.
+Vectors (norms, biases) stay f32 in every file, as llama.cpp writes them.
+
+What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here) and
+layernorm models. A sliding window shorter than the context is written as the file's context
+length: llama.cpp's llama/qwen2 graphs attend to the whole context, which within the window is
+the same. `llmkit.hf_config` (the model's transformers config.json) rides along for `llmkit import`,
+which restores what transformers' GGUF reader cannot read from llama.cpp's keys."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+from llmkit.hf.folder import EXPORT_RECORD, write_json
+from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
+from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
+
+GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+BLOCK = 32  # values per block of q8_0 / q4_0 / q4_1
+
+
+def gguf_file_name(quant: str) -> str:
+    return f"model-{quant}.gguf"
+
+
+def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
+    """Write `out_dir/model-<quant>.gguf` for a step folder; returns the export record. With
+    cfg.probe, the file is read back (llmkit.hf.gguf_read) and its parity recorded."""
+    from llmkit.train.checkpoint import step_of
+    from llmkit.train.loading import load
+
+    step_dir, out_dir = Path(step_dir), Path(out_dir)
+    model, tokenizer = load(step_dir)  # a LoRA step folder loads with its adapters merged
+    family, context = gguf_layout(model.config, step_dir)
+    vocab = gguf_vocab(tokenizer, model.config.vocab_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / gguf_file_name(cfg.quant)
+    stored = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe)
+    record = {"format": "gguf", "file": path.name, "quant": cfg.quant, "source": str(step_dir),
+              "step": step_of(step_dir), "architecture": GGUF_ARCH[family], "family": family,
+              "context_length": context, "parameters": model.num_parameters(), "bytes": path.stat().st_size,
+              "tokenizer": vocab.model, "pre_tokenizer": vocab.pre, "tokenizer_notes": "; ".join(vocab.notes),
+              "max_abs_logit_diff": None, "greedy_tokens_equal": None, "tokenizer_identical": None}
+    if context < model.config.max_seq_len:
+        print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
+              f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
+    if cfg.probe:
+        record.update(probe_gguf(path, model, tokenizer, stored, cfg))
+    write_json(out_dir / EXPORT_RECORD, record)
+    return record
+
+
+def gguf_layout(model_config, source: Path) -> tuple[str, int]:
+    """(family, context length) of the file, or a UserError naming what llama.cpp cannot run."""
+    from llmkit.hf.mapping import hf_family
+
+    try:
+        family = hf_family(model_config)
+    except ConfigError as e:
+        raise UserError(f"{source} cannot be exported: {e}") from None
+    if family not in GGUF_ARCH:
+        raise UserError(f"{source} is a mixture-of-experts model ({model_config.n_experts} experts): llmkit's GGUF "
+                        "export does not write MoE models; export --format hf and convert that folder with "
+                        "llama.cpp's convert_hf_to_gguf.py")
+    window = model_config.sliding_window
+    return family, min(model_config.max_seq_len, window or model_config.max_seq_len)
+
+
+def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
+               keep_rounded: bool = False) -> dict:
+    """Write the file; returns, with keep_rounded, the weights as the file holds them (dequantised,
+    in llmkit's names and layout), for measuring the reader apart from the rounding."""
+    import gguf
+
+    from llmkit.hf.mapping import to_hf_config
+
+    cfg = model.config
+    arch = GGUF_ARCH[family]
+    writer = gguf.GGUFWriter(str(path), arch)
+    # not the family: transformers' GGUF reader turns a `llama` file named "mistral…" into a Mistral
+    # model that it then cannot load (gguf-py has no "mistral" architecture)
+    writer.add_name(f"llmkit-{arch}")
+    write_architecture(writer, cfg, context, quant)
+    write_vocab(writer, vocab)
+    hf_config = to_hf_config(cfg)
+    writer.add_string(LLMKIT_HF_CONFIG_KEY, json.dumps(hf_config))
+    rounded = {}
+    for name, gguf_name, array in gguf_tensors(model, arch):
+        data, qtype = encode_tensor(array, quant, gguf_name, cfg.tie_embeddings)
+        writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        if keep_rounded and name is not None:
+            rounded[name] = decode_tensor(data, qtype, array.shape, arch, gguf_name, cfg)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return rounded
+
+
+FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
+              "q4_1": "MOSTLY_Q4_1"}
+
+
+def write_architecture(writer, cfg, context: int, quant: str) -> None:
+    """The hyper-parameters as llama.cpp reads them (`<arch>.*` keys)."""
+    import gguf
+
+    writer.add_context_length(context)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.n_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.n_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.head_dim)  # the whole head rotates
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[quant]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def gguf_tensors(model, arch: str):
+    """(llmkit name or None, GGUF name, float32 array as the file stores it) for every tensor: the
+    tied lm_head left out (llama.cpp then uses the embedding), `rope_freqs` added for Llama 3
+    RoPE scaling."""
+    import gguf
+
+    cfg = model.config
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.n_layers)
+    for name, tensor in model.state_dict().items():
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise UserError(f"the model's tensor {name} has no llama.cpp name in the {arch} architecture")
+        array = tensor.detach().float().cpu().numpy()
+        if arch == "llama" and gguf_name.endswith("attn_q.weight"):
+            array = permute_rotary_rows(array, cfg.n_heads)
+        elif arch == "llama" and gguf_name.endswith("attn_k.weight"):
+            array = permute_rotary_rows(array, cfg.n_kv_heads)
+        yield name, gguf_name, array
+    if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
+        yield None, gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", llama3_rope_factors(cfg)
+
+
+def permute_rotary_rows(weight, n_heads: int):
+    """llama.cpp's `LlamaModel.permute`: Hugging Face rotates each head's two halves (i, i + d/2),
+    llama.cpp's llama graph rotates adjacent pairs (2i, 2i + 1); reorder each head's output rows
+    so that the pairs llama.cpp rotates are the ones Hugging Face rotates."""
+    return (weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def unpermute_rotary_rows(weight, n_heads: int):
+    return (weight.reshape(n_heads, weight.shape[0] // n_heads // 2, 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def llama3_rope_factors(cfg):
+    """The per-frequency divisors of Llama 3 RoPE scaling, as convert_hf_to_gguf.py computes them
+    (llama.cpp divides each rotary frequency by its factor)."""
+    import numpy as np
+
+    s = cfg.rope_scaling
+    freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float32) / cfg.head_dim))
+    old_context = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / s["low_freq_factor"], old_context / s["high_freq_factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(s["factor"])
+        else:
+            smooth = (old_context / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / s["factor"] + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+QTYPES = {"f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+
+
+def tensor_qtype(quant: str, gguf_name: str, shape: tuple[int, ...], tied: bool) -> str:
+    """The GGML type one tensor is stored in (see the module docstring)."""
+    if len(shape) < 2 or gguf_name.startswith("rope_freqs"):
+        return "F32"
+    if quant in ("f16", "bf16"):
+        return QTYPES[quant]
+    if shape[-1] % BLOCK:
+        return "F16"
+    keeps_precision = gguf_name == "output.weight" or (tied and gguf_name == "token_embd.weight")
+    if quant in ("q4_0", "q4_1") and keeps_precision:
+        return "Q8_0"
+    return QTYPES[quant]
+
+
+def encode_tensor(array, quant: str, gguf_name: str, tied: bool):
+    """(bytes as a numpy array, GGMLQuantizationType) of one tensor."""
+    import gguf
+    import numpy as np
+
+    qtype = getattr(gguf.GGMLQuantizationType, tensor_qtype(quant, gguf_name, array.shape, tied))
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return np.ascontiguousarray(array, dtype=np.float32), qtype
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return np.ascontiguousarray(array, dtype=np.float16), qtype
+    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+
+
+def decode_tensor(data, qtype, shape, arch: str, gguf_name: str, cfg):
+    """The float32 torch tensor `data` holds, back in llmkit's layout (q/k rows un-permuted)."""
+    import gguf
+    import numpy as np
+    import torch
+
+    values = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(shape)
+    if arch == "llama" and gguf_name.endswith("attn_q.weight"):
+        values = unpermute_rotary_rows(values, cfg.n_heads)
+    elif arch == "llama" and gguf_name.endswith("attn_k.weight"):
+        values = unpermute_rotary_rows(values, cfg.n_kv_heads)
+    return torch.from_numpy(np.ascontiguousarray(values))
