@@ -30,7 +30,7 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 class GenerationConfig:
     files: list[str] = field(default_factory=list)  # prompt + reference files (jsonl/json/parquet) or datasets
     max_new_tokens: int = 64        # reply length limit
-    prompt_format: Literal["auto", "chat", "plain"] = "auto"  # auto: chat template for sft/dpo/ppo runs
+    prompt_format: Literal["auto", "chat", "plain"] = "auto"  # auto: the template where `generate` uses one
     stop_at_newline: bool = True    # plain prompts: the reply ends at its first newline
     zh_tokenizer: Literal["char", "jieba"] = "char"  # how ROUGE splits Chinese
     batch_size: int = 16            # prompts generated together

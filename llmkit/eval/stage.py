@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.train.loading import CHAT_STAGES
 from llmkit.errors import ConfigError
 from llmkit.eval.choice import ChoiceConfig
 from llmkit.eval.efficiency import EfficiencyConfig
@@ -167,7 +166,8 @@ def eval_generation(run: EvalRun) -> dict:
 
 def load_judge(reward_run):
     """(reward model, its tokenizer) of a reward-model run."""
-    from llmkit.train.loading import checkpoint_step_dir, load_reward_model, load_tokenizer
+    from llmkit.checkpoints import checkpoint_step_dir
+    from llmkit.train.loading import load_reward_model, load_tokenizer
 
     return load_reward_model(reward_run.path), load_tokenizer(checkpoint_step_dir(reward_run.path))
 
@@ -190,7 +190,7 @@ def eval_reward(run: EvalRun) -> dict:
                                 seed=run.cfg.seed)
         ref_model, ref_tokenizer = llmkit.load(inputs.reference.path)
         reference = policy_replies(ref_model, ref_tokenizer, rows, rc, device=run.device,
-                                   seed=run.cfg.seed, chat=inputs.reference.stage in CHAT_STAGES)
+                                   seed=run.cfg.seed, chat=ref_model.trained_on_chats)
         del ref_model  # before the judge runs: three models need not share the memory
         win, samples = judge_policies(judge, rows, policy, reference, batch_size=rc.batch_size,
                                       device=run.device)
@@ -258,7 +258,7 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     device = resolve_device(cfg.device)
     model, tokenizer = llmkit.load(run_art.path / step)
     chat = cfg.generation.prompt_format == "chat" or (
-        cfg.generation.prompt_format == "auto" and run_art.stage in CHAT_STAGES)
+        cfg.generation.prompt_format == "auto" and model.trained_on_chats)  # as `generate` decides
     scorer = LMScorer(model, device=device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
     results: dict = {"run": str(run_art.path), "step": step, "tasks": list(cfg.tasks)}
     with b:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from typer.testing import CliRunner
 import llmkit
 from llmkit.generation import GenerateConfig, generate_texts
 from llmkit.cli.app import build_app
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from tests.train.posttrain_fixtures import make_tokenizer, memorizing_model, write_checkpoint_run
 
 runner = CliRunner()
@@ -180,3 +181,17 @@ def test_an_imported_model_says_it_gets_the_chat_template_and_how_to_turn_it_off
     assert "imported model whose tokenizer has a chat template" in r.stderr and "--set chat=false" in r.stderr
     r = invoke(imported / "ws", "--from", "base", "--prompt", "hi", "--set", "max_new_tokens=2")
     assert r.exit_code == 0 and "prompts go through the chat template" not in r.stderr
+
+
+def test_eval_prompts_the_models_generate_would_prompt_through_their_template(imported, monkeypatch):
+    import llmkit.eval.stage as stage
+
+    seen, original = [], stage.EvalRun
+    monkeypatch.setattr(stage, "EvalRun", lambda *args: seen.append(original(*args).chat) or original(*args))
+    questions = Path(__file__).resolve().parents[2] / "recipes/demo/data/eval/generation_en.jsonl"
+    for name in ("instruct", "base"):
+        r = runner.invoke(build_app(), ["eval", "-w", str(imported / "ws"), "--from", name, "--set", "tasks=generation",
+                                        "--set", f"generation.files={questions}", "--set", "generation.max_examples=1",
+                                        "--set", "generation.max_new_tokens=2"])
+        assert r.exit_code == 0, r.output
+    assert seen == [True, False]
