@@ -81,7 +81,7 @@ def write_random_run(ws: Path, name: str, preset: str = "tiny") -> None:
 
     from llmkit.model import Transformer, model_config
     from llmkit.tokenizer import Tokenizer
-    from llmkit.train import checkpoint as ckpt
+    from llmkit import checkpoints as ckpt
     from llmkit.workspace import Workspace
 
     tokenizer = Tokenizer(ws / "tokenizer")

@@ -16,7 +16,7 @@ Callers must know:
   `model.hidden_states(...)` returns the final-normed hidden states [B, T, hidden_size].
 - `model(..., targets=t, label_smoothing=eps) -> loss`: the mean cross-entropy over the positions
   whose target is not -100 (`t[b, i]` is the token position i predicts: already shifted), computed
-  in chunks of positions so the full [B, T, V] logits never exist (`llmkit.train.losses.chunked_cross_entropy`).
+  in chunks of positions so the full [B, T, V] logits never exist (`llmkit.model_losses.chunked_cross_entropy`).
 - `doc_ids` [B, T] blocks attention across packed documents; the caller resets `position_ids` per document.
 - `attention_mask` [B, past + T] (1 = real token) supports left padding; without `position_ids` the
   positions then count real tokens only.
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from llmkit.errors import ConfigError
-from llmkit.train.losses import chunked_cross_entropy
+from llmkit.model_losses import chunked_cross_entropy
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.checkpoints import is_complete, step_dirs, step_of
 from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
+from llmkit.train.checkpoint import RUN_RECORD
 from llmkit.train.lora import PINNED_BASE  # a LoRA run holds its base input itself
 from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed
 
@@ -113,8 +115,6 @@ def _unfinished_status(path: Path, name: str, root: Path) -> ArtifactStatus:
         plots = len(list(path.glob("*.png")))
         return ArtifactStatus(name, "report", "done", f"{plots} plots",
                               time.time() - (path / REPORT).stat().st_mtime)
-    from llmkit.train.checkpoint import RUN_RECORD, is_complete, step_dirs, step_of
-
     try:  # a training run records its inputs when it starts
         recorded = json.loads((path / RUN_RECORD).read_text())["inputs"]
         inputs = [_name_in(root, resolve_input(root, i["path"])) for i in recorded]

@@ -9,7 +9,7 @@ import torch
 import llmkit
 from llmkit.generation import GenerateConfig, encode_prompt, generate_texts, read_prompts
 from llmkit.errors import ConfigError, UserError
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 

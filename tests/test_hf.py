@@ -15,7 +15,7 @@ from llmkit.hf.parity import PROBE_CHAT, compare_with_transformers, load_transfo
 from llmkit.hf.tokenizer import hf_tokenizer_json
 from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
 from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 runner = CliRunner()

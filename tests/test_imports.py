@@ -1,5 +1,6 @@
 """The package's import graph has no cycle — counting imports inside functions too, since an
-import deferred into a function hides a circle rather than removing it."""
+import deferred into a function hides a circle rather than removing it — and its lower floors
+(the data wing, the model) import nothing from the trainers above them."""
 
 import ast
 from pathlib import Path
@@ -60,6 +61,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+LOWER = ("llmkit.data", "llmkit.model", "llmkit.model_losses")  # with their sub-modules
+ABOVE_THEM = ("llmkit.train",)
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported` for each import from a lower floor into the floors above it."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() if within(module, LOWER)
+                  for target in targets if within(target, ABOVE_THEM))
+
+
 def test_the_package_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -69,3 +84,15 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_data_wing_and_the_model_import_nothing_from_train():
+    assert not upward_imports(import_graph())
+
+
+def test_the_upward_import_finder_finds_a_planted_one():
+    graph = {"llmkit.data.tokenize": {"llmkit.checkpoints", "llmkit.train.loading"},
+             "llmkit.model": {"llmkit.model_losses", "llmkit.train"}, "llmkit.model_losses": set(),
+             "llmkit.modelling": {"llmkit.train.losses"}, "llmkit.train.losses": {"llmkit.model_losses"}}
+    assert upward_imports(graph) == ["llmkit.data.tokenize -> llmkit.train.loading",
+                                     "llmkit.model -> llmkit.train"]

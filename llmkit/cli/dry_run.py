@@ -37,7 +37,7 @@ def dense_attention_mask() -> bool:
 
 def model_shape(step_dir: Path):
     from llmkit.dryrun import Shape
-    from llmkit.train.checkpoint import MODEL_CONFIG
+    from llmkit.checkpoints import MODEL_CONFIG
 
     config = json.loads((Path(step_dir) / MODEL_CONFIG).read_text(encoding="utf-8"))
     return Shape.of(config), config
@@ -54,7 +54,7 @@ def trunk_parameters(step_dir: Path) -> int:
 
 
 def existing_run(ctx, stage: str) -> list[str]:
-    from llmkit.train.checkpoint import read_latest
+    from llmkit.checkpoints import read_latest
 
     run = ctx.workspace.path(ctx.out_name(stage))
     latest = read_latest(run)

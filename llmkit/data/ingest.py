@@ -1,6 +1,7 @@
 """`llmkit ingest`: jsonl / json / txt / csv / parquet (optionally .gz / .zst) -> dataset `raw`.
 
-Records are read as a stream and normalised to the schema of their kind:
+Records are read as a stream by their format's reader (`llmkit.data.readers`) and normalised
+to the schema of their kind:
 - text:       id, text, source, lang (+ other fields carried as columns); `lang` is the
               record's own, else zh / latin / other from the script (`language_of`)
 - sft:        id, prompt, response | messages, text, source
@@ -19,9 +20,7 @@ tasks' parts in order: the same for any --workers, --rank/--world-size split or 
 
 from __future__ import annotations
 
-import codecs
 import difflib
-import glob
 import hashlib
 import json
 from collections import Counter
@@ -29,17 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llmkit.data.io import (MAX_REMOVED_TEXT, BadRecord, DatasetWriter, decode_text, open_binary,
-                            read_jsonl)
+from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, DatasetWriter
 from llmkit.data.pipeline import FolderTasks
-from llmkit.errors import ConfigError, UserError
+from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, read_records
+from llmkit.errors import ConfigError
 from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
 from llmkit.data.chat import shape_hint
 from llmkit.workspace import kill_point
-
-FORMATS = ("jsonl", "json", "txt", "csv", "parquet")
-COMPRESSIONS = (".gz", ".zst")
 
 
 @dataclass
@@ -65,152 +61,11 @@ class IngestConfig:
                               f"{self.task_bytes}")
 
 
-# -- finding and opening files --------------------------------------------------------------
-
-def expand_inputs(patterns: list[str]) -> list[Path]:
-    files: list[Path] = []
-    for pat in patterns:
-        matches = sorted(glob.glob(pat, recursive=True)) or ([pat] if Path(pat).exists() else [])
-        if not matches:
-            raise UserError(f"ingest: no file matches {pat!r}")
-        for m in map(Path, matches):
-            if m.is_dir():
-                files += sorted(p for p in m.rglob("*") if p.is_file() and _format_of(p, None))
-            else:
-                files.append(m)
-    seen = set()
-    return [f for f in files if not (f in seen or seen.add(f))]
-
-
-def _format_of(path: Path, forced: str | None) -> str | None:
-    if forced:
-        return forced
-    name = path.name.lower()
-    for c in COMPRESSIONS:
-        name = name.removesuffix(c)
-    ext = name.rsplit(".", 1)[-1] if "." in name else ""
-    return {"jsonl": "jsonl", "ndjson": "jsonl", "json": "json", "txt": "txt", "text": "txt",
-            "md": "txt", "csv": "csv", "parquet": "parquet"}.get(ext)
-
-
 def _stem(path: Path) -> str:
     name = path.name
     for c in COMPRESSIONS:
         name = name.removesuffix(c)
     return name.rsplit(".", 1)[0] if "." in name else name
-
-
-# -- readers: yield (location, record dict) or (location, BadRecord) ------------------------
-
-def read_jsonl_records(path: Path, cfg: IngestConfig):
-    for n, rec in read_jsonl(path, encoding=cfg.encoding, strict=False):
-        yield f"{path}:{n}", rec
-
-
-def read_json(path: Path, cfg: IngestConfig):
-    with open_binary(path) as f:
-        text = decode_text(f.read(), cfg.encoding)
-    if isinstance(text, BadRecord):
-        yield f"{path}", text
-        return
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        yield f"{path}:{getattr(e, 'lineno', 1)}", BadRecord("malformed_json", text)
-        return
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        yield f"{path}", BadRecord("json_not_array", text)
-        return
-    for i, rec in enumerate(data):
-        yield f"{path}[{i}]", rec
-
-
-def read_txt(path: Path, cfg: IngestConfig):
-    if cfg.per_line:
-        with open_binary(path) as f:
-            for n, line in enumerate(f, 1):
-                text = decode_text(line, cfg.encoding)
-                if isinstance(text, BadRecord) or text.strip():
-                    yield f"{path}:{n}", text if isinstance(text, BadRecord) else {
-                        cfg.text_field: text.rstrip("\r\n")}
-        return
-    with open_binary(path) as f:
-        data = f.read()
-    if b"\x00" in data[:8192]:
-        yield str(path), BadRecord("binary_file", data[:200].decode("latin-1"))
-        return
-    text = decode_text(data, cfg.encoding)
-    yield str(path), text if isinstance(text, BadRecord) else {cfg.text_field: text}
-
-
-def read_csv(path: Path, cfg: IngestConfig):
-    import csv
-
-    with open_binary(path) as fb:
-        f = codecs.getreader(cfg.encoding)(fb, errors="strict")
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            return
-        except (csv.Error, UnicodeDecodeError) as e:
-            yield f"{path}:1", BadRecord("malformed_csv", str(e))
-            return
-        while True:
-            line = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except UnicodeDecodeError as e:
-                yield f"{path}:{line}", BadRecord("invalid_utf8", str(e))
-                return  # the decoder cannot resynchronise mid-stream
-            except csv.Error as e:
-                yield f"{path}:{line}", BadRecord("malformed_csv", str(e))
-                continue
-            if len(row) != len(header):
-                yield f"{path}:{line}", BadRecord("malformed_csv", ",".join(row))
-                continue
-            yield f"{path}:{line}", dict(zip(header, row))
-
-
-def read_parquet(path: Path, cfg: IngestConfig):
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for a non-parquet file
-        raise UserError(f"{path}: not a readable parquet file ({e})") from None
-    n = 0
-    for batch in pf.iter_batches(batch_size=cfg.batch_rows):
-        for rec in batch.to_pylist():
-            yield f"{path}#{n}", rec
-            n += 1
-
-
-READERS = {"jsonl": read_jsonl_records, "json": read_json, "txt": read_txt, "csv": read_csv,
-           "parquet": read_parquet}
-
-
-def read_records(path: Path, cfg: IngestConfig):
-    fmt = _format_of(path, cfg.format)
-    if fmt is None:
-        raise UserError(f"{path}: unknown format; use one of {', '.join(FORMATS)} "
-                        "(optionally .gz/.zst) or --set format=…")
-    try:
-        yield from READERS[fmt](path, cfg)
-    except (EOFError, OSError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise UserError(f"{path}: cannot read ({e})") from None
-        # a truncated .gz/.zst: keep what was read, quarantine the rest as one row
-        yield f"{path}:end", BadRecord("truncated_file", str(e))
-    except Exception as e:
-        if type(e).__name__ == "ZstdError":
-            yield f"{path}:end", BadRecord("truncated_file", str(e))
-        else:
-            raise
 
 
 # -- normalising records to the schema of a kind ---------------------------------------------

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from llmkit.checkpoints import tokenizer_folder
 from llmkit.data.arrow import string_buffers, strings
 from llmkit.data.io import dataset_files, fresh_dir, replace_dir, temporary_path
 from llmkit.data.pipeline import ordered_imap
@@ -326,7 +327,6 @@ def tokenizer_in(folder: Path):
 def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
     from llmkit.data.pipeline import run_rank_tasks, run_tasks_with
     from llmkit.progress import print_summary
-    from llmkit.train.loading import tokenizer_folder
 
     tok_art = ctx.workspace.artifact(tokenizer)  # a tokenizer, or a checkpoint run carrying one
     folder = tokenizer_folder(tok_art.path)

@@ -32,8 +32,7 @@ def eval_input(ws, spec: str) -> Artifact:
 def resolve_checkpoint(ws, spec: str, step: str | None = None):
     """(run artifact, step folder name) of `--from`: one of a run's step folders, or a run and
     `step` (default its latest complete one)."""
-    from llmkit.train.loading import checkpoint_step_dir
-    from llmkit.train.checkpoint import step_of
+    from llmkit.checkpoints import checkpoint_step_dir, step_of
 
     path = Path(spec)
     if step_of(path) is not None:

@@ -53,8 +53,8 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     """`llmkit export`: the checkpoint `source` (run or step folder, name or path) -> a transformers
     folder (or a folder holding the GGUF file) at `to` (default: workspace/export/<format>), an
     artifact with manifest.json."""
-    from llmkit.train.checkpoint import weights_file
-    from llmkit.train.loading import checkpoint_step_dir, find_checkpoint
+    from llmkit.checkpoints import checkpoint_step_dir, weights_file
+    from llmkit.train.loading import find_checkpoint
     from llmkit.progress import print_summary
     from llmkit.workspace import Artifact
 
@@ -92,7 +92,7 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
     from safetensors.torch import save_file
 
     from llmkit.train.loading import load
-    from llmkit.train.checkpoint import step_of, weights_file
+    from llmkit.checkpoints import step_of, weights_file
     from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 
     step_dir, out_dir = Path(step_dir), Path(out_dir)
@@ -144,7 +144,7 @@ def write_peft_adapters(step_dir: Path, out_dir: Path) -> str:
     out_dir / "adapter")`. Returns the folder's name."""
     import shutil
 
-    from llmkit.train.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    from llmkit.checkpoints import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
     folder = out_dir / "adapter"
     folder.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ def gguf_file_name(quant: str) -> str:
 def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     """Write `out_dir/model-<quant>.gguf` for a step folder; returns the export record. With
     cfg.probe, the file is read back (llmkit.hf.gguf_read) and its parity recorded."""
-    from llmkit.train.checkpoint import step_of
+    from llmkit.checkpoints import step_of
     from llmkit.train.loading import load
 
     step_dir, out_dir = Path(step_dir), Path(out_dir)

@@ -131,7 +131,7 @@ def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: P
     `run_dir/latest`; returns counts for the manifest."""
     import torch
 
-    from llmkit.train import checkpoint as ckpt
+    from llmkit import checkpoints as ckpt
 
     state_dict = model.state_dict
     if cfg.dtype != "auto":
@@ -154,7 +154,7 @@ def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: P
 def read_hf_weights(src: Path) -> dict:
     """Every tensor of a transformers folder's safetensors files (one file, or shards listed in
     model.safetensors.index.json). Pickled .bin weights are refused: loading them runs code."""
-    from llmkit.train.checkpoint import read_weights, weights_problem
+    from llmkit.checkpoints import read_weights, weights_problem
 
     src = Path(src)
     if (src / SHARD_INDEX).is_file():

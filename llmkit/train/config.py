@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from llmkit import checkpoints as ckpt
 from llmkit.errors import ConfigError
 from llmkit.executor import RUN_OPTION
-from llmkit.train import checkpoint as ckpt
 from llmkit.train.lora import LoraConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit import checkpoints as ckpt
 from llmkit.errors import ConfigError, UserError
-from llmkit.train import checkpoint as ckpt
 from llmkit.train import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.distributed import barrier, seed_everything, setup_distributed

@@ -2,7 +2,7 @@
 its step folders, into a model (language or reward) and the tokenizer it carries.
 
 `llmkit.load` and every stage that starts from a checkpoint (`--from`, `--ref`, `--reward`,
-eval, export) read through here; the files themselves are read by `train.checkpoint`.
+eval, export) read through here; the files themselves are read by `llmkit.checkpoints`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from llmkit.checkpoints import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, load_weights,
+                                resolve_step_dir, weights_file)
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.checkpoint import (MODEL_CONFIG, TOKENIZER, is_complete, load_weights,
-                                     resolve_step_dir, step_dirs, step_of, weights_file)
 
 CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
 
@@ -97,37 +97,6 @@ def load_tokenizer(step_dir):
         raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; llmkit checkpoints carry their tokenizer "
                         "(an imported model needs `llmkit import --tokenizer DIR`)")
     return open_tokenizer(folder)
-
-
-def tokenizer_folder(path) -> Path:
-    """A tokenizer folder: `path` itself when it holds a tokenizer (`llmkit tokenizer`'s artifact, a
-    model's folder), else the copy a checkpoint run (its latest step) or step folder carries, so an
-    imported model's tokenizer is named by its run (`tokenize --tokenizer imported`)."""
-    from llmkit.tokenizer import tokenizer_file
-
-    path = Path(path)
-    if tokenizer_file(path) is not None:
-        return path
-    if (path / TOKENIZER).is_dir() or step_dirs(path):
-        return checkpoint_step_dir(path) / TOKENIZER
-    return path  # not a tokenizer: open_tokenizer says what one needs
-
-
-def checkpoint_step_dir(path) -> Path:
-    """The step folder `path` names: itself, or a run's `latest` (else newest complete) step."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path} does not exist; give a checkpoint run (a folder of step-* folders) or "
-                        "one of its step-* folders")
-    if step_of(path) is not None and not is_complete(path):
-        raise UserError(f"{path} has no 'complete' marker: its save was interrupted; use another step "
-                        f"of {path.parent} or the run folder itself")
-    if step_of(path) is None and not weights_file(path).is_file():
-        started = step_dirs(path)
-        if started and not any(is_complete(p) for p in started):
-            raise UserError(f"{path} holds no complete checkpoint yet ({len(started)} interrupted save(s)); "
-                            "resume training with the same command to write one")
-    return resolve_step_dir(path)
 
 
 def find_checkpoint(workspace, name_or_path) -> Path:

@@ -33,9 +33,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.checkpoints import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DEEPSPEED, MODEL_CONFIG, WEIGHTS,
+                                is_complete, step_dirs, weights_file)
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.checkpoint import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DEEPSPEED, MODEL_CONFIG, WEIGHTS,
-                                     is_complete, step_dirs, weights_file)
 from llmkit.workspace import MANIFEST, Artifact, link_or_copy, write_atomic
 
 ALL_LINEAR = "all-linear"

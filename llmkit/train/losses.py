@@ -4,8 +4,9 @@ of tensors.
 Conventions shared by every function here:
 - `labels` are aligned with `input_ids` (Hugging Face style): `labels[t]` is the token at
   position t when it is trained on, `IGNORE_INDEX` otherwise; the shift by one (logits at t
-  predict the token at t + 1) happens inside `token_logps`. `chunked_cross_entropy` takes
-  `targets` instead, already shifted, as pretraining batches hold them.
+  predict the token at t + 1) happens inside `token_logps`. (The language-model loss itself,
+  `llmkit.model_losses.chunked_cross_entropy`, sits beside the model and takes `targets`
+  instead, already shifted, as pretraining batches hold them.)
 - A sequence's log-probability is the sum over its labelled tokens (TRL's convention for DPO);
   `average=True` divides by their number (IPO, as its authors specify).
 - PPO's per-token tensors are [B, R] over the response tokens of a rollout (R = longest
@@ -20,9 +21,9 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-IGNORE_INDEX = -100
+from llmkit.model_losses import IGNORE_INDEX
+
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "robust", "reference_free")
 DpoLossType = Literal["sigmoid", "ipo", "cdpo", "robust", "reference_free"]
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -40,34 +41,6 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     # log_softmax(x)[y] = x[y] - logsumexp(x): avoids materialising the [B, T, V] log-softmax
     picked = logits.gather(-1, safe_targets).squeeze(-1) - logits.logsumexp(-1)
     return picked * mask, mask
-
-
-def chunked_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                          label_smoothing: float = 0.0, chunk_size: int = 1024) -> torch.Tensor:
-    """`F.cross_entropy(head(hidden).float(), targets, ignore_index=IGNORE_INDEX, label_smoothing=...)`
-    without ever holding every position's logits; 0 when no target is labelled.
-
-    `targets[..., t]` is the token that position t predicts (already shifted, unlike `labels`).
-    Logits are made chunk_size labelled positions at a time and reduced to a loss sum; backward
-    makes each chunk's logits again (torch.utils.checkpoint), so at most one chunk's exist at once.
-    `head` is the module, not its weight: ZeRO-3 gathers a module's parameters in its forward
-    hooks, which fire for the recomputation too.
-    """
-    labelled = targets != IGNORE_INDEX
-    hidden, targets = hidden[labelled], targets[labelled]
-    if not len(targets):
-        return hidden.float().sum()  # a zero that still backpropagates (engines call backward on it)
-    total = 0.0
-    for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size)):
-        if torch.is_grad_enabled():
-            total = total + checkpoint(_loss_sum, head, h, t, label_smoothing, use_reentrant=False)
-        else:
-            total = total + _loss_sum(head, h, t, label_smoothing)
-    return total / len(targets)
-
-
-def _loss_sum(head, hidden, targets, label_smoothing):
-    return F.cross_entropy(head(hidden).float(), targets, reduction="sum", label_smoothing=label_smoothing)
 
 
 def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,

@@ -116,7 +116,7 @@ def tokenizer_of(tokens_art, workspace):
     """The tokenizer artifact the token shards were made with (an input in their manifest: a
     tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
     from llmkit.tokenizer import tokenizer_file
-    from llmkit.train.loading import tokenizer_folder
+    from llmkit.checkpoints import tokenizer_folder
 
     for entry in tokens_art.manifest.get("inputs", []):
         path = Path(entry["path"])
@@ -130,7 +130,7 @@ def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: P
     """Continued pretraining must read tokens made by the tokenizer the weights were trained
     with: ids from another vocabulary would train silently on garbage."""
     from llmkit.tokenizer import same_tokenizer, tokenizer_file
-    from llmkit.train.checkpoint import TOKENIZER
+    from llmkit.checkpoints import TOKENIZER
 
     ours = step_dir / TOKENIZER
     if tokenizer_file(ours) is not None and not same_tokenizer(ours, tokenizer_dir):

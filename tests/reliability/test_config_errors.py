@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit import stages
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from tests.conftest import write_jsonl
 from tests.test_tokenizer import small_corpus
 from tests.train.test_pretrain import TINY

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from llmkit.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]

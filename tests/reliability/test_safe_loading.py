@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from llmkit.train.loading import load_model
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from llmkit.train.metrics import read_metrics
 from tests.train.conftest import make_engine
 

@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
     """argv: RUN_DIR OPTIONS_JSON [RUN_DIR OPTIONS_JSON ...], trained one after the other.
     Option `unreadable_on_rank: [rank, step folder]` makes that folder look damaged to that rank
     alone (as a node whose copy of shared storage is stale or broken would see it)."""
-    from llmkit.train import checkpoint as ckpt
+    from llmkit import checkpoints as ckpt
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     for run_dir, options in zip(argv[::2], argv[1::2]):

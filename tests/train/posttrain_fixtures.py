@@ -12,7 +12,7 @@ import torch
 from llmkit.model import ModelConfig, Transformer
 from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
 from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 
 LETTERS = "abcdefgh"
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
+from llmkit.train.checkpoint import RUN_RECORD, plan_run
 from llmkit.train.metrics import read_metrics
 from tests.train.conftest import TinyLM, make_engine
 
@@ -148,12 +149,12 @@ def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_fro
         fake_step(run, step)
     data = Artifact(tmp_path / "tokens", {"fingerprint": fingerprint})
     if record:
-        (run / ckpt.RUN_RECORD).write_text(json.dumps(
+        (run / RUN_RECORD).write_text(json.dumps(
             {"config": RUN_CONFIG, "inputs": [{"path": "tokens", "fingerprint": "aaa"}],
              "changes": []}))
     b = Workspace(tmp_path).builder("run", stage="pretrain", config=config or RUN_CONFIG,
                                     inputs=[data], in_place=True, quiet=True)
-    return ckpt.plan_run(b, resume_from, TrainConfig.CONTINUABLE, force, defaults)
+    return plan_run(b, resume_from, TrainConfig.CONTINUABLE, force, defaults)
 
 
 def test_rerun_with_the_same_settings_continues_from_the_newest_checkpoint(tmp_path):

@@ -16,7 +16,7 @@ import torch
 
 from llmkit.config import parse_overrides, resolve_config
 from llmkit.errors import ConfigError, UserError
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from llmkit.train import lora
 from llmkit.train.loading import load, load_model, load_reward_model
 from llmkit.train.metrics import read_metrics

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from llmkit.train.losses import (IGNORE_INDEX, AdaptiveKLController, RunningMoments,
-                                 aggregate_token_loss, bradley_terry_loss, chunked_cross_entropy,
-                                 clip_scores, clipped_policy_loss, clipped_policy_token_loss,
+                                 aggregate_token_loss, bradley_terry_loss, clip_scores,
+                                 clipped_policy_loss, clipped_policy_token_loss,
                                  clipped_value_loss, dpo_loss, entropy_from_logits, gae,
                                  group_relative_advantages, kl_estimate, logprobs_of, masked_mean,
                                  penalize_missing_stop, token_logps, token_rewards, whiten)
@@ -34,33 +34,6 @@ def test_token_logps_are_log_softmax_of_the_next_label():
     assert sequence_logps(logits, labels)[1] == pytest.approx(expected[1, :4, 2].sum().item(), abs=1e-5)
     assert sequence_logps(logits, labels, average=True)[0] == pytest.approx(
         (expected[0, 0, 3] + expected[0, 1, 1] + expected[0, 3, 6]).item() / 3, abs=1e-5)
-
-
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-@pytest.mark.parametrize("chunk_size", [1, 4, 100])
-def test_chunked_cross_entropy_equals_the_full_one_with_its_gradients(label_smoothing, chunk_size):
-    torch.manual_seed(0)
-    head = torch.nn.Linear(8, 11, bias=False)
-    hidden = torch.randn(3, 5, 8, requires_grad=True)
-    targets = torch.randint(0, 11, (3, 5))
-    targets[0, :2] = IGNORE_INDEX
-    targets[2, 4] = IGNORE_INDEX
-    full = torch.nn.functional.cross_entropy(head(hidden).flatten(0, 1), targets.flatten(),
-                                             label_smoothing=label_smoothing)
-    expected = torch.autograd.grad(full, (hidden, head.weight))
-    chunked = chunked_cross_entropy(head, hidden, targets, label_smoothing, chunk_size)
-    torch.testing.assert_close(chunked, full)
-    for a, b in zip(torch.autograd.grad(chunked, (hidden, head.weight)), expected):
-        torch.testing.assert_close(a, b)
-    with torch.no_grad():
-        torch.testing.assert_close(chunked_cross_entropy(head, hidden, targets, label_smoothing, chunk_size), full)
-
-
-def test_chunked_cross_entropy_without_labelled_tokens_is_a_zero_that_backpropagates():
-    hidden = torch.randn(2, 3, 8, requires_grad=True)
-    loss = chunked_cross_entropy(torch.nn.Linear(8, 11), hidden, torch.full((2, 3), IGNORE_INDEX))
-    loss.backward()
-    assert loss.item() == 0 and hidden.grad.abs().sum() == 0
 
 
 def test_sft_loss_is_mean_cross_entropy_over_labelled_tokens_only():

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.model import ModelConfig, Transformer
-from llmkit.train import checkpoint as ckpt
+from llmkit import checkpoints as ckpt
 from llmkit.train.metrics import read_metrics
 from llmkit.train.pretrain import ModelSection, PretrainTask
 from tests.conftest import write_jsonl

@@ -1,0 +1,25 @@
+"""Plain text (`.txt`, `.text`, `.md`): a document per file, or per line with `per_line`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmkit.data.io import BadRecord, decode_text, open_binary
+
+
+def read_txt(path: Path, cfg):
+    if cfg.per_line:
+        with open_binary(path) as f:
+            for n, line in enumerate(f, 1):
+                text = decode_text(line, cfg.encoding)
+                if isinstance(text, BadRecord) or text.strip():
+                    yield f"{path}:{n}", text if isinstance(text, BadRecord) else {
+                        cfg.text_field: text.rstrip("\r\n")}
+        return
+    with open_binary(path) as f:
+        data = f.read()
+    if b"\x00" in data[:8192]:
+        yield str(path), BadRecord("binary_file", data[:200].decode("latin-1"))
+        return
+    text = decode_text(data, cfg.encoding)
+    yield str(path), text if isinstance(text, BadRecord) else {cfg.text_field: text}

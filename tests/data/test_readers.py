@@ -1,0 +1,102 @@
+"""Ingest's readers are files: one module per format, each in the table that picks a reader by
+the file's suffix, and the table covers every format `llmkit ingest` documents."""
+
+import csv
+import gzip
+import importlib
+import json
+import pkgutil
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from llmkit.data import ingest, readers
+from llmkit.data.ingest import IngestConfig
+from llmkit.data.readers import COMPRESSIONS, FORMATS, READERS, SUFFIXES, expand_inputs, format_of
+from llmkit.data.readers import read_records
+
+
+def documented() -> tuple[list[str], list[str]]:
+    """(formats, compressions) as ingest's docstring names them on its first line."""
+    first = ingest.__doc__.splitlines()[0]
+    formats, compressions = re.search(r"`llmkit ingest`: (.*?) \(optionally (.*?)\)", first).groups()
+    return formats.split(" / "), compressions.split(" / ")
+
+
+def reader_modules() -> list[str]:
+    return [f"{readers.__name__}.{m.name}" for m in pkgutil.iter_modules(readers.__path__)]
+
+
+def test_the_suffix_table_covers_every_documented_format_and_compression():
+    formats, compressions = documented()
+    assert formats == list(FORMATS) and compressions == list(COMPRESSIONS)
+    for fmt in formats:
+        for packed in ("", *compressions):
+            assert format_of(Path(f"Docs.{fmt.upper()}{packed}"), None) == fmt
+    assert set(SUFFIXES.values()) == set(READERS)
+    assert format_of(Path("notes.md.gz"), None) == "txt" and format_of(Path("a.bin"), None) is None
+    assert format_of(Path("a.bin"), "csv") == "csv"  # format= forces it
+
+
+def test_each_reader_module_is_found_in_the_table_and_each_reader_lives_in_one():
+    owners = {reader.__module__ for reader in READERS.values()}
+    assert owners == set(reader_modules())  # a module left out of READERS fails here
+    for name in reader_modules():
+        module = importlib.import_module(name)
+        assert any(getattr(module, r.__name__, None) is r for r in READERS.values()), name
+
+
+def write(path: Path, fmt: str, texts: list[str]) -> Path:
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), path)
+        return path
+    if fmt == "jsonl":
+        data = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    elif fmt == "json":
+        data = json.dumps([{"text": t} for t in texts])
+    elif fmt == "txt":
+        data = "\n".join(texts)
+    else:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([["text"], *[[t] for t in texts]])
+        return path
+    path.write_text(data)
+    return path
+
+
+def packed(path: Path, compression: str) -> Path:
+    out = path.with_name(path.name + compression)
+    data = path.read_bytes()
+    out.write_bytes(gzip.compress(data) if compression == ".gz"
+                    else zstandard.ZstdCompressor().compress(data))
+    return out
+
+
+@pytest.mark.parametrize("compression", ["", *COMPRESSIONS])
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "parquet"])
+def test_each_text_format_reads_its_records_plain_and_compressed(tmp_path, fmt, compression):
+    path = write(tmp_path / f"d.{fmt}", fmt, ["one", "two"])
+    path = packed(path, compression) if compression else path
+    records = list(read_records(path, IngestConfig(per_line=True)))
+    assert [rec["text"] for _, rec in records] == ["one", "two"]
+    where = {"jsonl": [":1", ":2"], "json": ["[0]", "[1]"], "txt": [":1", ":2"], "csv": [":2", ":3"]}
+    assert [loc for loc, _ in records] == [f"{path}{w}" for w in where[fmt]]
+
+
+def test_parquet_reads_one_record_per_row_in_batches(tmp_path):
+    path = write(tmp_path / "d.parquet", "parquet", ["a", "b", "c"])
+    records = list(read_records(path, IngestConfig(batch_rows=2)))
+    assert records == [(f"{path}#0", {"text": "a"}), (f"{path}#1", {"text": "b"}),
+                       (f"{path}#2", {"text": "c"})]
+
+
+def test_a_folder_expands_to_its_files_of_a_known_format_in_order(tmp_path):
+    for name in ("b.jsonl.gz", "a/c.md", "a/skip.bin", "d.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    assert expand_inputs([str(tmp_path)]) == [tmp_path / "a/c.md", tmp_path / "b.jsonl.gz",
+                                              tmp_path / "d.parquet"]
