@@ -1,6 +1,7 @@
 # dpo: $(WS)/$(DPO_FROM) (policy) [+ $(WS)/$(DPO_REF) (reference; default: the policy)]
 #      + $(WS)/$(DPO_DATA) (`ingest --kind preference`) [+ $(WS)/$(DPO_EVAL)] -> $(WS)/dpo
-# DPO_FLAGS = --set loss_type=ipo (or cdpo / robust with label_smoothing, reference_free),
+# DPO_FLAGS = --set loss_type=ipo (or cdpo / robust with label_smoothing, reference_free; orpo /
+# simpo hold no reference model: leave DPO_REF empty),
 # --set beta=0.1. Held-out rows are scored by exact match before and after.
 DPO_FROM ?= sft
 DPO_REF ?=

@@ -18,7 +18,7 @@ def dpo(
                        "(default: a share of --in).")] = None,
     dry_run: DryRun = False,
 ):
-    """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free) on pairs (--in, default pref_train) -> `dpo`."""
+    """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free; orpo/simpo without a reference model) on pairs (--in, default pref_train) -> `dpo`."""
     from llmkit.train.dpo import run_dpo
 
     cfg = ctx.config()

@@ -1,5 +1,7 @@
 """Direct preference optimisation (`llmkit dpo`): train a policy on preference pairs against a
-frozen reference (Rafailov et al. 2023), with the IPO, cDPO, robust and reference-free variants.
+frozen reference (Rafailov et al. 2023), with the IPO, cDPO, robust and reference-free variants,
+and the two losses that need no reference model at all, ORPO and SimPO (`loss_type=orpo|simpo`):
+no reference pass, no reference weights held, so `--ref` and `precompute_ref=false` are refused.
 
 A completion's log-probability is the sum over its reply tokens (the mean for IPO, as its
 authors specify): the reply and its end of turn, the tokens SFT learns. Text a chat template
@@ -7,6 +9,12 @@ writes after the end of turn is not the reply: TRL's DPOTrainer counts every tok
 rendered prompt, so with ChatML templates that put the newline after <|im_end|> outside any
 {% generation %} block (Qwen2.5's, SmolLM2's) its log-probs hold that newline too, one token per
 sequence that llmkit leaves out (tests/train/test_trl_parity.py asserts exactly this).
+
+ORPO (Hong et al. 2024) and SimPO (Meng et al. 2024) score a reply by its mean per-token
+log-prob, as TRL's ORPOTrainer and CPOTrainer do. ORPO's NLL term is the chosen replies' mean
+per-token NLL over the reply tokens only, like `llmkit sft` and LLaMA-Factory: TRL's ORPOTrainer
+(like the paper's code) takes it over the prompt tokens too, which would train the policy to write
+prompts. The odds-ratio and SimPO terms themselves equal TRL's (tests/train/test_preference_losses.py).
 
 By default the reference's log-probabilities are computed once, in one pass over the data
 before training, and stored in the batches, so the reference model is not held in memory while
@@ -29,7 +37,8 @@ from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt
 from llmkit.errors import ConfigError
 from llmkit.train.loading import load_model, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
-from llmkit.train.losses import DpoLossType, dpo_loss
+from llmkit.train.losses import (NO_REFERENCE_LOSS_TYPES, PreferenceLossType, dpo_loss, orpo_loss,
+                                 simpo_loss)
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
                                     exact_match_summary, labelled_token_logps, load_start,
                                     post_training_inputs, preference_data)
@@ -42,16 +51,21 @@ class DpoConfig(GenerativeConfig):
     micro_batch_size: int = 8  # preference pairs per forward (2x sequences)
     lr: float = 1e-5  # DPO moves a tuned policy a little; tiny models take more (recipes set it)
     min_lr: float = 1e-6  # learning rate at the end of the cosine decay
-    loss_type: DpoLossType = "sigmoid"  # sigmoid | ipo | cdpo | robust | reference_free
-    beta: float = 0.1  # β: strength of the pull towards the reference
-    label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust)
+    loss_type: PreferenceLossType = "sigmoid"  # sigmoid | ipo | cdpo | robust | reference_free | orpo | simpo
+    beta: float = 0.1  # β: strength of the pull towards the reference; orpo: λ, the weight of
+    #                    the odds-ratio term; simpo: the reward scale β (TRL's ORPOConfig and
+    #                    CPOConfig call both `beta`, 0.1 there too; the SimPO paper tunes β in 2–10)
+    label_smoothing: float = 0.0  # ε: assumed share of flipped labels (cdpo, robust, simpo)
     precompute_ref: bool = True  # reference log-probs in one pass before training (frees it)
     rpo_alpha: float = 0.0  # weight of the chosen reply's per-token NLL in the loss (RPO; TRL's rpo_alpha)
+    simpo_gamma: float = 0.5  # γ: SimPO's target reward margin (TRL's CPOConfig.simpo_gamma)
+    cpo_alpha: float = 0.0  # weight of the chosen reply's per-token NLL under simpo (TRL's
+    #                         CPOConfig.cpo_alpha, 1.0 there: CPO-SimPO; 0 is the SimPO paper's loss)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.loss_type not in get_args(DpoLossType):
-            raise ConfigError(f"loss_type must be one of {', '.join(get_args(DpoLossType))}, "
+        if self.loss_type not in get_args(PreferenceLossType):
+            raise ConfigError(f"loss_type must be one of {', '.join(get_args(PreferenceLossType))}, "
                               f"got {self.loss_type!r}")
         if not self.beta > 0:
             raise ConfigError(f"beta must be > 0, got {self.beta}")
@@ -62,16 +76,43 @@ class DpoConfig(GenerativeConfig):
                               "plain sigmoid DPO")
         if self.rpo_alpha < 0:
             raise ConfigError(f"rpo_alpha must be >= 0, got {self.rpo_alpha}")
-        if self.loss_type == "ipo" and self.label_smoothing:
-            raise ConfigError("label_smoothing applies to sigmoid, cdpo and robust, not ipo")
+        if self.loss_type in ("ipo", "orpo") and self.label_smoothing:
+            raise ConfigError(f"label_smoothing applies to sigmoid, cdpo, robust and simpo, not "
+                              f"{self.loss_type}; drop it")
+        self.check_no_reference_settings()
+
+    def check_no_reference_settings(self) -> None:
+        """ORPO's and SimPO's own settings only with them; the reference's and RPO's not with them."""
+        if self.cpo_alpha < 0:
+            raise ConfigError(f"cpo_alpha must be >= 0, got {self.cpo_alpha}")
+        if self.loss_type != "simpo":
+            for key, unset in (("simpo_gamma", 0.5), ("cpo_alpha", 0.0)):
+                if getattr(self, key) != unset:
+                    raise ConfigError(f"{key} applies to loss_type=simpo only, not {self.loss_type}; "
+                                      f"drop it" + ("" if key == "simpo_gamma" else
+                                                    " (DPO's chosen-reply NLL is rpo_alpha)"))
+        if self.loss_type not in NO_REFERENCE_LOSS_TYPES:
+            return
+        if not self.precompute_ref:
+            raise ConfigError(f"precompute_ref=false holds a reference model, and loss_type="
+                              f"{self.loss_type} uses none; drop the setting")
+        if self.rpo_alpha:
+            raise ConfigError(f"rpo_alpha does not apply to {self.loss_type}: " + (
+                "ORPO's loss holds the chosen replies' NLL already; drop it" if self.loss_type == "orpo"
+                else "SimPO's chosen-reply NLL weight is cpo_alpha (TRL's CPOConfig name); use that"))
 
     @property
     def uses_reference(self) -> bool:
-        return self.loss_type != "reference_free"
+        return self.loss_type not in ("reference_free", *NO_REFERENCE_LOSS_TYPES)
 
     @property
     def average_logps(self) -> bool:
-        return self.loss_type == "ipo"
+        return self.loss_type in ("ipo", *NO_REFERENCE_LOSS_TYPES)
+
+    @property
+    def chosen_nll_weight(self) -> float:
+        """Weight of the chosen replies' per-token NLL added to the preference loss."""
+        return {"orpo": 1.0, "simpo": self.cpo_alpha}.get(self.loss_type, self.rpo_alpha)
 
 
 def completion_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +150,8 @@ def precompute_reference_logps(reference, pairs: list, pad_id: int, batch_size: 
 
 
 class DpoTask(Task):
-    """The DPO family's loss of (chosen, rejected) completion log-probs against the reference's."""
+    """The DPO family's loss of (chosen, rejected) completion log-probs against the reference's
+    (ORPO's and SimPO's of the policy's alone)."""
 
     perplexity = False  # a preference loss: exp(val_loss) is no perplexity
 
@@ -134,29 +176,41 @@ class DpoTask(Task):
             self.reference.to(self.device, next(model.parameters()).dtype)  # the policy's, as in ppo
             return completion_logps(self.reference, batch, self.cfg.average_logps)
 
+    def pair_losses(self, model, batch, chosen, rejected):
+        """(per-pair losses, chosen rewards, rejected rewards) of the configured loss."""
+        cfg = self.cfg
+        if cfg.loss_type == "orpo":
+            return orpo_loss(chosen, rejected, lam=cfg.beta)
+        if cfg.loss_type == "simpo":
+            return simpo_loss(chosen, rejected, beta=cfg.beta, gamma=cfg.simpo_gamma,
+                              label_smoothing=cfg.label_smoothing)
+        ref = self.reference_logps(model, batch)
+        return dpo_loss(chosen, rejected, None if ref is None else ref[:len(chosen)],
+                        None if ref is None else ref[len(chosen):], beta=cfg.beta,
+                        loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+
     def loss(self, model, batch):
         cfg = self.cfg
         total, count = completion_sums(model, batch)
         policy = per_row(total, count, cfg.average_logps)
         half = len(policy) // 2
-        ref = self.reference_logps(model, batch)
-        losses, chosen_rewards, rejected_rewards = dpo_loss(
-            policy[:half], policy[half:], None if ref is None else ref[:half],
-            None if ref is None else ref[half:], beta=cfg.beta, loss_type=cfg.loss_type,
-            label_smoothing=cfg.label_smoothing)
+        losses, chosen_rewards, rejected_rewards = self.pair_losses(model, batch, policy[:half],
+                                                                    policy[half:])
         margins = chosen_rewards - rejected_rewards
         loss = losses.mean()
-        if cfg.rpo_alpha:
-            # DPO can lower the chosen reply's likelihood too while it widens the margin; the NLL of
-            # the chosen tokens (Pang et al. 2024, "RPO") holds it up
-            loss = loss + cfg.rpo_alpha * -(total[:half].sum() / count[:half].sum().clamp(min=1))
-        return loss + model.aux_loss, {
-            "rewards/chosen": chosen_rewards.mean(),
-            "rewards/rejected": rejected_rewards.mean(),
-            "rewards/margins": margins.mean(),
-            "rewards/accuracy": (margins > 0).float().mean(),
-            "logps/chosen": policy[:half].detach().mean(),
-            "logps/rejected": policy[half:].detach().mean()}
+        metrics = {"rewards/chosen": chosen_rewards.mean(),
+                   "rewards/rejected": rejected_rewards.mean(),
+                   "rewards/margins": margins.mean(),
+                   "rewards/accuracy": (margins > 0).float().mean(),
+                   "logps/chosen": policy[:half].detach().mean(),
+                   "logps/rejected": policy[half:].detach().mean()}
+        if cfg.chosen_nll_weight:
+            # a preference loss can lower the chosen reply's likelihood too while it widens the
+            # margin; the NLL of the chosen tokens (RPO, CPO; ORPO's SFT term) holds it up
+            nll = -(total[:half].sum() / count[:half].sum().clamp(min=1))
+            loss = loss + cfg.chosen_nll_weight * nll
+            metrics["nll"] = nll.detach()
+        return loss + model.aux_loss, metrics
 
     def flops_per_token(self) -> float:
         return self.model.flops_per_token(self.cfg.seq_len)
@@ -204,14 +258,22 @@ DPO_METRICS = {"final_loss": "loss", "reward_margin": "rewards/margins",
                "reward_accuracy": "rewards/accuracy", "val_reward_accuracy": "val_rewards/accuracy"}
 
 
+def reference_run(ctx, cfg: DpoConfig, ref: str | None, base_step):
+    """(artifact, step folder) of --ref; (None, None) when it is the starting policy or absent."""
+    if ref and not cfg.uses_reference:
+        raise ConfigError(f"--ref {ref}: loss_type={cfg.loss_type} uses no reference model; drop "
+                          f"--ref, or choose a loss that has one (sigmoid, ipo, cdpo, robust)")
+    ref_art, ref_step = starting_weights(ctx.workspace, ref) if ref else (None, None)
+    if ref_step is not None and ref_step.resolve() == base_step.resolve():
+        return None, None  # the reference is the starting policy
+    return ref_art, ref_step
+
+
 def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: str | None = None):
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
     base_art, base_step, data_art, eval_art = post_training_inputs(ctx, "dpo", cfg, base, eval_data)
-    ref_art, ref_step = (starting_weights(ctx.workspace, ref) if ref and cfg.uses_reference
-                         else (None, None))
-    if ref_step is not None and ref_step.resolve() == base_step.resolve():
-        ref_art = ref_step = None  # the reference is the starting policy
+    ref_art, ref_step = reference_run(ctx, cfg, ref, base_step)
 
     def prepare() -> Fit:
         policy, tokenizer = load_start(base_step, cfg)

@@ -26,6 +26,9 @@ from llmkit.model_losses import IGNORE_INDEX
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "robust", "reference_free")
 DpoLossType = Literal["sigmoid", "ipo", "cdpo", "robust", "reference_free"]
+# the preference losses that hold no reference model at all: ORPO and SimPO (`orpo_loss`, `simpo_loss`)
+NO_REFERENCE_LOSS_TYPES = ("orpo", "simpo")
+PreferenceLossType = Literal["sigmoid", "ipo", "cdpo", "robust", "reference_free", "orpo", "simpo"]
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 GrpoLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 REWARD_SCALINGS = ("group", "batch", "none")
@@ -90,6 +93,37 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     else:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; choose one of {DPO_LOSS_TYPES}")
     return losses, beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − eˣ) for x ≤ 0; log1p(−eˣ) loses everything to cancellation near 0 and log(−expm1(x))
+    far below it, so it branches at −ln 2 (Mächler 2012, as TRL's ORPOTrainer)."""
+    return torch.where(x < -math.log(2), torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+def orpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, *,
+              lam: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ORPO's odds-ratio term per pair (Hong et al. 2024, eq. 6–7) and the rewards λ·log π of chosen
+    and rejected, from average per-token log-probs [B]: −λ·log σ(log(odds_c / odds_r)), where
+    odds(y) = P(y) / (1 − P(y)) and P(y) = exp(mean log-prob). The whole ORPO loss is the chosen
+    replies' NLL plus the mean of these: the SFT term keeps the chosen reply likely, this one
+    pushes the rejected one below it, and no reference model is needed."""
+    chosen, rejected = policy_chosen.float(), policy_rejected.float()
+    log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+    losses = -lam * F.logsigmoid(log_odds)
+    return losses, lam * chosen.detach(), lam * rejected.detach()
+
+
+def simpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, *, beta: float = 2.0,
+               gamma: float = 0.5,
+               label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SimPO per pair (Meng et al. 2024, eq. 6) and its rewards β·log π of chosen and rejected, from
+    average per-token log-probs [B]: −log σ(β·(log π_c − log π_r) − γ), the reward being the
+    length-normalised log-prob itself (no reference) and γ a target margin; with label_smoothing ε
+    the conservative form, −(1−ε)·log σ(z) − ε·log σ(−z), as TRL's CPOTrainer writes it."""
+    z = beta * (policy_chosen - policy_rejected) - gamma
+    losses = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    return losses, beta * policy_chosen.detach(), beta * policy_rejected.detach()
 
 
 # ---- masked statistics ----------------------------------------------------------------------

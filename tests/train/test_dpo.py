@@ -1,5 +1,6 @@
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -169,3 +170,32 @@ def test_in_bf16_the_reference_is_the_policy_at_step_0(make_ctx, ws, precompute)
     _, records = dpo(make_ctx, ws, precision="bf16", max_steps=1, precompute_ref=precompute)
     assert records[0]["rewards/chosen"] == 0.0 and records[0]["rewards/rejected"] == 0.0
     assert records[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["orpo", "simpo"])
+def test_orpo_and_simpo_train_without_loading_or_scoring_a_reference(make_ctx, ws, tok, monkeypatch,
+                                                                     loss_type):
+    import llmkit.train.dpo as dpo_module
+
+    def no_reference(*_, **__):
+        raise AssertionError("a reference model was loaded, copied or scored")
+
+    for name in ("load_model", "precompute_reference_logps", "adapters_disabled"):
+        monkeypatch.setattr(dpo_module, name, no_reference)
+    monkeypatch.setattr(dpo_module, "copy", SimpleNamespace(deepcopy=no_reference))
+    beta = 2.0 if loss_type == "simpo" else 0.5
+    b, records = dpo(make_ctx, ws, out=loss_type, loss_type=loss_type, beta=beta)
+    assert b.stats["reference_seconds"] == 0.0
+    assert records[-1]["rewards/margins"] > records[0]["rewards/margins"] + 0.05
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert ("nll" in records[0]) == (loss_type == "orpo")  # ORPO's SFT term; SimPO's cpo_alpha is 0
+    before = tiny_model(tok.vocab_size)
+    after, _ = load_model(ws / loss_type)
+    assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
+
+
+def test_a_reference_run_under_orpo_is_refused_by_name(make_ctx, ws, tok):
+    write_checkpoint_run(ws, "uniform", constant_model(tok.vocab_size), tok)
+    with pytest.raises(ConfigError, match="--ref uniform: loss_type=orpo uses no reference model"):
+        dpo(make_ctx, ws, out="orpo_ref", ref="uniform", loss_type="orpo")
+    assert not (ws / "orpo_ref").exists()
