@@ -1,22 +1,37 @@
-"""LoRA SFT: llmkit's LoRA vs its full fine-tuning, and vs TRL's `SFTTrainer` + peft (CPU).
+"""LoRA SFT: llmkit's LoRA against TRL's `SFTTrainer` + peft, and against its own full fine-tuning (CPU).
 
 One random llmkit model of a preset (default `small`; `--preset smol-135m` for SmolLM2-135M's
 shapes; the vocabulary is the tokenizer's, trained on the data) is exported with `llmkit
 export`, so TRL trains the very same weights as a transformers `LlamaForCausalLM`, with the
 same tokenizer and chat template, on the same SFT rows (the demo's `sft_train.jsonl`, one
-conversation per sequence: no packing). Same steps, batch, sequence length, learning-rate
-schedule (cosine, warmup 2), AdamW (β 0.9 / 0.999, no decay), fp32; LoRA r=16, α=32, dropout
-0.05 on every linear layer of the blocks on both sides.
+conversation per sequence: no packing; one epoch: steps x batch rows). Same steps, batch,
+sequence length, learning-rate schedule (cosine, warmup 2), AdamW (β 0.9 / 0.999, no decay);
+LoRA r=16, α=32, dropout 0.05 on every linear layer of the blocks on both sides; fp32 without
+activation checkpointing on both (TRL's configs default to bf16 autocast, even on a CPU, and to
+activation checkpointing: `--full` adds a TRL run with those defaults).
 
-Each run is its own process, which imports torch, deepspeed and peft (so transformers) before
-it starts: `peak RSS` is the process's peak resident memory, `training memory` that peak less
-the resident memory after those imports (model, optimizer, activations; the imports are equal
-for all runs). Step time is the median over the steps after the first (which warms up; the
-median because other processes on a shared machine slow some steps): llmkit's `step_s` in
-metrics.jsonl, TRL's from a callback around each optimizer step. Model loading, tokenisation and
-process start are excluded.
+The same work: each batch pads its rows to its longest, so how rows are grouped into batches
+sets the positions a step computes. llmkit groups rows of similar length (LengthBucketSampler,
+sorting the whole epoch here), a Trainer draws random batches unless told
+`train_sampling_strategy="group_by_length"` (transformers' LengthGroupedSampler: sorted within
+mega-batches of up to 50 batches, a quarter of the data at most). Both pairs are run: each side
+grouping by length, and random batches on both sides (llmkit's sorting window cut to one batch).
+The positions each run computes (rows x padded width) and its real tokens are printed, per timed
+step and in all.
 
-    python bench/lora.py [--preset small] [--steps 20] [--batch 8] [--threads 2]
+Timing (bench/steps.py): both sides from step end to step end — llmkit when the engine writes a
+step's metrics record, TRL in `on_step_end` — over the same window, steps WARMUP+1..STEPS, so
+fetching and collating a batch count on both; process start, imports, model loading, tokenisation
+and the first WARMUP steps do not. `--reps` repetitions alternate the order of the runs; each
+figure is the median [min–max] over them; the 1-minute load average is printed before and after
+each repetition. OMP_NUM_THREADS and torch's threads are `--threads` in every run (1 by default:
+on a shared machine a 2-thread run that meets another job slows 10-20x).
+
+Memory: every run is its own process, which imports torch, deepspeed and peft (so transformers)
+before it starts: `peak RSS` is the process's peak resident memory, `training` that peak less the
+resident memory after those imports (model, optimizer, activations).
+
+    python bench/lora.py [--preset small] [--steps 20] [--batch 8] [--threads 1] [--reps 3] [--full]
 """
 
 from __future__ import annotations
@@ -32,16 +47,19 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 
-from bench.dpo import write_random_run  # noqa: E402
+from bench.dpo import llmkit, write_random_run  # noqa: E402
+from bench.steps import (child_main, cpu_rate, llmkit_step_ends, load_warning, padding, padding_header,  # noqa: E402
+                         padding_line, rates, record_batches, repeat, spawn, spread, step_end_timer)
 
 ROWS = REPO / "recipes/demo/data/tasks/sft_train.jsonl"
 R, ALPHA, DROPOUT = 16, 32, 0.05
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MB = 2**20
+# TRL's configs default to bf16 autocast (even on a CPU) and activation checkpointing; llmkit's
+# runs here are fp32 without checkpointing, so the same work is TRL with both off
+FP32_NO_CKPT = dict(bf16=False, gradient_checkpointing=False)
 
 
 # -- the child processes: one run each, memory measured from after the imports -----------------
@@ -51,75 +69,53 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(kind: str, args: list[str]) -> None:
-    """Import what every run imports, note the resident memory, run, print the measurements."""
-    import importlib
-    import resource
+def measured(run):
+    """A child: import what every run imports, note the resident memory, run, add the memory."""
+    def child(payload: dict) -> dict:
+        import importlib
+        import resource
 
-    import torch
-
-    for name in ("deepspeed", "peft"):  # what every run imports (peft imports transformers)
-        importlib.import_module(name)
-
-    torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
-    baseline = resident_bytes()
-    result = run_trl(*args) if kind == "trl" else run_llmkit_cli(args)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({**result, "peak_mb": peak / MB, "training_mb": (peak - baseline) / MB}))
+        for name in ("deepspeed", "peft"):  # what every run imports (peft imports transformers)
+            importlib.import_module(name)
+        baseline = resident_bytes()
+        result = run(payload)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {**result, "peak_mb": peak / MB, "training_mb": (peak - baseline) / MB}
+    return child
 
 
-def run_llmkit_cli(args: list[str]) -> dict:
-    from llmkit.cli.app import main
-
-    sys.argv = ["llmkit", *args]
-    try:
-        main()
-    except SystemExit as e:
-        if e.code:
-            raise
-    return {}
-
-
-def run_trl(hf_dir: str, steps: str, batch: str, seq_len: str, lora: str, checkpointing: str) -> dict:
-    import logging
-
+def trl_child(p: dict) -> dict:
     import peft
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    class StepTimer(TrainerCallback):
-        seconds: list = []
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.seconds.append(time.perf_counter() - self.started)
-
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    dataset = Dataset.from_list(conversations(int(steps) * int(batch)))
-    peft_config = (peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=TARGETS,
-                                   task_type="CAUSAL_LM") if lora == "1" else None)
+    model = AutoModelForCausalLM.from_pretrained(p["hf_dir"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(p["hf_dir"])
+    dataset = Dataset.from_list(conversations(p["steps"] * p["batch"]))
+    peft_config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=TARGETS,
+                                  task_type="CAUSAL_LM")
+    timer = step_end_timer()
     with tempfile.TemporaryDirectory() as out:
-        config = SFTConfig(output_dir=out, per_device_train_batch_size=int(batch), max_steps=int(steps),
+        # its SFT rows carry input_ids: transformers' LengthGroupedSampler measures them itself
+        config = SFTConfig(output_dir=out, per_device_train_batch_size=p["batch"], max_steps=p["steps"],
                            learning_rate=2e-4, lr_scheduler_type="cosine", warmup_steps=2,
                            weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no",
-                           report_to="none", use_cpu=True, max_length=int(seq_len), packing=False,
+                           report_to="none", use_cpu=True, max_length=p["seq_len"], packing=False,
                            seed=0, dataloader_num_workers=0, disable_tqdm=True,
-                           gradient_checkpointing=checkpointing == "1")
-        timer = StepTimer()
+                           train_sampling_strategy="group_by_length" if p["group_by_length"] else "random",
+                           **({} if p["defaults"] else FP32_NO_CKPT))
         trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                              peft_config=peft_config, callbacks=[timer])
         trainer.remove_callback(PrinterCallback)
-        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        trainable = sum(q.numel() for q in trainer.model.parameters() if q.requires_grad)
+        batches = record_batches(trainer)
         trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"step_s": statistics.median(timer.seconds[1:]), "trainable": trainable,
-            "first_loss": losses[0], "last_loss": losses[-1]}
+    return {"ends": timer.ends, "cpu_ends": timer.cpu_ends, "batches": batches, "trainable": trainable,
+            "first_loss": losses[0], "last_loss": losses[-1], "bf16": bool(config.bf16),
+            "checkpointing": bool(config.gradient_checkpointing)}
 
 
 def conversations(n: int) -> list[dict]:
@@ -135,20 +131,10 @@ def conversations(n: int) -> list[dict]:
     raise SystemExit(f"{ROWS} has fewer than {n} rows")
 
 
+CHILDREN = {"llmkit": measured(llmkit_step_ends), "trl": measured(trl_child)}
+
+
 # -- the parent: inputs, runs, report -----------------------------------------------------------
-
-def spawn(kind: str, args: list[str], threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "BENCH_THREADS": str(threads)}
-    done = subprocess.run([sys.executable, __file__, "--child", kind, *map(str, args)], env=env, cwd=REPO,
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{kind} {' '.join(map(str, args))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def llmkit(ws: Path, *args: str, threads: int) -> dict:
-    return spawn("llmkit", [*args, "-w", str(ws)], threads)
-
 
 def build_inputs(ws: Path, preset: str, n_rows: int, threads: int) -> Path:
     """The SFT rows as a dataset, a tokenizer trained on them, a random model of `preset` as a
@@ -164,64 +150,125 @@ def build_inputs(ws: Path, preset: str, n_rows: int, threads: int) -> Path:
     return ws / "hf"
 
 
-def run_sft(ws: Path, out: str, steps: int, batch: int, seq_len: int, threads: int, lora: bool) -> dict:
-    settings = [f"max_steps={steps}", f"micro_batch_size={batch}", "lr=2e-4", "min_lr=0", "warmup_steps=2",
-                "betas=[0.9,0.999]", "weight_decay=0", "log_every=1", "eval_every=0", "eval_records=0",
-                "eval_fraction=0", f"seq_len={seq_len}", "packing=false"]
+def run_sft(ws: Path, a, out: str, lora: bool, random_batches: bool = False) -> dict:
+    settings = [f"max_steps={a.steps}", f"micro_batch_size={a.batch}", "lr=2e-4", "min_lr=0",
+                "warmup_steps=2", "betas=[0.9,0.999]", "weight_decay=0", "log_every=1", "eval_every=0",
+                "eval_records=0", "eval_fraction=0", f"seq_len={a.seq_len}", "packing=false"]
     if lora:
         settings += [f"lora.r={R}", f"lora.alpha={ALPHA}", f"lora.dropout={DROPOUT}", "lora.target=all-linear"]
-    run = llmkit(ws, "sft", "--from", "base", "--in", "sft_rows", "--out", out,
-                 *[a for s in settings for a in ("--set", s)], threads=threads)
+    args = ["sft", "--from", "base", "--in", "sft_rows", "--out", out, "--force",
+            *[x for s in settings for x in ("--set", s)]]
+    run = spawn(__file__, "llmkit", {"args": args, "random_batches": random_batches}, a.threads, ws)
     records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
     stats = json.loads((ws / out / "manifest.json").read_text())["stats"]
-    return {**run, "step_s": statistics.median(r["step_s"] for r in records[1:]),
-            "trainable": stats.get("trainable_parameters"), "first_loss": records[0]["loss"],
-            "last_loss": records[-1]["loss"]}
+    return {**run, **timed(run, a), "trainable": stats.get("trainable_parameters"),
+            "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"]}
+
+
+def run_trl(hf_dir: Path, a, group_by_length: bool = False, defaults: bool = False) -> dict:
+    run = spawn(__file__, "trl", {"hf_dir": str(hf_dir), "steps": a.steps, "batch": a.batch,
+                                  "seq_len": a.seq_len, "group_by_length": group_by_length,
+                                  "defaults": defaults}, a.threads)
+    return {**run, **timed(run, a)}
+
+
+def timed(run: dict, a) -> dict:
+    return {**rates(run.pop("ends"), a.warmup, a.steps), "cpu_rate": cpu_rate(run.pop("cpu_ends"), a.warmup, a.steps),
+            "padding": padding(run.pop("batches"), a.warmup, a.steps)}
+
+
+# (key, label, is llmkit's) of every run; the comparisons: (what, llmkit's run, TRL's run)
+RUNS = [("lora", "llmkit sft LoRA, length-grouped batches", True),
+        ("lora_random", "llmkit sft LoRA, random batches", True),
+        ("trl_grouped", "TRL SFTTrainer + peft, group_by_length, fp32", False),
+        ("trl", "TRL SFTTrainer + peft, random batches, fp32", False)]
+EXTRAS = [("full", "llmkit sft full fine-tuning, length-grouped", True),
+          ("trl_default", "TRL SFTTrainer + peft, defaults (random, bf16 autocast, grad. ckpt)", False)]
+COMPARISONS = [("each side grouping by length", "lora", "trl_grouped"),
+               ("random batches on both sides", "lora_random", "trl"),
+               ("each side's defaults (TRL: random batches, bf16 autocast, gradient checkpointing)", "lora",
+                "trl_default")]
 
 
 def main() -> None:
-    # no abbreviations: a child's llmkit arguments (--set, --in, ...) pass through untouched
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", choices=("llmkit", "trl"), help=argparse.SUPPRESS)
-    a, rest = parser.parse_known_args()
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of every rate")
+    parser.add_argument("--full", action="store_true",
+                        help="also llmkit's full fine-tuning (memory) and TRL with its defaults")
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    a = parser.parse_args()
     if a.child:
-        return child(a.child, rest)
+        return child_main(CHILDREN, a.child, a.payload)
+    if not 1 <= a.warmup < a.steps or a.reps < 1:
+        parser.error("need 1 <= --warmup < --steps and --reps >= 1")
 
     from llmkit.model import Transformer, model_config
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
-        hf_dir = build_inputs(ws, a.preset, a.steps * a.batch, a.threads)
-        shape = (a.steps, a.batch, a.seq_len)
-        full = run_sft(ws, "full", *shape, a.threads, lora=False)
-        ours = run_sft(ws, "lora", *shape, a.threads, lora=True)
-        trl = spawn("trl", [hf_dir, *shape, 1, 0], a.threads)
-        trl_default = spawn("trl", [hf_dir, *shape, 1, 1], a.threads)
+        hf_dir = build_inputs(ws, a.preset, a.steps * a.batch, a.threads)  # one epoch
+        runs = {"lora": lambda: run_sft(ws, a, "lora", lora=True),
+                "lora_random": lambda: run_sft(ws, a, "lora_random", lora=True, random_batches=True),
+                "trl_grouped": lambda: run_trl(hf_dir, a, group_by_length=True),
+                "trl": lambda: run_trl(hf_dir, a),
+                "full": lambda: run_sft(ws, a, "full", lora=False),
+                "trl_default": lambda: run_trl(hf_dir, a, defaults=True)}
+        chosen = RUNS + (EXTRAS if a.full else [])
+        results, loads = repeat([(key, runs[key]) for key, _, _ in chosen], a.reps)
         vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
     total = Transformer(model_config(a.preset, vocab_size=vocab)).num_parameters()
-    full["trainable"] = total
+    report(a, chosen, results, loads, total, vocab)
+
+
+def report(a, chosen, results, loads, total: int, vocab: int) -> None:
+    def column(key, field):
+        return [r[key][field] for r in results]
 
     print(f"SFT, preset {a.preset} ({total / 1e6:.1f}M parameters, vocab {vocab}), {a.batch} rows/step, "
-          f"seq_len {a.seq_len}, {a.steps} steps, fp32, {a.threads} CPU threads; LoRA r={R} alpha={ALPHA} "
-          f"on {','.join(TARGETS)}")
-    print(f"  {'run':<44} {'trainable':>12} {'share':>7} {'peak RSS':>9} {'training':>9} {'step':>8}  loss")
-    for name, r in [("llmkit sft, full fine-tuning", full), ("llmkit sft, LoRA", ours),
-                    ("TRL SFTTrainer + peft LoRA (no grad. ckpt)", trl),
-                    ("TRL SFTTrainer + peft LoRA (its defaults)", trl_default)]:
-        print(f"  {name:<44} {r['trainable']:>12,} {r['trainable'] / total:>6.2%} {r['peak_mb']:>6,.0f} MB "
-              f"{r['training_mb']:>6,.0f} MB {r['step_s'] * 1000:>5.0f} ms  "
-              f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}")
-    frozen = total - ours["trainable"]
-    print(f"  LoRA vs full, llmkit: training memory {full['training_mb'] - ours['training_mb']:,.0f} MB lower "
-          f"(AdamW moments of the {frozen / 1e6:.1f}M frozen weights: {8 * frozen / MB:,.0f} MB; with their "
-          f"gradients {12 * frozen / MB:,.0f} MB); step time {full['step_s'] / ours['step_s']:.2f}x")
-    print(f"  llmkit LoRA steps/s / TRL's, same work (no gradient checkpointing): "
-          f"{trl['step_s'] / ours['step_s']:.2f}x; vs TRL's defaults: {trl_default['step_s'] / ours['step_s']:.2f}x")
+          f"seq_len {a.seq_len}, {a.steps} steps (one epoch), fp32, {a.threads} CPU threads, {a.reps} "
+          f"repetitions; LoRA r={R} alpha={ALPHA} on {','.join(TARGETS)}; steps/s of steps "
+          f"{a.warmup + 1}-{a.steps}, each side timed from step end to step end")
+    for i, (r, (before, after)) in enumerate(zip(results, loads), 1):
+        print(f"  rep {i}: load {before:.2f} -> {after:.2f}; steps/s " +
+              ", ".join(f"{key} {r[key]['rate']:.2f}" for key in r))
+    width = max(len(label) for _, label, _ in chosen)
+    print(f"  {'median [min-max] over the repetitions':<{width}} {'trainable':>11} {'peak RSS':>9} "
+          f"{'training':>9} {'wall-clock':>19} {'median step':>19} {'per CPU-second':>19}  loss (rep 1)")
+    for key, label, ours in chosen:
+        first = results[0][key]
+        trainable = total if key == "full" else first["trainable"]
+        print(f"  {label:<{width}} {trainable / total:>10.2%} {statistics.median(column(key, 'peak_mb')):>6,.0f} MB "
+              f"{statistics.median(column(key, 'training_mb')):>6,.0f} MB {spread(column(key, 'rate')):>19} "
+              f"{spread(column(key, 'median_rate')):>19} {spread(column(key, 'cpu_rate')):>19}  "
+              f"{first['first_loss']:.3f} -> {first['last_loss']:.3f}")
+    print(padding_header(width))
+    for key, label, _ in chosen:
+        print(padding_line(label, results[0][key]["padding"], width))
+    for what, mine, peer in COMPARISONS:
+        if peer not in results[0]:
+            continue
+        ratios = [r[mine]["rate"] / r[peer]["rate"] for r in results]
+        median_ratios = [r[mine]["median_rate"] / r[peer]["median_rate"] for r in results]
+        cpu_ratios = [r[mine]["cpu_rate"] / r[peer]["cpu_rate"] for r in results]
+        computed = results[0][peer]["padding"]["padded_timed"] / results[0][mine]["padding"]["padded_timed"]
+        print(f"  llmkit LoRA steps/s / TRL's, {what}: {spread(ratios)}x (median step: {spread(median_ratios)}x; "
+              f"per CPU-second: {spread(cpu_ratios)}x); "
+              f"TRL computes {computed:.2f}x llmkit's padded tokens in the timed steps")
+    if "full" in results[0]:
+        full, ours = results[0]["full"], results[0]["lora"]
+        frozen = total - ours["trainable"]
+        print(f"  LoRA vs full, llmkit (rep 1): training memory {full['training_mb'] - ours['training_mb']:,.0f} MB "
+              f"lower (AdamW moments of the {frozen / 1e6:.1f}M frozen weights: {8 * frozen / MB:,.0f} MB; with "
+              f"their gradients {12 * frozen / MB:,.0f} MB); steps/s {ours['rate'] / full['rate']:.2f}x")
+    if warning := load_warning(loads, a.threads):
+        print(warning)
 
 
 if __name__ == "__main__":

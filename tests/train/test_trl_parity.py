@@ -4,12 +4,14 @@ and a tiny byte-level BPE tokenizer made here, and their loss methods are called
 llmkit computes its losses on too.
 
 - DPO: per-token log-probs given to TRL's DPOTrainer._compute_loss through a stand-in model,
-  and a whole batch through a tiny policy and reference (llmkit's copies hold the same weights):
+  and a whole batch of chat pairs, each side tokenised and labelled by its own code, through a
+  tiny policy and reference (llmkit's copies hold the same weights): the token ids and label sets,
   the losses and their gradients (w.r.t. the log-probs, and the weights).
 - reward model: RewardTrainer.compute_loss and RmTask.loss on the same rewards (margin, centring).
-- GRPO: GRPOTrainer._compute_loss (its log-probs from the same logits as llmkit's) and
-  PpoTask.loss per micro-batch of a step, for each loss_type, with clipping, k3 KL, clip-higher
-  and the entropy bonus; the advantages of _generate_and_score_completions.
+- GRPO: GRPOTrainer._compute_loss (its log-probs and entropies from its own fused LM head, which
+  divides by the temperature) on its policy, and PpoTask.loss on llmkit's copy, per micro-batch of
+  a step, for each loss_type, with clipping, k3 KL, clip-higher and the entropy bonus: losses and
+  weight gradients; the advantages of _generate_and_score_completions.
 - SFT: SFTTrainer's assistant-only, padding-free packed batches and compute_loss against llmkit's
   encoding, packing and SftTask.loss, one micro-batch and an accumulated step.
 
@@ -17,7 +19,10 @@ Where TRL 1.16 differs by design (not compared here): its "sigmoid" ignores labe
 TRL, and llmkit, make it cDPO; TRL keeps the cDPO formula only inside "aot", compared below on a
 batch its sort leaves in order), and it has no reference-free flag (a zero reference is given);
 GRPO's use_bias_correction_kl (the k3 term times π/π_old) is on by default in TRL 1.16 and off in
-llmkit (`kl_bias_correction`): compared both ways.
+llmkit (`kl_bias_correction`): compared both ways. A DPO completion is, for TRL, every token after
+the rendered prompt; for llmkit the reply and its end of turn (what SFT learns): with a ChatML
+template that writes a newline after <|im_end|> outside any {% generation %} block, TRL's
+completion holds that newline too — one token per sequence more, asserted exactly below.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ import transformers
 from datasets import Dataset
 from trl import (DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig,
                  SFTTrainer)
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
-from llmkit.data.chat import IGNORE_INDEX, collate_sft, encode_sft_rows, packed_row, sft_rows
+from llmkit.data.chat import (IGNORE_INDEX, collate_pairs, collate_sft, encode_pairs, encode_sft_rows,
+                              packed_row, sft_rows)
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
 from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.model import Transformer
+from llmkit.train.actor_critic import ActorCritic
 from llmkit.train.dpo import DpoConfig, DpoTask, per_row
 from llmkit.train.engine import items_per_micro_batch
 from llmkit.train.losses import DPO_LOSS_TYPES, dpo_loss, group_relative_advantages
@@ -53,6 +59,16 @@ LLAMA = dict(vocab_size=832, hidden_size=32, num_hidden_layers=2, num_attention_
 PREFERENCES = {"prompt": ["what is the", "hello world", "the model"],
                "chosen": [" answer to it", " again", " trains well on data"],
                "rejected": [" no", " bye bye world", " fails"]}
+# the same pairs as chat: llmkit's rows (a user prompt, two replies) and TRL's conversational ones
+PAIR_ROWS = [dict(zip(PREFERENCES, values)) for values in zip(*PREFERENCES.values())]
+TRL_PAIR_ROWS = [{"prompt": [{"role": "user", "content": r["prompt"]}],
+                  "chosen": [{"role": "assistant", "content": r["chosen"]}],
+                  "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in PAIR_ROWS]
+# ChatML as Qwen2.5 and SmolLM2 write it: no {% generation %} blocks, a newline after each <|im_end|>
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
     [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "hello"},
@@ -123,11 +139,19 @@ def hf_tokenizer(tokenizer_folder):
 
 
 @pytest.fixture(scope="module")
+def chatml_folder(tmp_path_factory):
+    """The same tokenizer with plain ChatML: llmkit finds each reply and its <|im_end|> itself."""
+    return save_folder(tmp_path_factory.mktemp("chatml"), train_bpe(QWEN_SPECIALS), CHATML_TEMPLATE,
+                       eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
 def dpo(hf_tokenizer, tmp_path_factory):
-    """TRL's DPOTrainer with a policy and a different reference, and llmkit copies of both."""
+    """TRL's DPOTrainer with a policy and a different reference on chat pairs, and llmkit copies
+    of both."""
     trainer = DPOTrainer(model=tiny_llama(0), ref_model=tiny_llama(1),
                          args=trainer_args(DPOConfig, tmp_path_factory, per_device_train_batch_size=3),
-                         train_dataset=Dataset.from_dict(PREFERENCES), processing_class=hf_tokenizer)
+                         train_dataset=Dataset.from_list(TRL_PAIR_ROWS), processing_class=hf_tokenizer)
     return SimpleNamespace(trainer=trainer, policy=llmkit_copy(trainer.model),
                            reference=llmkit_copy(trainer.ref_model).requires_grad_(False))
 
@@ -278,10 +302,11 @@ DPO_MODEL_CASES = {
 
 
 @pytest.mark.parametrize("case", list(DPO_MODEL_CASES))
-def test_dpo_task_equals_trls_dpo_trainer_on_a_model_batch(dpo, monkeypatch, case):
-    """TRL's own tokenised batch of pairs through its policy and reference, and through llmkit's
-    copies with DpoTask (reference not precomputed): the same loss and weight gradients, so the
-    completion log-probs, IPO's averaging and the RPO term (mean NLL of the chosen tokens) agree."""
+def test_dpo_task_equals_trls_dpo_trainer_on_a_model_batch(dpo, tokenizer_folder, monkeypatch, case):
+    """TRL's own tokenised batch of chat pairs through its policy and reference, and llmkit's own
+    (encode_pairs, collate_pairs: the same ids and labels) through its copies with DpoTask
+    (reference not precomputed): the same loss and weight gradients, so the completion log-probs,
+    IPO's averaging and the RPO term (mean NLL of the chosen tokens) agree."""
     settings, trl_loss_type, trl_weights = DPO_MODEL_CASES[case]
     cfg = DpoConfig(**{"beta": 0.1, "precompute_ref": False, **settings})
     trainer = dpo.trainer
@@ -290,12 +315,59 @@ def test_dpo_task_equals_trls_dpo_trainer_on_a_model_batch(dpo, monkeypatch, cas
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])
     theirs = trainer.compute_loss(trainer.model, batch)
 
-    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, IGNORE_INDEX)
+    ours_batch = llmkit_pair_batch(HFTokenizer(tokenizer_folder))
+    assert torch.equal(ours_batch["input_ids"], batch["input_ids"])
+    assert torch.equal(ours_batch["labels"] != IGNORE_INDEX, batch["completion_mask"].bool())
     task = DpoTask(dpo.policy, None, None, cfg, reference=dpo.reference)
-    ours, _ = task.loss(dpo.policy, {"input_ids": batch["input_ids"], "labels": labels})
+    ours, _ = task.loss(dpo.policy, ours_batch)
 
     assert_close(ours, theirs)
     assert_same_weight_grads(ours, dpo.policy, theirs, trainer.model)
+
+
+def llmkit_pair_batch(tokenizer) -> dict:
+    """PAIR_ROWS as `llmkit dpo` encodes and collates them: one [2B, T] batch, chosen rows first."""
+    pairs, counts = encode_pairs(tokenizer, PAIR_ROWS, SEQ_LEN)
+    assert counts["dropped_too_long"] == 0
+    return as_torch(collate_pairs(pairs, tokenizer.pad_id))
+
+
+def trl_pair_batch(trainer, tokenizer) -> dict:
+    """The same pairs as TRL's DPOTrainer tokenises (its dataset preparation, with `tokenizer`) and
+    collates them."""
+    dataset = trainer._prepare_dataset(Dataset.from_list(TRL_PAIR_ROWS), tokenizer, trainer.args, "train")
+    return trainer.data_collator([dataset[i] for i in range(len(dataset))])
+
+
+@pytest.mark.parametrize("template", ["generation blocks", "plain ChatML"])
+def test_dpo_labels_llmkit_encodes_are_trls_completion_but_the_newline_after_the_end_of_turn(
+        dpo, tokenizer_folder, chatml_folder, template):
+    """llmkit's encode_pairs and TRL's DPO tokenisation give the same token ids. Labelled are the
+    reply and its <|im_end|> on llmkit's side, everything after the prompt on TRL's: the same set
+    where the template's {% generation %} block holds the newline after <|im_end|>; with plain
+    ChatML, TRL's set is llmkit's plus exactly that newline, the last token of every sequence."""
+    folder = tokenizer_folder if template == "generation blocks" else chatml_folder
+    ours = llmkit_pair_batch(HFTokenizer(folder))
+    theirs = trl_pair_batch(dpo.trainer, transformers.AutoTokenizer.from_pretrained(folder))
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    our_labels, their_labels = ours["labels"] != IGNORE_INDEX, theirs["completion_mask"].bool()
+    assert torch.equal(ours["labels"][our_labels], ours["input_ids"][our_labels])
+
+    last = theirs["attention_mask"].sum(-1) - 1  # each sequence's last token
+    rows = torch.arange(len(last))
+    tokenizer = HFTokenizer(folder)
+    newline, end_of_turn = tokenizer.encode("\n"), tokenizer.end_of_turn_id
+    assert len(newline) == 1
+    assert (ours["input_ids"][rows, last] == newline[0]).all()
+    assert (ours["input_ids"][rows, last - 1] == end_of_turn).all()
+    assert our_labels[rows, last - 1].all()  # <|im_end|> is learnt on both sides
+    only_trl = their_labels & ~our_labels
+    if template == "generation blocks":
+        assert torch.equal(our_labels, their_labels)
+    else:
+        assert not (our_labels & ~their_labels).any()
+        assert only_trl.sum(-1).tolist() == [1] * len(last)
+        assert only_trl[rows, last].all()
 
 
 # ---- reward model -------------------------------------------------------------------------------
@@ -342,33 +414,31 @@ def test_bradley_terry_loss_and_its_gradient_equal_trls_reward_trainer(reward_tr
 
 # ---- GRPO ---------------------------------------------------------------------------------------
 
-class GivenLogits(torch.nn.Module):
-    """Stands in for llmkit's ActorCritic: these response logits [B, R, V], no values."""
-
-    def __init__(self, logits):
-        super().__init__()
-        self.logits, self.aux_loss = logits, torch.zeros(())
-
-    def forward(self, *_):
-        return self.logits, None
+@pytest.fixture(scope="module")
+def grpo_policy(grpo):
+    """llmkit's copy of the GRPO trainer's policy (TRL has given it its fused, temperature-scaled
+    LM head), as PpoTask trains it: an ActorCritic without a value head."""
+    return ActorCritic(llmkit_copy(grpo.model), with_value=False)
 
 
-def grpo_step(seed: int = 0, vocab: int = 11):
-    """The micro-batches of one optimizer step: response logits, tokens, masks (lengths 1 to R,
-    and unequal token counts per micro-batch), old log-probs off the current ones by enough to
+def grpo_step(actor, seed: int = 0):
+    """The micro-batches of one optimizer step: prompts, responses (lengths 1 to R, unequal token
+    counts per micro-batch), old log-probs off the policy's own (at the temperature) by enough to
     clip, reference log-probs, and one advantage per response."""
     g = torch.Generator().manual_seed(seed)
-    lengths = [[6, 2, 5, 1], [3, 6, 6, 4]]
+    lengths, vocab = [[6, 2, 5, 1], [3, 6, 6, 4]], LLAMA["vocab_size"]
     step = []
     for row_lengths in lengths:
         B = len(row_lengths)
-        logits = torch.randn(B, RESPONSE_LEN, vocab, generator=g) * 2
+        prompt = torch.randint(0, vocab, (B, PROMPT_LEN), generator=g)
         tokens = torch.randint(0, vocab, (B, RESPONSE_LEN), generator=g)
         mask = (torch.arange(RESPONSE_LEN)[None] < torch.tensor(row_lengths)[:, None]).long()
+        attention = torch.cat([torch.ones_like(prompt), mask], 1)
+        with torch.no_grad():
+            logits, _ = actor(torch.cat([prompt, tokens], 1), attention, PROMPT_LEN)
         logps = torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, tokens[..., None])[..., 0]
         step.append(SimpleNamespace(
-            logits=logits, tokens=tokens, mask=mask,
-            prompt=torch.randint(0, vocab, (B, PROMPT_LEN), generator=g),
+            tokens=tokens, mask=mask, prompt=prompt, attention=attention,
             old=logps + 0.4 * torch.randn(B, RESPONSE_LEN, generator=g),
             ref=logps + 0.3 * torch.randn(B, RESPONSE_LEN, generator=g),
             advantages=torch.randn(B, generator=g)))
@@ -383,12 +453,13 @@ GRPO_CASES["dapo, bias-corrected KL"] = dict(loss_type="dapo", beta=0.04, bias_c
 
 
 @pytest.mark.parametrize("case", list(GRPO_CASES))
-def test_grpo_loss_and_its_gradient_equal_trls_per_micro_batch(grpo, monkeypatch, case):
-    """Each micro-batch of a step of two (unequal token counts): PpoTask.loss over grad_accum —
-    what the engine backpropagates — equals GRPOTrainer._compute_loss in training (which divides
-    by the accumulation steps itself, or for dapo by the step's tokens, num_items_in_batch), with
-    the same gradient w.r.t. the logits. TRL's log-probs and entropies are computed by its own
-    selective_log_softmax / entropy_from_logits from the same logits at the same temperature."""
+def test_grpo_loss_and_its_gradient_equal_trls_per_micro_batch(grpo, grpo_policy, monkeypatch, case):
+    """Each micro-batch of a step of two (unequal token counts): PpoTask.loss on llmkit's copy over
+    grad_accum — what the engine backpropagates — equals GRPOTrainer.compute_loss on its policy in
+    training (which divides by the accumulation steps itself, or for dapo by the step's tokens,
+    num_items_in_batch), with the same weight gradients. TRL's log-probs and entropies come from
+    its own fused LM head, which divides the logits by the temperature it was built with; llmkit's
+    from its logits over cfg.temperature."""
     setting = {"epsilon": 0.2, "epsilon_high": None, "entropy_coef": 0.0, "bias_correction": False,
                **GRPO_CASES[case]}
     epsilon_high = setting["epsilon_high"] or setting["epsilon"]
@@ -404,11 +475,10 @@ def test_grpo_loss_and_its_gradient_equal_trls_per_micro_batch(grpo, monkeypatch
                     kl_bias_correction=setting["bias_correction"],
                     max_new_tokens=MAX_NEW_TOKENS, group_size=GROUP, prompts_per_rollout=ACCUM,
                     micro_batch_size=GROUP, grad_accum=ACCUM)
-    task = PpoTask(GivenLogits(None), None, [Prompt([1])], None, cfg, stop_ids=[], pad_id=0, decode=str)
+    task = PpoTask(grpo_policy, None, [Prompt([1])], None, cfg, stop_ids=[], pad_id=0, decode=str)
 
-    step = grpo_step()
-    batches = [{"input_ids": torch.cat([mb.prompt, mb.tokens], 1),
-                "attention_mask": torch.ones(len(mb.tokens), PROMPT_LEN + RESPONSE_LEN, dtype=torch.long),
+    step = grpo_step(grpo_policy)
+    batches = [{"input_ids": torch.cat([mb.prompt, mb.tokens], 1), "attention_mask": mb.attention,
                 "prompt_len": PROMPT_LEN, "response_mask": mb.mask, "logprobs": mb.old,
                 "advantages": mb.advantages[:, None] * mb.mask, "ref_logprobs": mb.ref} for mb in step]
     per_micro_batch = items_per_micro_batch(task, batches, "cpu", world_size=1)
@@ -417,30 +487,19 @@ def test_grpo_loss_and_its_gradient_equal_trls_per_micro_batch(grpo, monkeypatch
     assert [int(mb.mask.sum()) for mb in step] == [14, 19]
     clipped = []
     for mb, batch in zip(step, batches):
-        leaf = mb.logits.clone().requires_grad_()
-
-        def given_logps(model, input_ids, attention_mask, logits_to_keep, **_):
-            logits = leaf / grpo.temperature  # TRL's fused head divides by the temperature
-            return (selective_log_softmax(logits, input_ids[:, -logits_to_keep:]),
-                    entropy_from_logits(logits), None)
-
-        monkeypatch.setattr(grpo, "_get_per_token_logps_and_entropies", given_logps)
         inputs = {"prompt_ids": mb.prompt, "prompt_mask": torch.ones_like(mb.prompt),
                   "completion_ids": mb.tokens, "completion_mask": mb.mask, "advantages": mb.advantages,
                   "old_per_token_logps": mb.old, "ref_per_token_logps": mb.ref,
                   "num_items_in_batch": num_items_in_batch}
         theirs = grpo.compute_loss(grpo.model, inputs)
-        their_grad, = torch.autograd.grad(theirs, leaf)
 
-        leaf = mb.logits.clone().requires_grad_()
         if per_micro_batch is not None:
             batch[ITEMS_PER_MICRO_BATCH] = per_micro_batch
-        ours, metrics = task.loss(GivenLogits(leaf), batch)
+        ours, metrics = task.loss(grpo_policy, batch)
         ours = ours / cfg.grad_accum
-        our_grad, = torch.autograd.grad(ours, leaf)
 
         assert_close(ours, theirs)
-        assert_close(our_grad, their_grad)
+        assert_same_weight_grads(ours, grpo_policy.policy, theirs, grpo.model)
         clipped.append(metrics["clipfrac"].item())
     assert all(0 < c < 1 for c in clipped), clipped  # the clip is active on some tokens, not all
 
