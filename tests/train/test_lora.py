@@ -229,7 +229,10 @@ def test_the_base_is_pinned_when_its_run_moves_on_or_starts_over(make_ctx, ws, t
     assert artifact_status(ws / "adapted", ws).state == "done"  # it holds its base
     torch.testing.assert_close(logits(load_model(ws / "adapted")[0]), trained, rtol=0, atol=0)
     cli = CliRunner()
+    questions = Path(__file__).resolve().parents[2] / "recipes/demo/data/eval/generation_en.jsonl"
     for args in (["generate", "--from", "adapted", "--prompt", "1+1", "--set", "max_new_tokens=2"],
+                 ["eval", "--from", "adapted", "--set", "tasks=generation", "--set", f"generation.files={questions}",
+                  "--set", "generation.max_examples=2", "--set", "generation.max_new_tokens=2"],
                  ["export", "--from", "adapted", "--out", "export/adapted"]):
         done = cli.invoke(build_app(), [args[0], "-w", str(ws), *args[1:]])
         assert done.exit_code == 0, done.output
