@@ -280,6 +280,7 @@ def test_the_tokenize_stage_writes_each_document_between_its_start_and_its_end(o
     import pyarrow as pa
 
     from llmkit.data.tokenize import TokenizeConfig, encode_documents
+    from llmkit.eval.perplexity import text_documents
 
     tok = ours[name]
     start = [tok.bos_id] if name == "llama3" else []
@@ -299,6 +300,7 @@ def test_special_token_strings_inside_a_document_are_plain_text_in_the_token_sha
     from transformers import AutoTokenizer
 
     from llmkit.data.tokenize import TokenizeConfig, encode_documents
+    from llmkit.eval.perplexity import text_documents
 
     tok = ours[name]
     text = "GPT-2 ends documents with <|endoftext|>, Llama 3 with <|end_of_text|>; a turn with <|eot_id|>."
@@ -310,6 +312,8 @@ def test_special_token_strings_inside_a_document_are_plain_text_in_the_token_sha
     assert train.tolist() == [*start, *plain, tok.eos_id] and lengths.tolist() == [len(start) + len(plain) + 1]
     assert not {tok.eos_id, tok.end_of_turn_id, tok.bos_id} & set(plain)
     assert tok.decode(train) == text
+    # perplexity (eval, ppl-filter) scores the document as it is trained on
+    assert text_documents(tok, [text]) == [[*tok.document_start_ids(), *plain, tok.eos_id]]
     assert tok.eos_id in tok.encode(text)  # a prompt still reads them as transformers' tokenizer(text) does
 
 

@@ -61,9 +61,13 @@ def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, lis
 
 
 def text_documents(tokenizer, texts: list[str]) -> list[list[int]]:
-    """`document_start_ids() + tokens + [</s>]` of each text (ppl-filter scores these too)."""
+    """`document_start_ids() + tokens + [</s>]` of each text (ppl-filter scores these too),
+    encoded as `llmkit tokenize` writes documents into token shards: a special token's string
+    inside a text is plain text there, so a document is scored as it would be trained on."""
     start, eos = tokenizer.document_start_ids(), tokenizer.eos_id
-    return [[*start, *ids, eos] for ids in tokenizer.encode_batch(texts)]
+    ids, lengths = tokenizer.encode_flat(texts)
+    ends = np.cumsum(lengths)
+    return [[*start, *ids[end - n:end].tolist(), eos] for end, n in zip(ends, lengths)]
 
 
 def perplexity_summary(nll: np.ndarray, counts: np.ndarray, sources: list[str] | None = None,
