@@ -146,9 +146,9 @@ def test_a_run_whose_step_times_swing_says_so_once_with_the_fix(tmp_path, torch_
     loss, calls = engine.task.loss, []
 
     def stalled_twice(model, batch):  # as when another process holds a core for a while
-        calls.append(1)
-        if len(calls) in (7, 9):
-            time.sleep(1.0)
+        calls.append(time.monotonic())
+        if len(calls) in (7, 9):  # 5x the slowest of steps 2-6, whatever the machine's load
+            time.sleep(5 * max(b - a for a, b in zip(calls[1:5], calls[2:6])))
         return loss(model, batch)
 
     engine.task.loss = stalled_twice
