@@ -1,7 +1,8 @@
 # ppo: $(WS)/$(PPO_FROM) (policy) + $(WS)/$(PPO_PROMPTS) (prompt dataset, `ingest --kind prompt`)
 #      [+ $(WS)/$(PPO_REWARD) (reward model)] [+ $(WS)/$(PPO_EVAL) (held-out prompts)] -> $(WS)/ppo
 # Without PPO_REWARD the reward is the verifiable exact match against each prompt's `answer`;
-# PPO_FLAGS = --set algo=grpo switches to GRPO, --set reward=mix adds exact match to the RM score.
+# PPO_FLAGS = --set algo=grpo switches to GRPO, --set algo=rloo to RLOO (both sample group_size
+# responses per prompt, no value model); --set reward=mix adds exact match to the RM score.
 PPO_FROM ?= sft
 PPO_PROMPTS ?= prompts_train
 PPO_REWARD ?=

@@ -280,7 +280,6 @@ def test_the_tokenize_stage_writes_each_document_between_its_start_and_its_end(o
     import pyarrow as pa
 
     from llmkit.data.tokenize import TokenizeConfig, encode_documents
-    from llmkit.eval.perplexity import text_documents
 
     tok = ours[name]
     start = [tok.bos_id] if name == "llama3" else []

@@ -19,7 +19,7 @@ def ppo(
                        "of --in).")] = None,
     dry_run: DryRun = False,
 ):
-    """PPO / GRPO of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
+    """PPO / GRPO / RLOO (--set algo=) of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
     from llmkit.train.ppo import run_ppo
 
     cfg = ctx.config()

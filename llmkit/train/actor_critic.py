@@ -80,10 +80,10 @@ def response_logprobs(model: Transformer, input_ids, attention_mask, prompt_len:
 
 
 def build_actor_critic(policy: Transformer, cfg, reward_model=None) -> ActorCritic:
-    """The trained module: grpo has no value model; ppo's value head sits on the policy's trunk
+    """The trained module: grpo and rloo have no value model; ppo's value head sits on the policy's trunk
     or on a trunk of its own, started from the reward model when there is one (as InstructGPT
     does: it already reads how good a response is), else from the policy. `cfg`: a PpoConfig."""
-    if cfg.algo == "grpo":
+    if cfg.algo != "ppo":
         return ActorCritic(policy, with_value=False)
     if cfg.value_model == "shared":
         return ActorCritic(policy)

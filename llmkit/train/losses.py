@@ -297,6 +297,38 @@ def group_relative_advantages(scores: torch.Tensor, group_size: int, scale: Rewa
     return (centred / (std + eps)).view(-1)
 
 
+def kl_penalized_scores(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                        mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """RLOO's rewards [B] (Ahmadian et al. 2024, as TRL's RLOOTrainer): each score less β times
+    its response's summed k1 estimate Σ_t (log π_old − log π_ref). The whole response is one
+    action there, so its KL is one penalty on its reward, where ppo spreads it over the tokens'
+    rewards and grpo adds it to the loss."""
+    return scores - kl_coef * ((logprobs - ref_logprobs) * mask).sum(-1)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = False,
+                             eps: float = 1e-4) -> torch.Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): each reward minus the mean of the other
+    group_size − 1 rewards of its group (consecutive samples of one prompt). The baseline leaves
+    the sample itself out, so it does not depend on the action it judges and the gradient
+    estimate stays unbiased (a group mean including it shrinks every advantage by (k − 1) / k).
+    A NaN reward marks a response nothing could score: baselines average only the scorable
+    siblings, and an unscorable response, or the one scorable response of its group, gets 0
+    (TRL's). `normalize` (TRL's normalize_advantages): then zero mean and unit std over every
+    scorable advantage given, std + eps."""
+    if group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size} >= 2")
+    grouped = rewards.view(-1, group_size)
+    scorable = (~grouped.isnan()).sum(-1, keepdim=True)
+    baselines = (grouped.nansum(-1, keepdim=True) - grouped) / (scorable - 1)
+    advantages = (grouped - baselines).view(-1)
+    if normalize:
+        known = advantages[~advantages.isnan()]
+        std = known.std() if known.numel() > 1 else known.new_tensor(float("nan"))
+        advantages = (advantages - known.mean()) / (std + eps)
+    return advantages.nan_to_num(nan=0.0)
+
+
 # ---- losses --------------------------------------------------------------------------------------
 
 def clipped_policy_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
@@ -319,6 +351,20 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     clip was active."""
     per_token, was_clipped = clipped_policy_token_loss(logprobs, old_logprobs, advantages, clip_range)
     return masked_mean(per_token, mask), masked_mean(was_clipped.float(), mask).detach()
+
+
+def sequence_clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                                 advantages: torch.Tensor, mask: torch.Tensor, clip_range: float,
+                                 clip_range_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO's policy loss as TRL's RLOOTrainer forms it: PPO's clipped surrogate on one ratio per
+    response, π(y) / π_old(y) of its whole log-probability (the response is one action, as its
+    advantage [B] is), averaged over the responses; and where the clip was active [B]."""
+    def of_response(per_token):
+        return (per_token * mask).sum(-1)
+
+    per_response, was_clipped = clipped_policy_token_loss(
+        of_response(logprobs), of_response(old_logprobs), advantages, clip_range, clip_range_high)
+    return per_response.mean(), was_clipped
 
 
 def aggregate_token_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: GrpoLossType, *,

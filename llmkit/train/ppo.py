@@ -1,4 +1,4 @@
-"""PPO and GRPO (`llmkit ppo`): reinforcement learning of a policy from a reward on its own samples.
+"""PPO, GRPO and RLOO (`llmkit ppo`): reinforcement learning of a policy from a reward on its own samples.
 
 PPO (Schulman et al. 2017, as applied to language models by Ziegler et al. 2019 and InstructGPT):
 each rollout samples responses from the current policy with the KV cache, scores them with a
@@ -10,6 +10,9 @@ clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per pro
 uses each score relative to its group as the advantage of every token, and needs no value
 model; its KL to the reference is a k3 term in the loss, and its per-token losses become one
 as TRL's `loss_type` says (default dapo: a mean over every token of the optimizer step).
+RLOO (Ahmadian et al. 2024, as TRL's RLOOTrainer) samples a group too, but treats a response as
+one action: β times its summed k1 KL comes off its score, its advantage is that reward less the
+mean of its siblings' (leave-one-out), and the clipped ratio is that of its whole log-probability.
 
 The file reads top to bottom: the config, the trained module, rollouts, the engine Task, the
 stage. The per-token maths (masked statistics, KL estimators and controllers, GAE, the clipped
@@ -34,7 +37,6 @@ from typing import Callable, ClassVar, Literal
 
 import torch
 
-from llmkit.decoding import generate, left_pad
 from llmkit.errors import ConfigError, UserError
 from llmkit.model import Transformer
 from llmkit.rewards import Scorer, reward_mode, rollout_scorer
@@ -44,13 +46,13 @@ from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (AdaptiveKLController, FixedKLController, GrpoLossType,
                                  RewardScaling, RunningMoments, aggregate_token_loss, clip_scores,
                                  clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
-                                 gae, group_relative_advantages, kl_estimate, logprobs_of,
-                                 masked_mean, penalize_missing_stop, token_rewards, whiten)
+                                 gae, group_relative_advantages, kl_estimate, kl_penalized_scores,
+                                 leave_one_out_advantages, logprobs_of, masked_mean, penalize_missing_stop,
+                                 sequence_clipped_policy_loss, token_rewards, whiten)
 from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_split, load_start,
                                     post_training_inputs)
-from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, gathered_over_processes,
-                                   mean_over_processes, rank_and_world, response_mask_of,
-                                   rollout_prompts, select_rows, strip_stop)
+from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, over_processes,
+                                   rank_and_world, rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
 
@@ -62,22 +64,23 @@ class PpoConfig(GenerativeConfig):
     """The engine's settings (flat, as for sft/rm/dpo: `--set lr=…`) plus PPO's own.
 
     One optimizer step takes micro_batch_size × grad_accum responses of the current rollout;
-    max_new_tokens bounds both rollouts and the held-out evaluation. A setting that only one of
-    the two algorithms reads is refused when set under the other (`PPO_ONLY`, `GRPO_ONLY`).
+    max_new_tokens bounds both rollouts and the held-out evaluation. A setting that only some
+    algorithms read is refused when set under another (`READ_ONLY_BY`).
     """
 
-    # the value model, GAE and the KL penalty in the reward: grpo has none of them
-    PPO_ONLY: ClassVar[tuple] = ("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
-                                 "value_model", "kl_estimator")
-    GRPO_ONLY: ClassVar[tuple] = ("loss_type", "scale_rewards", "mask_truncated_completions",
-                                  "kl_bias_correction")
+    READ_ONLY_BY: ClassVar[dict] = {
+        # the value model, GAE and the per-token KL penalty in the reward: only ppo has them
+        **dict.fromkeys(("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
+                         "value_model", "kl_estimator"), ("ppo",)),
+        **dict.fromkeys(("loss_type", "scale_rewards", "kl_bias_correction"), ("grpo",)),
+        "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",)}
 
-    algo: Literal["ppo", "grpo"] = "ppo"  # grpo: group-relative advantages, no value model
+    algo: Literal["ppo", "grpo", "rloo"] = "ppo"  # grpo, rloo: advantages within a group of samples, no value model
     reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
     verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × verifiable reward
     partial_credit: bool = False  # verifiable reward of a wrong response: its similarity to the answer (1 − edit distance / length), not 0
     prompts_per_rollout: int = 16  # prompts sampled per rollout batch
-    group_size: int = 4  # grpo: responses sampled per prompt (ppo samples one)
+    group_size: int = 4  # grpo, rloo: responses sampled per prompt (ppo samples one)
     ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of micro_batch_size
     # rollouts sample the whole distribution (no top-k / top-p, as TRL's): the ratio's
     # log-probs are those of logits / temperature, so a truncated sampler would be off-policy
@@ -91,14 +94,15 @@ class PpoConfig(GenerativeConfig):
     # and OpenRLHF (token_level_loss) do.
     loss_type: GrpoLossType = "dapo"
     scale_rewards: RewardScaling = "group"  # grpo: divide score − group mean by the group's std, the batch's (all processes), or nothing (Dr. GRPO)
-    mask_truncated_completions: bool = False  # grpo: a response cut off before its stop token takes no part in the loss (DAPO, TRL's)
+    mask_truncated_completions: bool = False  # grpo, rloo: a response cut off before its stop token takes no part in the loss (DAPO, TRL's)
     clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
     vf_coef: float = 0.1  # weight of the value loss beside the policy loss
     entropy_coef: float = 0.0  # weight of an entropy bonus (0 = none)
     gamma: float = 1.0  # discount of GAE
     lam: float = 0.95  # λ of GAE (bias/variance trade-off of the advantages)
     whiten_advantages: bool = True  # normalise advantages to zero mean, unit variance per rollout
-    kl_coef: float = 0.05  # β: per-token KL penalty in the reward (ppo) or weight of the KL loss (grpo)
+    normalize_advantages: bool = False  # rloo: the same over the rollout of every process (TRL's normalize_advantages)
+    kl_coef: float = 0.05  # β: KL penalty in the reward (ppo per token, rloo per response) or weight of the KL loss (grpo)
     kl_estimator: Literal["k1", "k3"] = "k1"  # estimator of the per-token KL penalty (grpo's loss uses k3)
     kl_bias_correction: bool = False  # grpo: k3 times the ratio π/π_old, an unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's use_bias_correction_kl, on there)
     adaptive_kl: bool = False  # steer β towards kl_target (Ziegler et al.) instead of keeping it fixed
@@ -134,8 +138,8 @@ class PpoConfig(GenerativeConfig):
             raise ConfigError(f"missing_eos_penalty must be >= 0 or null, got {self.missing_eos_penalty}")
         if not self.kl_target > 0:
             raise ConfigError(f"kl_target must be > 0, got {self.kl_target}")
-        if self.algo == "grpo" and self.group_size < 2:
-            raise ConfigError("algo=grpo compares responses within a group: group_size must be >= 2")
+        if self.algo != "ppo" and self.group_size < 2:
+            raise ConfigError(f"algo={self.algo} compares responses within a group: group_size must be >= 2")
         if self.zero_stage == 3:
             raise ConfigError("ppo samples rollouts from the whole policy on every process: use "
                               "zero_stage 0, 1 or 2")
@@ -143,7 +147,7 @@ class PpoConfig(GenerativeConfig):
             raise ConfigError(
                 f"a rollout of {self.rollout_size} responses does not split into minibatches of "
                 f"micro_batch_size={self.micro_batch_size}; make prompts_per_rollout"
-                f"{' × group_size' if self.algo == 'grpo' else ''} a multiple of it")
+                f"{' × group_size' if self.algo != 'ppo' else ''} a multiple of it")
         per_pass = self.rollout_size // self.micro_batch_size
         if per_pass % self.grad_accum:
             raise ConfigError(
@@ -156,19 +160,18 @@ class PpoConfig(GenerativeConfig):
     def _refuse_settings_of_the_other_algo(self) -> None:
         """A setting the chosen algo never reads is an error, not silently ignored ("set" here:
         different from its default)."""
-        unused = self.PPO_ONLY if self.algo == "grpo" else self.GRPO_ONLY
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        changed = [f"{name}={getattr(self, name)!r}" for name in unused
-                   if getattr(self, name) != defaults[name]]
-        if changed:
-            reads = ("the value model, GAE and the KL penalty in the reward are ppo's"
-                     if self.algo == "grpo" else "they shape group-relative (grpo) losses")
-            raise ConfigError(f"algo={self.algo} ignores {', '.join(changed)} ({reads}): remove "
-                              f"them, or use algo={'ppo' if self.algo == 'grpo' else 'grpo'}")
+        unused = [name for name, algos in self.READ_ONLY_BY.items()
+                  if self.algo not in algos and getattr(self, name) != defaults[name]]
+        if unused:
+            readers = sorted({algo for name in unused for algo in self.READ_ONLY_BY[name]})
+            raise ConfigError(f"algo={self.algo} ignores {', '.join(f'{n}={getattr(self, n)!r}' for n in unused)}"
+                              f" (only {' and '.join(f'algo={a}' for a in readers)} read them): remove them, "
+                              f"or use {' or '.join(f'algo={a}' for a in readers)}")
 
     @property
     def samples_per_prompt(self) -> int:
-        return self.group_size if self.algo == "grpo" else 1
+        return 1 if self.algo == "ppo" else self.group_size
 
     @property
     def rollout_size(self) -> int:
@@ -177,16 +180,17 @@ class PpoConfig(GenerativeConfig):
 
 
 class PpoTask(Task):
-    """PPO / GRPO as a task of the shared engine.
+    """PPO / GRPO / RLOO as a task of the shared engine.
 
     `next_batch` serves minibatches of the current rollout and, when none is left, samples a new
-    rollout from the current policy: `prompts_per_rollout` prompts (× group_size for grpo) in a
-    seeded shuffled order, responses sampled with the KV cache, scored, and turned into
+    rollout from the current policy: `prompts_per_rollout` prompts (× group_size for grpo, rloo)
+    in a seeded shuffled order, responses sampled with the KV cache, scored, and turned into
     advantages. Each rollout is used for `ppo_epochs` shuffled passes. `loss` is the clipped
-    policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo), plus the
-    MoE load-balancing loss. The engine takes grad_accum batches per optimizer step and the
-    config makes that divide the micro-batches of a pass, so no step mixes two rollouts or
-    passes; dapo's loss is a mean over the response tokens of the step (`items_in_batch`).
+    policy loss plus the clipped value loss (ppo) or the k3 KL to the reference (grpo), or that of
+    whole responses alone (rloo), plus the MoE load-balancing loss. The engine takes grad_accum
+    batches per optimizer step and the config makes that divide the micro-batches of a pass, so no
+    step mixes two rollouts or passes; dapo's loss is a mean over the response tokens of the step
+    (`items_in_batch`).
 
     Resume: the prompt position, β and reward statistics are checkpointed; a run resumed from a
     checkpoint taken mid-rollout starts the next rollout (exact when save_every is a multiple of
@@ -255,25 +259,11 @@ class PpoTask(Task):
                 self.prompt_epoch, self.prompt_cursor = self.prompt_epoch + 1, 0
         return out
 
-    @torch.no_grad()
     def sample(self, policy: Transformer, prompts: list[Prompt]) -> Samples:
         """One response per prompt from `policy`, sampled with the rollout settings."""
-        cfg, device = self.cfg, self.device or torch.device("cpu")
-        ids, mask = left_pad([p.ids for p in prompts], self.pad_id)
-        ids, mask = ids.to(device), mask.to(device)
-        max_new = min(cfg.max_new_tokens, policy.config.max_seq_len - ids.shape[1])
-        if max_new < 1:
-            raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room to respond within "
-                             f"model.max_seq_len={policy.config.max_seq_len}")
-        out = generate(policy, ids, max_new, temperature=cfg.temperature,
-                       eos_id=self.stop_ids[0] if self.stop_ids else None, attention_mask=mask)
-        P = ids.shape[1]
-        response_mask = response_mask_of(out[:, P:], self.stop_ids)
-        responses = out[:, P:].masked_fill(response_mask == 0, self.pad_id)
-        texts = [self.decode(strip_stop(r[m.bool()].tolist(), self.stop_ids))
-                 for r, m in zip(responses, response_mask)]
-        return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
-                       response_mask, texts, [p.answer for p in prompts])
+        return sample_responses(policy, prompts, max_new_tokens=self.cfg.max_new_tokens,
+                                temperature=self.cfg.temperature, stop_ids=self.stop_ids, pad_id=self.pad_id,
+                                decode=self.decode, device=self.device or torch.device("cpu"))
 
     @torch.no_grad()
     def make_rollout(self, module: ActorCritic) -> dict:
@@ -306,10 +296,15 @@ class PpoTask(Task):
             if cfg.whiten_advantages:
                 advantages = whiten(advantages, mask)
             rollout.update(values=values, returns=returns)
-        else:
+        elif cfg.algo == "grpo":
             advantages = self.group_advantages(scores)[:, None] * mask
             if cfg.mask_truncated_completions:  # still scored within their group, not trained on
                 rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
+        else:
+            if cfg.mask_truncated_completions:  # as TRL's: scored, but out of the KL and the loss
+                mask = rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
+            rewards = kl_penalized_scores(scores, logprobs, ref_logprobs, mask, self.kl_ctl.value)
+            advantages = self.group_advantages(rewards)[:, None]  # one per response: [N, 1]
         rollout["advantages"] = advantages
 
         self.rollouts_done += 1
@@ -328,15 +323,17 @@ class PpoTask(Task):
         self.kl_ctl.update(pooled_kl, n_steps=samples_everywhere)
         return rollout
 
-    def group_advantages(self, scores: torch.Tensor) -> torch.Tensor:
-        """GRPO's advantages of this process's samples. Groups never straddle processes, but
-        scale_rewards=batch divides by the std of every process's scores, as TRL does."""
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """GRPO's or RLOO's advantages of this process's samples. Groups never straddle processes,
+        but scale_rewards=batch and normalize_advantages use every process's, as TRL does."""
         cfg = self.cfg
-        if cfg.scale_rewards != "batch":
-            return group_relative_advantages(scores, cfg.group_size, cfg.scale_rewards)
-        rank, n = rank_and_world()[0], len(scores)
-        everyone = gathered_over_processes(scores)
-        return group_relative_advantages(everyone, cfg.group_size, "batch")[rank * n:(rank + 1) * n]
+        if cfg.algo == "rloo":
+            return over_processes(functools.partial(
+                leave_one_out_advantages, group_size=cfg.group_size, normalize=cfg.normalize_advantages),
+                rewards, pooled=cfg.normalize_advantages)
+        return over_processes(functools.partial(
+            group_relative_advantages, group_size=cfg.group_size, scale=cfg.scale_rewards),
+            rewards, pooled=cfg.scale_rewards == "batch")
 
     def reference_logprobs(self, policy: Transformer, ids, attn, prompt_len: int):
         if self.reference is None:
@@ -353,19 +350,25 @@ class PpoTask(Task):
         logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
         logits = logits / cfg.temperature  # the sampling distribution, as in make_rollout
         logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
-        per_token, was_clipped = clipped_policy_token_loss(
-            logprobs, batch["logprobs"], batch["advantages"], cfg.clip_range, cfg.clip_range_high)
         entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
                               mask)
-        metrics = {"clipfrac": masked_mean(was_clipped.float(), mask), "entropy": entropy.detach(),
+        metrics = {"entropy": entropy.detach(),
                    "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask)}
+        if cfg.algo == "rloo":  # no KL term: the KL is in the rewards
+            policy_loss, was_clipped = sequence_clipped_policy_loss(
+                logprobs, batch["logprobs"], batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
+            loss, metrics["clipfrac"] = policy_loss, was_clipped.float().mean()
+        else:
+            per_token, was_clipped = clipped_policy_token_loss(
+                logprobs, batch["logprobs"], batch["advantages"], cfg.clip_range, cfg.clip_range_high)
+            metrics["clipfrac"] = masked_mean(was_clipped.float(), mask)
         if cfg.algo == "ppo":
             policy_loss = masked_mean(per_token, mask)
             value_loss, value_clipfrac = clipped_value_loss(
                 values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
             loss = policy_loss + cfg.vf_coef * value_loss
             metrics.update(value_loss=value_loss.detach(), value_clipfrac=value_clipfrac)
-        else:
+        elif cfg.algo == "grpo":
             aggregate = functools.partial(
                 aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
                 # a batch not served by next_batch is an optimizer step of its own
@@ -470,7 +473,7 @@ def ppo_summary(s: dict) -> list[tuple]:
 
 
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
-    """`llmkit ppo`: PPO or GRPO of checkpoint `policy` on the prompts of --in (prompts_train)."""
+    """`llmkit ppo`: PPO, GRPO or RLOO of checkpoint `policy` on the prompts of --in (prompts_train)."""
     policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, "ppo", cfg, policy, eval_data)
     rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
     mode = reward_mode(cfg.reward, rm_art is not None)

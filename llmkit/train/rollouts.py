@@ -1,11 +1,15 @@
-"""What a PPO rollout is made of: the prompts, the sampled responses as a scorer sees them, the
-mask of their real tokens, and the minibatches cut from a rollout."""
+"""What a PPO rollout is made of: the prompts, the responses sampled for them as a scorer sees
+them, the mask of their real tokens, the statistics pooled over processes, and the minibatches cut
+from a rollout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from llmkit.decoding import generate, left_pad
 
 
 @dataclass
@@ -65,6 +69,28 @@ def response_mask_of(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tens
     return (stops_before == 0).long()
 
 
+@torch.no_grad()
+def sample_responses(policy, prompts: list[Prompt], *, max_new_tokens: int, temperature: float,
+                     stop_ids: list[int], pad_id: int, decode: Callable[[list[int]], str],
+                     device) -> Samples:
+    """One response per prompt from `policy` with the KV cache, sampled from the whole
+    distribution at `temperature`, each cut after its first stop token."""
+    ids, mask = left_pad([p.ids for p in prompts], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    max_new = min(max_new_tokens, policy.config.max_seq_len - ids.shape[1])
+    if max_new < 1:
+        raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room to respond within "
+                         f"model.max_seq_len={policy.config.max_seq_len}")
+    out = generate(policy, ids, max_new, temperature=temperature,
+                   eos_id=stop_ids[0] if stop_ids else None, attention_mask=mask)
+    P = ids.shape[1]
+    response_mask = response_mask_of(out[:, P:], stop_ids)
+    responses = out[:, P:].masked_fill(response_mask == 0, pad_id)
+    texts = [decode(strip_stop(r[m.bool()].tolist(), stop_ids)) for r, m in zip(responses, response_mask)]
+    return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
+                   response_mask, texts, [p.answer for p in prompts])
+
+
 def ends_with_stop(responses: torch.Tensor, response_mask: torch.Tensor,
                    stop_ids: list[int]) -> torch.Tensor:
     """[N] bool: the response reached a stop token within the generation budget."""
@@ -114,6 +140,18 @@ def gathered_over_processes(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts)
+
+
+def over_processes(statistic: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor,
+                   pooled: bool) -> torch.Tensor:
+    """statistic(values) [N] for this process's N rows: of every process's values (in rank order)
+    when `pooled`, as TRL computes a statistic of the whole generation batch; else of this
+    process's alone, which is the same for one that only reads groups (they never straddle
+    processes)."""
+    if not pooled:
+        return statistic(values)
+    rank, n = rank_and_world()[0], len(values)
+    return statistic(gathered_over_processes(values))[rank * n:(rank + 1) * n]
 
 
 def select_rows(rollout: dict, rows: torch.Tensor) -> dict:

@@ -115,9 +115,10 @@ def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():
     assert len(groups) == 16 and all(len(set(groups[i:i + 4])) == 1 for i in range(0, 16, 4))
 
 
-def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "rloo"])
+def test_resume_at_a_rollout_boundary_repeats_the_uninterrupted_run(tmp_path, algo):
     def run(run_dir, max_steps):
-        task, cfg = tiny_setup(max_steps=max_steps, ppo_epochs=1)  # 2 steps per rollout
+        task, cfg = tiny_setup(algo, max_steps=max_steps, ppo_epochs=1)  # 16 responses: 2 steps per rollout
         Engine(run_dir, cfg.train_config(), task).fit()
         losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").open()]
         return task, losses
@@ -231,7 +232,7 @@ def test_reward_is_not_clipped_by_default_and_a_missing_stop_token_is_penalised(
     assert task.reward_history[-1] == pytest.approx(9.0)  # the scorer's own score, logged as reward
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo"])
 def test_loss_includes_the_moe_load_balancing_loss(algo):
     task, _ = tiny_setup(algo, n_experts=2)
     batch = select_rows(task.make_rollout(task.model), torch.arange(8))
@@ -490,6 +491,15 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
     b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2)
     assert b.stats["reward"] == "verify" and b.stats["algo"] == "grpo"
     assert b.stats["reward_start"] == 0.0  # an untrained model does not add up
+
+
+def test_stage_rloo_with_the_verifiable_reward_writes_a_plain_policy(make_ctx, stage_ws):
+    from llmkit.train.loading import load_model
+
+    b = run_stage(make_ctx, algo="rloo", group_size=2, prompts_per_rollout=2, normalize_advantages=True)
+    assert b.stats["reward"] == "verify" and b.stats["algo"] == "rloo" and b.stats["rollouts"] == 2
+    after, _ = load_model(stage_ws / "ppo")  # the policy alone: no value head was built
+    assert not any("value" in name for name, _ in after.named_parameters())
 
 
 def test_stage_grpo_with_partial_credit_records_held_out_similarity(make_ctx, stage_ws, tok, answers_42):
