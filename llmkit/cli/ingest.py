@@ -15,7 +15,7 @@ def ingest(
     source: Annotated[Optional[str], typer.Option(help="Source name (default: file stem).")] = None,
     per_line: Annotated[bool, typer.Option("--per-line", help="txt: a document per line.")] = False,
 ):
-    """Read jsonl/json/txt/csv/parquet (.gz/.zst) into dataset `raw`; bad records quarantined."""
+    """Read jsonl/json/txt/csv/parquet and WARC/WET/HTML (.gz/.zst) into dataset `raw`; bad records quarantined."""
     from llmkit.data.ingest import run_ingest
 
     flags = {"kind": kind, "text_field": text_field, "id_field": id_field, "source": source,

@@ -1,9 +1,12 @@
-"""`llmkit ingest`: jsonl / json / txt / csv / parquet (optionally .gz / .zst) -> dataset `raw`.
+"""`llmkit ingest`: jsonl / json / txt / csv / parquet / warc / html (optionally .gz / .zst) -> dataset `raw`.
 
 Records are read as a stream by their format's reader (`llmkit.data.readers`) and normalised
 to the schema of their kind:
 - text:       id, text, source, lang (+ other fields carried as columns); `lang` is the
-              record's own, else zh / latin / other from the script (`language_of`)
+              record's own, else zh / latin / other from the script (`language_of`).
+              Web pages (warc: WARC/WET, html) add url, domain, date, charset, title, and
+              lang_id, lang_score, script from a language model (`llmkit.data.langid`);
+              `lang_id=true` adds those three to the rows of every format
 - sft:        id, prompt, response | messages, text, source
 - preference: id, prompt, chosen, rejected, text, source (a ranked `responses` list, best
               first, expands to every ordered pair)
@@ -30,7 +33,8 @@ from typing import Literal
 
 from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, DatasetWriter
 from llmkit.data.pipeline import FolderTasks
-from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, read_records
+from llmkit.data.langid import language_columns
+from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, format_of, read_records
 from llmkit.errors import ConfigError
 from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
@@ -50,15 +54,17 @@ class IngestConfig:
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
     task_bytes: int = 256 << 20     # file bytes per task: files are grouped in order up to this
     allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
+    lang_id: bool = False           # identify every text row's language (web pages always are)
+    max_page_bytes: int = 8 << 20   # web pages larger than this are quarantined (page_too_large)
     executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
     ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.batch_rows < 1 or self.task_bytes < 1:
-            raise ConfigError(f"batch_rows and task_bytes must be ≥ 1, got {self.batch_rows}, "
-                              f"{self.task_bytes}")
+        if self.batch_rows < 1 or self.task_bytes < 1 or self.max_page_bytes < 1:
+            raise ConfigError(f"batch_rows, task_bytes and max_page_bytes must be ≥ 1, got "
+                              f"{self.batch_rows}, {self.task_bytes}, {self.max_page_bytes}")
 
 
 def _stem(path: Path) -> str:
@@ -157,6 +163,9 @@ def _preference_rows(rec: dict) -> list[dict] | str:
             for c, r in pairs]
 
 
+WEB_FORMATS = ("warc", "html")  # whose rows always get a language identified
+
+
 # -- the stage ------------------------------------------------------------------------------
 
 def file_fingerprint(path: Path) -> str:
@@ -211,6 +220,8 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Pat
     for path in files:
         source = cfg.source or _stem(path)
         opened = Path(cwd, path)  # locations and generated ids name it as typed, read anywhere
+        identify = cfg.kind == "text" and (cfg.lang_id or format_of(opened, cfg.format)
+                                           in WEB_FORMATS)
         for n, (loc, rec) in enumerate(read_records(opened, cfg)):
             loc = str(path) + loc[len(str(opened)):]
             records += 1  # counted as read; checked below against what was written
@@ -236,6 +247,8 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Pat
             extra_rows += max(len(rows) - 1, 0)
             for i, row in enumerate(rows):
                 row_id = rid if len(rows) == 1 else f"{rid}-{i}"
+                if identify and "lang_id" not in row:
+                    row.update(language_columns(row["text"]))
                 kept.add({"id": row_id, **row, "source": row.get("source") or source})
                 per_source[source] += 1
     rows_out, rows_removed = kept.close(), removed.close()

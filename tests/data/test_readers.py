@@ -4,6 +4,7 @@ the file's suffix, and the table covers every format `llmkit ingest` documents."
 import csv
 import gzip
 import importlib
+import io
 import json
 import pkgutil
 import re
@@ -76,8 +77,11 @@ def packed(path: Path, compression: str) -> Path:
     return out
 
 
+WEB_FORMATS = ("warc", "html")  # pages: tests/data/test_web.py reads them in depth
+
+
 @pytest.mark.parametrize("compression", ["", *COMPRESSIONS])
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "parquet"])
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in ("parquet", *WEB_FORMATS)])
 def test_each_text_format_reads_its_records_plain_and_compressed(tmp_path, fmt, compression):
     path = write(tmp_path / f"d.{fmt}", fmt, ["one", "two"])
     path = packed(path, compression) if compression else path
@@ -85,6 +89,24 @@ def test_each_text_format_reads_its_records_plain_and_compressed(tmp_path, fmt, 
     assert [rec["text"] for _, rec in records] == ["one", "two"]
     where = {"jsonl": [":1", ":2"], "json": ["[0]", "[1]"], "txt": [":1", ":2"], "csv": [":2", ":3"]}
     assert [loc for loc, _ in records] == [f"{path}{w}" for w in where[fmt]]
+
+
+@pytest.mark.parametrize("compression", ["", *COMPRESSIONS])
+def test_warc_and_html_read_their_pages_plain_and_compressed(tmp_path, compression):
+    from warcio.warcwriter import WARCWriter
+
+    with open(tmp_path / "d.wet", "wb") as f:
+        writer = WARCWriter(f, gzip=False)
+        for n, text in enumerate(["one", "two"]):
+            writer.write_record(writer.create_warc_record(
+                f"http://a.org/{n}", "conversion", payload=io.BytesIO(text.encode())))
+    (tmp_path / "d.htm").write_text("<html><body><article><p>three</p></article></body></html>")
+    wet, htm = (packed(tmp_path / name, compression) if compression else tmp_path / name
+                for name in ("d.wet", "d.htm"))
+    records = list(read_records(wet, IngestConfig())) + list(read_records(htm, IngestConfig()))
+    assert [rec["text"] for _, rec in records] == ["one", "two", "three"]
+    assert [loc.rsplit("@", 1)[0] for loc, _ in records[:2]] == [str(wet)] * 2
+    assert records[2][0] == str(htm)
 
 
 def test_parquet_reads_one_record_per_row_in_batches(tmp_path):

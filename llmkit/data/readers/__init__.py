@@ -13,16 +13,19 @@ from pathlib import Path
 
 from llmkit.data.io import BadRecord
 from llmkit.data.readers.csv import read_csv
+from llmkit.data.readers.html import read_html
 from llmkit.data.readers.jsonl import read_json, read_jsonl_records
 from llmkit.data.readers.parquet import read_parquet
 from llmkit.data.readers.txt import read_txt
+from llmkit.data.readers.warc import read_warc
 from llmkit.errors import UserError
 
 READERS = {"jsonl": read_jsonl_records, "json": read_json, "txt": read_txt, "csv": read_csv,
-           "parquet": read_parquet}
+           "parquet": read_parquet, "warc": read_warc, "html": read_html}
 FORMATS = tuple(READERS)  # what `format=` may force
 SUFFIXES = {"jsonl": "jsonl", "ndjson": "jsonl", "json": "json", "txt": "txt", "text": "txt",
-            "md": "txt", "csv": "csv", "parquet": "parquet"}  # file suffix -> format
+            "md": "txt", "csv": "csv", "parquet": "parquet", "warc": "warc", "wet": "warc",
+            "html": "html", "htm": "html"}  # file suffix -> format
 COMPRESSIONS = (".gz", ".zst")
 
 

@@ -1,0 +1,82 @@
+"""Language identification: which language a document is in, by py3langid's model.
+
+py3langid (BSD-3-Clause) ships its model inside the wheel — a naive Bayes classifier over byte
+n-grams for 140 labels (ISO 639-1 codes where one exists, else ISO 639-3, e.g. `yue`) — so
+nothing is downloaded at run time, and it classifies a 1,000-character sample in about 0.3 ms.
+It tells zh, ja and ko apart but not Simplified from Traditional Chinese; that comes from the
+characters themselves: a Han character that GB2312 (the Simplified standard) can encode and
+Big5 (the Traditional one) cannot is Simplified-only, and the other way round.
+
+The model is built once per process on first use (`_holder`), so a config stays plain values
+and a Ray worker or a forked local worker builds its own.
+"""
+
+from __future__ import annotations
+
+from llmkit.cjk import language_of
+from llmkit.errors import UserError
+
+SAMPLE_CHARS = 2000  # a document's language is plain from its start; longer adds only time
+UNDETERMINED = "und"  # BCP 47's code for text without letters to judge by
+
+_holder: dict = {}  # this process's model and character tables, built on first use
+
+
+def _identifier():
+    if "model" not in _holder:
+        try:
+            from py3langid.langid import MODEL_FILE, LanguageIdentifier
+        except ImportError:
+            raise UserError("language identification needs py3langid: "
+                            "pip install 'llmkit[web]'") from None
+        _holder["model"] = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return _holder["model"]
+
+
+def _han_forms() -> tuple[frozenset, frozenset]:
+    """(Simplified-only, Traditional-only) characters of the basic Han block."""
+    if "han" not in _holder:
+        def encodable(ch: str, codec: str) -> bool:
+            try:
+                ch.encode(codec)
+                return True
+            except UnicodeEncodeError:
+                return False
+
+        han = [chr(c) for c in range(0x4E00, 0xA000)]
+        gb = {ch for ch in han if encodable(ch, "gb2312")}
+        big5 = {ch for ch in han if encodable(ch, "big5")}
+        _holder["han"] = frozenset(gb - big5), frozenset(big5 - gb)
+    return _holder["han"]
+
+
+def identify(text: str) -> tuple[str, float]:
+    """(language code, probability) of `text`; (`und`, 0.0) when it has no letters."""
+    sample = text[:SAMPLE_CHARS]
+    if not any(ch.isalpha() for ch in sample):
+        return UNDETERMINED, 0.0
+    lang, score = _identifier().classify(sample)
+    return lang, round(float(score), 4)
+
+
+def chinese_script(text: str) -> str | None:
+    """`zh-Hans` or `zh-Hant` by which form-specific characters are in the majority; None when
+    the text has none of either."""
+    simplified, traditional = _han_forms()
+    sample = text[:SAMPLE_CHARS]
+    s = sum(ch in simplified for ch in sample)
+    t = sum(ch in traditional for ch in sample)
+    if s == t == 0:
+        return None
+    return "zh-Hans" if s >= t else "zh-Hant"
+
+
+def language_columns(text: str) -> dict:
+    """`lang_id` (the model's code), `lang_score` (its probability) and `script`: the script
+    label (`llmkit.cjk.language_of`: zh / latin / other), its zh told apart as zh-Hans or
+    zh-Hant when the language is Chinese."""
+    lang, score = identify(text)
+    script = language_of(text)
+    if script == "zh" and lang == "zh":
+        script = chinese_script(text) or script
+    return {"lang_id": lang, "lang_score": score, "script": script}
