@@ -25,7 +25,8 @@ $(INSTALLED): pyproject.toml
 demo: setup
 	$(MAKE) --no-print-directory -C recipes/demo LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
 
-# SmolLM2-135M-Instruct from its GGUF file: import, SFT, DPO (recipes/smollm2; ~15 min, not in demo)
+# SmolLM2-135M-Instruct from its GGUF file: import, SFT, DPO, general ability before and after
+# (recipes/smollm2; not in demo; its measured times are in the README)
 smollm2: setup
 	$(BIN)/pip install -q -e ".[gguf]"
 	$(MAKE) --no-print-directory -C recipes/smollm2 LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python

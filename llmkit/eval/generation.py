@@ -11,6 +11,9 @@ reference that is mostly Han characters is Chinese.
   own tokenizer drops every non-ASCII character, so Chinese is split here: each Han character
   (or each jieba word, `zh_tokenizer: jieba`) is a token, as are runs of ASCII letters/digits.
 - exact match: the share of replies equal to a reference up to whitespace (`llmkit.rewards`).
+- contains: the share of replies that hold a reference anywhere, ignoring case, as a whole word
+  where it begins or ends with a letter or digit ("7" is not in "17", "Rome" not in "Romeo") —
+  the lenient check for a question whose reply is a sentence ("The capital of Japan is Tokyo.").
 """
 
 from __future__ import annotations
@@ -109,11 +112,29 @@ def exact_match_rate(hypotheses: list[str], references: list[list[str]]) -> floa
     return hits / max(len(hypotheses), 1)
 
 
+def contains_rate(hypotheses: list[str], references: list[list[str]]) -> float:
+    """Share of hypotheses that hold one of their references (see the module's docstring)."""
+    hits = sum(any(_contains(h, r) for r in refs) for h, refs in zip(hypotheses, references))
+    return hits / max(len(hypotheses), 1)
+
+
+def _contains(text: str, reference: str) -> bool:
+    ref = " ".join(reference.split())
+    if not ref:
+        return False
+    # only ASCII letters and digits join into words; Han characters have no word boundaries to check
+    before = r"(?<![A-Za-z0-9])" if re.match(r"[A-Za-z0-9]", ref) else ""
+    after = r"(?![A-Za-z0-9])" if re.search(r"[A-Za-z0-9]$", ref) else ""
+    pattern = before + r"\s+".join(re.escape(w) for w in ref.split(" ")) + after
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
 def text_metrics(hypotheses: list[str], references: list[list[str]], chinese: bool,
                  zh_tokenizer: str = "char") -> dict:
     return {"bleu": bleu(hypotheses, references, chinese),
             **rouge(hypotheses, references, chinese, zh_tokenizer),
-            "exact_match": exact_match_rate(hypotheses, references), "examples": len(hypotheses)}
+            "exact_match": exact_match_rate(hypotheses, references),
+            "contains": contains_rate(hypotheses, references), "examples": len(hypotheses)}
 
 
 # -- rows --------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import torch
 from rouge_score import rouge_scorer
 
 from llmkit.errors import UserError
-from llmkit.eval.generation import (ChineseTokenizer, GenerationConfig, bleu, evaluate_generation,
-                                    exact_match_rate, language_of, prompt_ids,
+from llmkit.eval.generation import (ChineseTokenizer, GenerationConfig, bleu, contains_rate,
+                                    evaluate_generation, exact_match_rate, language_of, prompt_ids,
                                     references_of, rouge)
 from tests.train.posttrain_fixtures import constant_model
 
@@ -62,6 +62,16 @@ def test_references_language_and_exact_match():
     assert exact_match_rate([" 42 ", "41"], [["42"], ["40", "41"]]) == 1.0
 
 
+def test_contains_finds_the_answer_in_a_sentence_as_a_whole_word():
+    assert contains_rate(["The capital of Japan is Tokyo.", "A week has SEVEN days", "中国的首都是北京。",
+                          "forty\ntwo", "It is H2O."],
+                         [["tokyo"], ["7", "seven"], ["北京"], ["forty two"], ["h2o"]]) == 1.0
+    # a number inside a longer number, or a word inside a longer word, is not the answer
+    assert contains_rate(["17 days", "Romeo", "100 degrees", "JAPAN"],
+                         [["7"], ["Rome"], ["0", "zero"], ["Tokyo"]]) == 0.0
+    assert contains_rate(["Paris", "Lyon"], [["paris"], ["Paris"]]) == 0.5
+
+
 def test_chat_and_plain_prompts(tok):
     row = {"prompt": "What is 2+3?"}
     assert prompt_ids(tok, row, True, "r") == tok.encode_chat(
@@ -75,7 +85,8 @@ def test_evaluate_generation_reports_each_language_and_keeps_samples(tok):
                                            GenerationConfig(max_new_tokens=3), chat=False,
                                            device=torch.device("cpu"))
     assert set(metrics) == {"en", "zh"}
-    assert set(metrics["en"]) == {"bleu", "rouge1", "rouge2", "rougeL", "exact_match", "examples"}
+    assert set(metrics["en"]) == {"bleu", "rouge1", "rouge2", "rougeL", "exact_match", "contains",
+                                  "examples"}
     assert [s["lang"] for s in samples] == ["en", "zh"] and samples[0]["references"] == ["5"]
 
 

@@ -1,0 +1,82 @@
+"""The SmolLM2 recipe's general-ability check, as data: the held-out general questions have
+checkable answers and share none with the prompts mixed into SFT, the longer-word reversals are
+longer than any trained word, the SFT mix holds the task and the base's replies, and the summary
+puts general ability next to the task's exact match. No model runs here."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "smollm2"
+DEMO = RECIPE.parent / "demo"
+
+
+def load(name: str, folder: Path = RECIPE):
+    spec = importlib.util.spec_from_file_location(f"smollm2_{name}", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_general_questions_have_checkable_answers_and_are_held_out():
+    rows = read_jsonl(RECIPE / "general_eval.jsonl")
+    assert 40 <= len(rows) <= 100
+    for r in rows:
+        assert r["prompt"].strip() and r["lang"] in ("en", "zh")
+        assert r["references"] and all(isinstance(a, str) and a.strip() for a in r["references"])
+    prompts = [r["prompt"] for r in rows]
+    assert len(set(prompts)) == len(prompts)
+    mixed_into_sft = {r["prompt"] for r in read_jsonl(RECIPE / "general_prompts.jsonl")}
+    assert not mixed_into_sft & set(prompts)
+
+
+def test_longer_word_reversals_are_longer_than_every_trained_word():
+    trained = load("build_tasks", DEMO).WORD_LENGTHS
+    rows = read_jsonl(RECIPE / "reversal_long.jsonl")
+    assert rows and all(len(r["answer"].split()) > max(trained) for r in rows)
+    for r in rows:
+        letters = r["prompt"].split("：" if r["lang"] == "zh" else ": ", 1)[1].split()
+        assert r["answer"].split() == letters[::-1]
+
+
+def test_the_sft_mix_is_the_task_rows_and_the_base_replies_repeated(tmp_path):
+    task = tmp_path / "task.jsonl"
+    task.write_text('{"prompt": "Reverse: a b", "response": "b a"}\n', encoding="utf-8")
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text('{"prompt": "What is 1 plus 1?", "completion": " 2 "}\n'
+                       '{"prompt": "Say nothing.", "completion": ""}\n', encoding="utf-8")
+    out = tmp_path / "mix.jsonl"
+    assert load("mix_general").main(task, replies, 3, out) == 4
+    rows = read_jsonl(out)
+    assert rows[0]["response"] == "b a"
+    assert rows[1:] == [{"prompt": "What is 1 plus 1?", "response": "2", "task": "general"}] * 3
+
+
+def write_json(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+
+
+def test_the_summary_shows_general_ability_of_base_sft_and_dpo(tmp_path):
+    write_json(tmp_path / "smollm2" / "manifest.json", {"stats": {"parameters": 7}})
+    write_json(tmp_path / "recipe" / "parity.json", {"max_abs_logit_diff": 0.0, "tokens": 128,
+                                                      "replies": ["x"], "replies_equal": [True]})
+    for stage in ("sft", "dpo"):
+        write_json(tmp_path / stage / "manifest.json",
+                   {"stats": {"steps": 5, "base_accuracy": 0.0, "accuracy": 0.5}, "seconds": 9})
+    for run, en, zh in (("smollm2", 0.75, 0.5), ("sft", 0.5, 0.0), ("dpo", 0.25, 0.0)):
+        write_json(tmp_path / "eval" / f"general-{run}" / "results.json", {"generation": {
+            "general_eval": {"en": {"contains": en, "examples": 4}, "zh": {"contains": zh, "examples": 2}},
+            "reversal_long": {"en": {"exact_match": en, "examples": 2}}}})
+    summary = load("summary").summary(tmp_path)
+    general = summary["general"]
+    assert general["smollm2"]["en"] == {"contains": 0.75, "examples": 4}
+    assert general["smollm2"]["all"]["contains"] == (0.75 * 4 + 0.5 * 2) / 6
+    assert general["dpo"]["all"] == {"contains": 0.25 * 4 / 6, "examples": 6}
+    assert summary["longer_words"]["sft"]["all"] == {"exact_match": 0.5, "examples": 2}
