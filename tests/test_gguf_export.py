@@ -96,13 +96,17 @@ def family(request, tmp_path_factory):
 
 
 def test_transformers_reads_the_gguf_with_the_same_logits(family):
-    if not family["readable"]:
-        pytest.skip("transformers' GGUF reader cannot rebuild this model (see FAMILIES)")
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(family["out"], gguf_file=family["gguf"].name,
-                                                               dtype=torch.float32).eval()
-    with torch.no_grad():
-        diff = (theirs(ids()).logits - family["hf"](ids()).logits).abs().max().item()
-    assert diff <= 1e-3, (family["name"], diff)
+    """Where FAMILIES says transformers' own reader cannot rebuild the model, it does not (a newer
+    transformers that can fails this test: then say so in the README), and `llmkit import` does
+    (the test below)."""
+    try:
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+            family["out"], gguf_file=family["gguf"].name, dtype=torch.float32).eval()
+        with torch.no_grad():
+            diff = (theirs(ids()).logits - family["hf"](ids()).logits).abs().max().item()
+    except (ValueError, RuntimeError, KeyError):
+        diff = float("inf")
+    assert (diff <= 1e-3) == family["readable"], (family["name"], diff)
 
 
 def test_llmkit_import_of_the_gguf_gives_the_same_logits_and_config(family):
