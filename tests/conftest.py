@@ -21,6 +21,18 @@ def tok(tmp_path_factory):
     return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module of tiny models: with tiny matrices a second thread only
+    adds synchronisation, and on a busy machine a lot of it (`pytestmark = usefixtures(...)`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def ws(tmp_path) -> Path:
     return tmp_path / "ws"

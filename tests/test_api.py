@@ -13,13 +13,7 @@ from llmkit import checkpoints as ckpt
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matrices: a second thread only adds synchronisation, and on a busy machine a lot of it
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 
 
 @pytest.fixture

@@ -55,12 +55,7 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 
 
 def invoke(*args):

@@ -14,12 +14,7 @@ from tests.train.posttrain_fixtures import make_tokenizer, memorizing_model, wri
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only wait on each other
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 
 
 PLAIN = {"What is 12+34?": " 46", "计算 10+20": " 等于 30"}  # prompt -> its continuation
