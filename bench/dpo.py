@@ -90,7 +90,8 @@ def write_random_run(ws: Path, name: str, preset: str = "tiny") -> None:
 
     import torch
 
-    from llmkit.model import Transformer, model_config
+    from llmkit.model import Transformer
+    from llmkit.model_config import model_config
     from llmkit.tokenizer import Tokenizer
     from llmkit import checkpoints as ckpt
     from llmkit.workspace import Workspace

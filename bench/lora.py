@@ -209,7 +209,8 @@ def main() -> None:
     if not 1 <= a.warmup < a.steps or a.reps < 1:
         parser.error("need 1 <= --warmup < --steps and --reps >= 1")
 
-    from llmkit.model import Transformer, model_config
+    from llmkit.model import Transformer
+    from llmkit.model_config import model_config
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"

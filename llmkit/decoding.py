@@ -14,7 +14,8 @@ import torch
 from llmkit.errors import ConfigError
 
 if TYPE_CHECKING:
-    from llmkit.model import ModelConfig, Transformer
+    from llmkit.model import Transformer
+    from llmkit.model_config import ModelConfig
 
 
 class KVCache:

@@ -36,7 +36,7 @@ BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class Shape:
-    """The fields of `llmkit.model.ModelConfig` that size a model."""
+    """The fields of `llmkit.model_config.ModelConfig` that size a model."""
 
     vocab_size: int
     hidden_size: int

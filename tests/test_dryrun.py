@@ -8,7 +8,8 @@ import torch
 
 from llmkit.dryrun import (LOSS_CHUNK, Memory, Shape, activation_bytes, block_bytes, checkpoint_bytes,
                            human_bytes, loss_bytes, parameters, plan, state_bytes)
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import Transformer
+from llmkit.model_config import ModelConfig
 from llmkit.train.config import TrainConfig
 
 SHAPES = [

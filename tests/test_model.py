@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 import llmkit.model
 from llmkit.decoding import KVCache, generate, generate_replies, sample_next_token
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config, to_hf_state_dict
-from llmkit.model import ConfigError, ModelConfig, Transformer, model_config
+from llmkit.model import ConfigError, Transformer
+from llmkit.model_config import ModelConfig, model_config
 from tests.train.posttrain_fixtures import constant_model
 
 VOCAB = 97

@@ -10,14 +10,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
+from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
 from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
-
-if TYPE_CHECKING:
-    from llmkit.model import ModelConfig  # torch: imported where the weights are
+from llmkit.model_config import ModelConfig
 
 
 @dataclass
@@ -99,7 +97,6 @@ def read_gguf(path: Path, scratch: Path) -> SourceModel:
 
 def imported_model_config(hf_config: dict, src: Path) -> ModelConfig:
     """The ModelConfig of a transformers config; a UserError naming what llmkit cannot read."""
-    from llmkit.hf.mapping import from_hf_config
 
     try:
         return from_hf_config(hf_config)
@@ -111,7 +108,6 @@ def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> di
     """transformers' weights under llmkit's names; a UserError unless they fit the config."""
     import torch
 
-    from llmkit.hf.mapping import from_hf_state_dict
     from llmkit.model import Transformer
 
     state_dict = from_hf_state_dict(weights, model_config)

@@ -1,7 +1,7 @@
 """Hugging Face interchange of the model: config.json <-> ModelConfig and transformers' weight names
 <-> llmkit's (the same names: `Transformer` follows `LlamaForCausalLM`, Qwen2's q/k/v biases, Qwen3's
 q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE), for `llmkit export` (to_*) and
-`llmkit import` (from_*), for the families of `llmkit.model.FAMILIES`."""
+`llmkit import` (from_*), for the families of `llmkit.model_config.FAMILIES`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
-from llmkit.model import FAMILIES, LLAMA3_ROPE_KEYS, ModelConfig
+from llmkit.model_config import FAMILIES, LLAMA3_ROPE_KEYS, ModelConfig
 
 if TYPE_CHECKING:
     import torch

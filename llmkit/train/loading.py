@@ -7,12 +7,14 @@ eval, export) read through here; the files themselves are read by `llmkit.checkp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from llmkit.checkpoints import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, load_weights,
                                 resolve_step_dir, weights_file)
 from llmkit.errors import ConfigError, UserError
+from llmkit.model_config import ModelConfig
 
 CHAT_STAGES = ("sft", "dpo", "ppo")  # runs trained on conversations rendered by the chat template
 
@@ -151,10 +153,6 @@ def run_start(ctx, stage: str, cfg, from_: str):
 
 def model_config_from(config: dict, path):
     """ModelConfig of a checkpoint's config.json, without llmkit's own marker keys."""
-    import dataclasses
-
-    from llmkit.model import ModelConfig
-
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     try:
         return ModelConfig(**{k: v for k, v in config.items() if k in fields})

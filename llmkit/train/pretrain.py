@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.model_config import model_config
 from llmkit.train.config import TrainConfig
 from llmkit.train.loading import run_start
 from llmkit.train.stage import Fit, fit_stage
@@ -24,7 +25,7 @@ from llmkit.train.task import Task
 class ModelSection:
     """A preset of `llmkit.model` with any of its fields overridden; None keeps the preset's."""
 
-    preset: str = "small"  # tiny | small | smol-135m | 1b | 3b (see llmkit.model.PRESETS)
+    preset: str = "small"  # tiny | small | smol-135m | 1b | 3b (see llmkit.model_config.PRESETS)
     vocab_size: int | None = None  # None = the tokenizer's vocabulary
     hidden_size: int | None = None  # width of the residual stream
     n_layers: int | None = None  # transformer blocks
@@ -52,7 +53,6 @@ class ModelSection:
 
     def build(self, vocab_size: int):
         """The ModelConfig: preset < these overrides; vocab_size when not overridden."""
-        from llmkit.model import model_config
 
         overrides = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                      if f.name != "preset" and getattr(self, f.name) is not None}

@@ -19,7 +19,8 @@ from llmkit.data.io import DatasetWriter, read_table
 from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, bucket_edges, ccnet_normalize,
                                     perplexities, removal_reasons)
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import Transformer
+from llmkit.model_config import ModelConfig
 from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
 from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
 from llmkit.workspace import Workspace

@@ -110,7 +110,8 @@ def fast_config(**overrides) -> TrainConfig:
 
 def tiny_transformer():
     """llmkit's model at toy size: GQA, RoPE, tied embeddings (what ZeRO-3 must gather once)."""
-    from llmkit.model import ModelConfig, Transformer
+    from llmkit.model import Transformer
+    from llmkit.model_config import ModelConfig
 
     return Transformer(ModelConfig(vocab_size=VOCAB, hidden_size=16, n_layers=2, n_heads=2,
                                    n_kv_heads=1, intermediate_size=32, max_seq_len=16))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import Transformer
+from llmkit.model_config import ModelConfig
 from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
 from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
 from llmkit import checkpoints as ckpt

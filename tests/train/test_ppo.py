@@ -9,7 +9,8 @@ import torch
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.decoding import left_pad
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import Transformer
+from llmkit.model_config import ModelConfig
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.model import ModelConfig, Transformer
+from llmkit.model import Transformer
+from llmkit.model_config import ModelConfig
 from llmkit import checkpoints as ckpt
 from llmkit.train.metrics import read_metrics
 from llmkit.train.pretrain import ModelSection, PretrainTask
