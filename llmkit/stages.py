@@ -57,7 +57,7 @@ STAGES = (
     Stage("sft", "llmkit.cli.sft:sft", "llmkit.train.sft:SftConfig", "training", {"sft": ""}),
     Stage("rm", "llmkit.cli.rm:rm", "llmkit.train.rm:RmConfig", "training", {"rm": ""}),
     Stage("dpo", "llmkit.cli.dpo:dpo", "llmkit.train.dpo:DpoConfig", "training", {"dpo": ""}),
-    Stage("ppo", "llmkit.cli.ppo:ppo", "llmkit.train.ppo:PpoConfig", "training", {"ppo": ""}),
+    Stage("ppo", "llmkit.cli.ppo:ppo", "llmkit.train.ppo_config:PpoConfig", "training", {"ppo": ""}),
     Stage("eval", "llmkit.cli.eval:eval_", "llmkit.eval.stage:EvalConfig", "model"),
     Stage("generate", "llmkit.cli.generate:generate", "llmkit.generation:GenerateConfig", "model"),
     Stage("export", "llmkit.cli.export:export", "llmkit.hf.export:ExportConfig", "model",

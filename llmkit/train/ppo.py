@@ -14,9 +14,9 @@ RLOO (Ahmadian et al. 2024, as TRL's RLOOTrainer) samples a group too, but treat
 one action: β times its summed k1 KL comes off its score, its advantage is that reward less the
 mean of its siblings' (leave-one-out), and the clipped ratio is that of its whole log-probability.
 
-The file reads top to bottom: the config, the trained module, rollouts, the engine Task, the
-stage. The per-token maths (masked statistics, KL estimators and controllers, GAE, the clipped
-losses) are pure functions in `train.losses`; the scorers of sampled responses are in
+The file reads top to bottom: the trained module, rollouts, the engine Task, the stage; the
+settings are `train.ppo_config`. The per-token maths (masked statistics, KL estimators and
+controllers, GAE, the clipped losses) are pure functions in `train.losses`; the scorers of sampled responses are in
 `llmkit.rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
 longest response), right-padded, with `mask` 1 on real response tokens (the stop token that
 ends a response included) and 0 on padding.
@@ -30,153 +30,29 @@ are the mean training reward of the first and last tenth of the rollouts.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal
+from typing import Callable
 
 import torch
 
-from llmkit.errors import ConfigError, UserError
+from llmkit.errors import UserError
 from llmkit.model import Transformer
 from llmkit.rewards import Scorer, reward_mode, rollout_scorer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
-from llmkit.train.losses import (AdaptiveKLController, FixedKLController, GrpoLossType,
-                                 RewardScaling, RunningMoments, aggregate_token_loss, clip_scores,
+from llmkit.train.ppo_config import PpoConfig
+from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments, aggregate_token_loss, clip_scores,
                                  clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
                                  gae, group_relative_advantages, kl_estimate, kl_penalized_scores,
                                  leave_one_out_advantages, logprobs_of, masked_mean, penalize_missing_stop,
                                  sequence_clipped_policy_loss, token_rewards, whiten)
-from llmkit.train.posttrain import (GenerativeConfig, evaluate_answers, heldout_split, load_start,
+from llmkit.train.posttrain import (evaluate_answers, heldout_split, load_start,
                                     post_training_inputs)
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, over_processes,
                                    rank_and_world, rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
-
-
-# ---- configuration -------------------------------------------------------------------------------
-
-@dataclass
-class PpoConfig(GenerativeConfig):
-    """The engine's settings (flat, as for sft/rm/dpo: `--set lr=…`) plus PPO's own.
-
-    One optimizer step takes micro_batch_size × grad_accum responses of the current rollout;
-    max_new_tokens bounds both rollouts and the held-out evaluation. A setting that only some
-    algorithms read is refused when set under another (`READ_ONLY_BY`).
-    """
-
-    READ_ONLY_BY: ClassVar[dict] = {
-        # the value model, GAE and the per-token KL penalty in the reward: only ppo has them
-        **dict.fromkeys(("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
-                         "value_model", "kl_estimator"), ("ppo",)),
-        **dict.fromkeys(("loss_type", "scale_rewards", "kl_bias_correction"), ("grpo",)),
-        "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",)}
-
-    algo: Literal["ppo", "grpo", "rloo"] = "ppo"  # grpo, rloo: advantages within a group of samples, no value model
-    reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
-    verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × verifiable reward
-    partial_credit: bool = False  # verifiable reward of a wrong response: its similarity to the answer (1 − edit distance / length), not 0
-    prompts_per_rollout: int = 16  # prompts sampled per rollout batch
-    group_size: int = 4  # grpo, rloo: responses sampled per prompt (ppo samples one)
-    ppo_epochs: int = 2  # passes over each rollout batch, in minibatches of micro_batch_size
-    # rollouts sample the whole distribution (no top-k / top-p, as TRL's): the ratio's
-    # log-probs are those of logits / temperature, so a truncated sampler would be off-policy
-    temperature: float = 1.0  # sampling temperature of rollouts
-    clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε_high]
-    clip_range_high: float | None = None  # ε_high (DAPO's clip-higher, TRL's epsilon_high; DAPO uses 0.28); None = clip_range
-    # grpo: how per-token losses become one (TRL's loss_type and its default): grpo = mean of each
-    # sequence's token mean (the paper), bnpo = token mean of the micro-batch, dr_grpo = token sum
-    # / (sequences × max_new_tokens), dapo = token mean over the whole optimizer step (every
-    # micro-batch and process). ppo keeps the token mean of the micro-batch, as TRL's PPOTrainer
-    # and OpenRLHF (token_level_loss) do.
-    loss_type: GrpoLossType = "dapo"
-    scale_rewards: RewardScaling = "group"  # grpo: divide score − group mean by the group's std, the batch's (all processes), or nothing (Dr. GRPO)
-    mask_truncated_completions: bool = False  # grpo, rloo: a response cut off before its stop token takes no part in the loss (DAPO, TRL's)
-    clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
-    vf_coef: float = 0.1  # weight of the value loss beside the policy loss
-    entropy_coef: float = 0.0  # weight of an entropy bonus (0 = none)
-    gamma: float = 1.0  # discount of GAE
-    lam: float = 0.95  # λ of GAE (bias/variance trade-off of the advantages)
-    whiten_advantages: bool = True  # normalise advantages to zero mean, unit variance per rollout
-    normalize_advantages: bool = False  # rloo: the same over the rollout of every process (TRL's normalize_advantages)
-    kl_coef: float = 0.05  # β: KL penalty in the reward (ppo per token, rloo per response) or weight of the KL loss (grpo)
-    kl_estimator: Literal["k1", "k3"] = "k1"  # estimator of the per-token KL penalty (grpo's loss uses k3)
-    kl_bias_correction: bool = False  # grpo: k3 times the ratio π/π_old, an unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's use_bias_correction_kl, on there)
-    adaptive_kl: bool = False  # steer β towards kl_target (Ziegler et al.) instead of keeping it fixed
-    kl_target: float = 6.0  # adaptive_kl: the KL per sequence to aim for (nats)
-    kl_horizon: int = 10000  # adaptive_kl: samples over which β adapts by about ±20%
-    reward_clip: float | None = None  # scores are clamped to ±reward_clip; None = no clamp (as TRL)
-    missing_eos_penalty: float | None = None  # subtracted from the score of a response cut off before its stop token (TRL's)
-    normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
-    value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
-    # the engine's settings where RL fine-tuning differs from the others: a small constant lr
-    # (min_lr is post-training's 1e-5 too), no warmup
-    lr: float = 1e-5  # learning rate (constant unless min_lr is set lower)
-    warmup_steps: int = 0  # linear warmup steps
-    log_every: int = 1  # write metrics every N steps
-    eval_every: int = 0  # ppo has no validation loss; held-out exact match runs at start and end
-
-    def __post_init__(self):
-        super().__post_init__()
-        for name in ("prompts_per_rollout", "group_size", "ppo_epochs", "kl_horizon"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("clip_range", "clip_range_value", "vf_coef", "entropy_coef", "kl_coef",
-                     "verify_weight", "clip_range_high"):
-            if (getattr(self, name) or 0) < 0:  # clip_range_high may be None
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ConfigError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0 (rollouts sample), got {self.temperature}")
-        if self.reward_clip is not None and not self.reward_clip > 0:
-            raise ConfigError(f"reward_clip must be > 0 or null, got {self.reward_clip}")
-        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
-            raise ConfigError(f"missing_eos_penalty must be >= 0 or null, got {self.missing_eos_penalty}")
-        if not self.kl_target > 0:
-            raise ConfigError(f"kl_target must be > 0, got {self.kl_target}")
-        if self.algo != "ppo" and self.group_size < 2:
-            raise ConfigError(f"algo={self.algo} compares responses within a group: group_size must be >= 2")
-        if self.zero_stage == 3:
-            raise ConfigError("ppo samples rollouts from the whole policy on every process: use "
-                              "zero_stage 0, 1 or 2")
-        if self.rollout_size % self.micro_batch_size:
-            raise ConfigError(
-                f"a rollout of {self.rollout_size} responses does not split into minibatches of "
-                f"micro_batch_size={self.micro_batch_size}; make prompts_per_rollout"
-                f"{' × group_size' if self.algo != 'ppo' else ''} a multiple of it")
-        per_pass = self.rollout_size // self.micro_batch_size
-        if per_pass % self.grad_accum:
-            raise ConfigError(
-                f"grad_accum={self.grad_accum} does not divide the {per_pass} micro-batches of one "
-                f"pass over a rollout ({self.rollout_size} responses / micro_batch_size="
-                f"{self.micro_batch_size}): an optimizer step would mix two passes; use a grad_accum "
-                f"that divides {per_pass}, or change prompts_per_rollout or micro_batch_size")
-        self._refuse_settings_of_the_other_algo()
-
-    def _refuse_settings_of_the_other_algo(self) -> None:
-        """A setting the chosen algo never reads is an error, not silently ignored ("set" here:
-        different from its default)."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        unused = [name for name, algos in self.READ_ONLY_BY.items()
-                  if self.algo not in algos and getattr(self, name) != defaults[name]]
-        if unused:
-            readers = sorted({algo for name in unused for algo in self.READ_ONLY_BY[name]})
-            raise ConfigError(f"algo={self.algo} ignores {', '.join(f'{n}={getattr(self, n)!r}' for n in unused)}"
-                              f" (only {' and '.join(f'algo={a}' for a in readers)} read them): remove them, "
-                              f"or use {' or '.join(f'algo={a}' for a in readers)}")
-
-    @property
-    def samples_per_prompt(self) -> int:
-        return 1 if self.algo == "ppo" else self.group_size
-
-    @property
-    def rollout_size(self) -> int:
-        """Responses sampled per rollout batch."""
-        return self.prompts_per_rollout * self.samples_per_prompt
 
 
 class PpoTask(Task):
