@@ -48,6 +48,8 @@ STAGES = (
           {"dedup": ""}),
     Stage("ppl-filter", "llmkit.cli.ppl_filter:ppl_filter", "llmkit.data.ppl_filter:PplFilterConfig",
           "data", {"filtered": ""}),
+    Stage("decontaminate", "llmkit.cli.decontaminate:decontaminate",
+          "llmkit.data.decontam:DecontamConfig", "data", {"decontaminated": ""}),
     Stage("tokenizer", "llmkit.cli.tokenizer:tokenizer",
           "llmkit.tokenizer_training:TokenizerConfig", "data", {"tokenizer": ""}),
     Stage("tokenize", "llmkit.cli.tokenize:tokenize", "llmkit.data.tokenize:TokenizeConfig", "data",

@@ -107,13 +107,16 @@ class SplitWriter:
 
 
 def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
-                  out_default: str, batch_rows: int = BATCH_ROWS, extra_stats=None):
+                  out_default: str, batch_rows: int = BATCH_ROWS, extra_stats=None,
+                  extra_inputs: list = ()):
     """Run (or resume) a stage that maps each batch to (kept, removed) tables, as one task per
     input part (`SplitTasks`). With --rank, only this rank's tasks run and nothing is
-    committed (returns None); a plain run does what is left and assembles the artifact."""
+    committed (returns None); a plain run does what is left and assembles the artifact.
+    `extra_inputs`: artifacts the batches read besides the input (fingerprinted, recorded);
+    `extra_stats(artifact_dir)`: more manifest stats, from the assembled artifact."""
     src = ctx.input(input_default)
     b = ctx.workspace.builder(ctx.out_name(out_default), stage=stage, config=config,
-                              inputs=[src], force=ctx.force)
+                              inputs=[src, *extra_inputs], force=ctx.force)
     if b.up_to_date:
         return b
     # locally the batches of a task share --workers processes; a Ray task is one process
@@ -131,7 +134,7 @@ def run_map_stage(ctx, *, stage: str, config, process_batch, input_default: str,
         counts = tasks.assemble(b.dir)
         b.stats.update(counts.stats())
         if extra_stats:
-            b.stats.update(extra_stats())
+            b.stats.update(extra_stats(b.dir))
         require_rows(stage, b.stats, config.allow_empty, source=str(src.path),
                      first_removed=counts.first_removed)
     data_stage_summary(b.name, b.stats, time.time() - b.started)

@@ -27,6 +27,7 @@ from llmkit.eval.efficiency import EfficiencyConfig
 from llmkit.eval.generation import GenerationConfig
 from llmkit.eval.perplexity import PerplexityConfig
 from llmkit.eval.preference import RewardConfig
+from llmkit.eval.provenance import contamination_warnings
 
 TASKS = ("ppl", "choice", "generation", "reward", "efficiency")
 RESULTS = "results.json"
@@ -270,5 +271,7 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
         (b.dir / RESULTS).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
         b.stats.update(headline(results))
+        b.stats.update(contamination_warnings(
+            run_art, inputs.choice + inputs.generation + inputs.ppl))
     print_summary(f"{b.name} ({run_art.name}/{step})", list(b.stats.items()))
     return b

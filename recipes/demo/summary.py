@@ -29,9 +29,9 @@ def summary(ws: Path) -> dict:
     sft, dpo, ppo = stats(ws, "sft"), stats(ws, "dpo"), stats(ws, "ppo")
     return {
         "data": {name: stats(ws, name).get("rows_out") for name in
-                 ("raw", "clean", "dedup", "filtered")},
+                 ("raw", "clean", "dedup", "filtered", "decontaminated")},
         "data_removed": {name: stats(ws, name).get("removed_by_reason") for name in
-                         ("raw", "clean", "dedup", "filtered")},
+                         ("raw", "clean", "dedup", "filtered", "decontaminated")},
         "tokens": stats(ws, "tokens").get("tokens"),
         "pretrain": pick("pretrain", "val_loss", "steps", "final_loss", "tokens_per_s", "mfu"),
         "sft": {"base_accuracy": sft.get("base_accuracy"), "accuracy": sft.get("accuracy")},
@@ -53,8 +53,8 @@ def table(s: dict) -> str:
 
     d = s["data"]
     rows = [
-        ("data rows raw → clean → dedup → filtered",
-         " → ".join(f(d[k]) for k in ("raw", "clean", "dedup", "filtered"))),
+        ("data rows raw → clean → dedup → filtered → decontaminated",
+         " → ".join(f(d[k]) for k in ("raw", "clean", "dedup", "filtered", "decontaminated"))),
         ("tokens", f(s["tokens"])),
         ("pretrain steps / val loss", f"{f(s['pretrain']['steps'])} / {f(s['pretrain']['val_loss'])}"),
         ("sft exact match (base → sft)",

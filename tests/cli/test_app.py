@@ -30,8 +30,8 @@ STAGE_COMMANDS = [s.command for s in STAGES if s.kind != "helper"]
 
 
 def test_command_table_lists_every_stage_of_the_design():
-    assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "tokenizer", "tokenize",
-                              "pretrain", "sft", "rm", "dpo", "ppo", "eval", "generate",
+    assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "decontaminate", "tokenizer",
+                              "tokenize", "pretrain", "sft", "rm", "dpo", "ppo", "eval", "generate",
                               "export", "import", "report", "status"]
 
 
