@@ -60,6 +60,8 @@ STAGES = (
     Stage("rm", "llmkit.cli.rm:rm", "llmkit.train.rm:RmConfig", "training", {"rm": ""}),
     Stage("dpo", "llmkit.cli.dpo:dpo", "llmkit.train.dpo:DpoConfig", "training", {"dpo": ""}),
     Stage("ppo", "llmkit.cli.ppo:ppo", "llmkit.train.ppo_config:PpoConfig", "training", {"ppo": ""}),
+    Stage("distill", "llmkit.cli.distill:distill", "llmkit.train.distill:DistillConfig", "training",
+          {"distill": ""}),
     Stage("eval", "llmkit.cli.eval:eval_", "llmkit.eval.stage:EvalConfig", "model"),
     Stage("generate", "llmkit.cli.generate:generate", "llmkit.generation:GenerateConfig", "model"),
     Stage("export", "llmkit.cli.export:export", "llmkit.hf.export:ExportConfig", "model",
