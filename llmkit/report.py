@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import UserError
+from llmkit.judge.ranking import RANKING_FILE, ranking_report
 
 # metric -> plot title; a plot is drawn when at least one run logged the metric
 PLOTS = {
@@ -149,6 +150,9 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
             raise UserError(f"report: no run {r!r} (looked for {p})")
         paths.append(p)
     out = ctx.workspace.path(f"report/{cfg.name}")
-    written = write_report(paths, out, cfg)
+    judged = [p for p in paths if (p / RANKING_FILE).is_file()]  # `llmkit judge --export` artifacts
+    runs = [p for p in paths if p not in judged]
+    written = write_report(runs, out, cfg) if runs else []
+    written += ranking_report(judged, out, fresh=not runs)
     print(f"report: {len(written)} plots and summary.md in {out}")
     return out

@@ -64,6 +64,8 @@ STAGES = (
           {"distill": ""}),
     Stage("eval", "llmkit.cli.eval:eval_", "llmkit.eval.stage:EvalConfig", "model"),
     Stage("generate", "llmkit.cli.generate:generate", "llmkit.generation:GenerateConfig", "model"),
+    Stage("judge", "llmkit.cli.judge:judge", "llmkit.judge.session:JudgeConfig", "model",
+          {"judge": "--from RUN,RUN --prompts PROMPTS", "judge_prefs": "--export"}),
     Stage("export", "llmkit.cli.export:export", "llmkit.hf.export:ExportConfig", "model",
           {"export/hf": ""}),
     Stage("import", "llmkit.cli.import_:import_", "llmkit.hf.import_:ImportConfig", "model",

@@ -1,0 +1,43 @@
+from typing import Annotated, Optional
+
+import typer
+
+from llmkit.cli.common import stage_command
+from llmkit.errors import UserError
+
+
+@stage_command(config=True, inputs=True, writes=True)
+def judge(
+    ctx,
+    from_: Annotated[Optional[str], typer.Option(
+        "--from", help="Models to compare, comma-separated checkpoint runs, e.g. sft,dpo,ppo.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", help="Prompt dataset (e.g. prompts_eval) or file (.jsonl with `prompt`, else a "
+                          "prompt a line).")] = None,
+    export: Annotated[bool, typer.Option(
+        "--export", help="Write the judgements of session --in as a preference dataset (rm, dpo), "
+                         "ranked lists, ratings and a Bradley-Terry ranking.")] = False,
+    prepare: Annotated[bool, typer.Option(
+        "--prepare", help="Only generate the replies into the session; serve it later with "
+                          "`llmkit judge --in NAME`.")] = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; beyond loopback needs --token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8765,
+    token: Annotated[Optional[str], typer.Option(
+        "--token", envvar="LLMKIT_JUDGE_TOKEN", help="Secret raters open the page with (?token=…).")] = None,
+):
+    """Blind side-by-side human judgements in the browser: replies of --from to --prompts generated once (session `judge`), then the judging page; --export -> preference dataset `judge_prefs` (rm, dpo) with ratings and a Bradley-Terry ranking."""
+    cfg = ctx.config()
+    if export and (prepare or from_ or prompts):
+        raise UserError("--export reads the judgements of an existing session (--in NAME); it takes no "
+                        "--prepare, --from or --prompts: run those first, then `llmkit judge --export`")
+    if export:
+        from llmkit.judge.export import run_export
+
+        return run_export(ctx, cfg)
+    if prepare:
+        from llmkit.judge.session import prepare_session
+
+        return prepare_session(ctx, cfg, from_, prompts)
+    from llmkit.judge.server import run_serve
+
+    run_serve(ctx, cfg, from_, prompts, host, port, token)
