@@ -40,6 +40,7 @@ TINY = {
     "sft": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
     "rm": TRAIN + ["max_steps=2"],
     "dpo": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
+    "kto": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
     "ppo": TRAIN + ["max_steps=2", "eval_records=2", "max_new_tokens=4"],
     "generate": ["max_new_tokens=4"],
     "eval": ["generation.max_new_tokens=4", "reward.max_new_tokens=4"],

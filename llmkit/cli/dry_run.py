@@ -164,11 +164,18 @@ def plan_rm(ctx, cfg, base: str, eval_data: str | None) -> None:
               dense_mask=dense_attention_mask(), notes=notes))
 
 
-def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> None:
+def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None, stage: str = "dpo") -> None:
+    """`dpo --dry-run`, and `kto --dry-run` (`stage`): the same models, completions for pairs."""
+    from llmkit.data.chat import require_dataset_kind
     from llmkit.dryrun import parameters, plan
+    from llmkit.train.dpo import refuse_unused_reference
     from llmkit.train.loading import starting_weights
 
-    step_dir, notes = _post_training(ctx, "dpo", cfg, base, "pref_train", eval_data)
+    refuse_unused_reference(cfg, ref)
+    data_default, kind = {"dpo": ("pref_train", "preference"), "kto": ("feedback_train", "feedback")}[stage]
+    require_dataset_kind([ctx.input(default=data_default),
+                          ctx.workspace.artifact(eval_data) if eval_data else None], kind, stage)
+    step_dir, notes = _post_training(ctx, stage, cfg, base, data_default, eval_data)
     frozen = 0
     if cfg.uses_reference:
         ref_dir = starting_weights(ctx.workspace, ref)[1] if ref else step_dir
@@ -183,11 +190,16 @@ def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> Non
     trainable, base = lora_split(shape, n, cfg)
     if base and not ref:
         frozen = 0  # LoRA: the reference is the frozen base itself, adapters disabled
-    show(ctx, plan("dpo", shape, trainable=trainable, total=trainable + base + frozen, unit="pairs",
+    show(ctx, plan(stage, shape, trainable=trainable, total=trainable + base + frozen,
+              unit="pairs" if stage == "dpo" else "completions (+ their mismatched pairs)",
               per_step=pairs, tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
               seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=base + frozen,
               saved=trainable if base else n,
               dense_mask=dense_attention_mask(), notes=notes))
+
+
+def plan_kto(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> None:
+    plan_dpo(ctx, cfg, base, ref, eval_data, stage="kto")
 
 
 def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | None) -> None:

@@ -9,7 +9,7 @@ from llmkit.cli.common import stage_command
 def ingest(
     ctx,
     paths: Annotated[list[str], typer.Argument(help="Files, directories or globs.")],
-    kind: Annotated[Optional[str], typer.Option(help="text | sft | preference | prompt")] = None,
+    kind: Annotated[Optional[str], typer.Option(help="text | sft | preference | prompt | feedback")] = None,
     text_field: Annotated[Optional[str], typer.Option(help="Field holding the text.")] = None,
     id_field: Annotated[Optional[str], typer.Option(help="Field holding the id.")] = None,
     source: Annotated[Optional[str], typer.Option(help="Source name (default: file stem).")] = None,

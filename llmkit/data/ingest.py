@@ -11,6 +11,10 @@ to the schema of their kind:
 - preference: id, prompt, chosen, rejected, text, source (a ranked `responses` list, best
               first, expands to every ordered pair)
 - prompt:     id, prompt, text, source (+ e.g. `answer` carried)
+- feedback:   id, prompt | messages (the conversation, ending in the completion), completion,
+              label (bool), text, source (+ e.g. `answer` carried); a paired record (`chosen`,
+              `rejected`) becomes two rows, chosen true and rejected false (TRL's unpairing); a
+              ranked `responses` list its best reply true and each other one false
 A record that cannot be read or normalised is quarantined in `removed/` with its `reason` and
 `location` (file:line); it never stops the run. Records are counted as they are read, and
 that count must equal the rows written plus the rows quarantined. An output without rows is
@@ -44,7 +48,7 @@ from llmkit.workspace import kill_point
 
 @dataclass
 class IngestConfig:
-    kind: Literal["text", "sft", "preference", "prompt"] = "text"  # schema of the records
+    kind: Literal["text", "sft", "preference", "prompt", "feedback"] = "text"  # schema of the records
     text_field: str = "text"        # field holding the document (kind=text)
     id_field: str = "id"            # field holding the id; generated stably when absent
     source: str | None = None       # value of `source`; default: the file's stem
@@ -104,6 +108,8 @@ def normalise(rec, cfg: IngestConfig) -> list[dict] | str:
         return _sft_row(rec)
     if cfg.kind == "preference":
         return _preference_rows(rec)
+    if cfg.kind == "feedback":
+        return _feedback_rows(rec)
     prompt = _text(rec.get("prompt")) or _text(rec.get("instruction"))
     if prompt is None:
         return _missing(rec, "prompt")
@@ -161,6 +167,78 @@ def _preference_rows(rec: dict) -> list[dict] | str:
         pairs = [(chosen, rejected)]
     return [{"prompt": prompt, "chosen": c, "rejected": r, "text": f"{prompt}\n{c}"}
             for c, r in pairs]
+
+
+FEEDBACK_FIELDS = ("id", "prompt", "completion", "label", "messages", "chosen", "rejected")
+LABELS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _label(value) -> bool | None:
+    """true/false as JSON writes them, 1/0, or their text (a CSV column)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return LABELS.get(value.strip().lower()) if isinstance(value, str) else None
+
+
+def _messages(value) -> list[dict] | None:
+    if isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    return None
+
+
+def _feedback_rows(rec: dict) -> list[dict] | str:
+    """Rows of (prompt turns, completion, label): TRL's unpaired preference records (prompt and
+    completion as text or messages), `messages` + label, or a pair unpaired."""
+    extra = {k: _carry(v) for k, v in rec.items() if k not in FEEDBACK_FIELDS}
+    if ("chosen" in rec and "rejected" in rec or "responses" in rec) and "label" not in rec:
+        pairs = _preference_rows(rec)
+        if isinstance(pairs, str):
+            return pairs
+        # a ranked list: its best reply desirable, every other one ranked below it undesirable
+        ranked = [pairs[0]["chosen"], *(p["rejected"] for p in pairs if p["chosen"] == pairs[0]["chosen"])]
+        prompt = [{"role": "user", "content": pairs[0]["prompt"]}]
+        return [_feedback_row(prompt, reply, k == 0, extra) for k, reply in enumerate(ranked)]
+    if "label" not in rec or rec["label"] is None:
+        return "missing_label"
+    label = _label(rec["label"])
+    if label is None:
+        return "invalid_label"
+    if "messages" in rec and "completion" not in rec:
+        msgs = _messages(rec["messages"])
+        if msgs is None:
+            return "malformed_messages"
+        if msgs[-1]["role"] != "assistant":
+            return "no_assistant_turn"
+        if len(msgs) == 1:
+            return "missing_prompt"
+        return [_feedback_row(msgs[:-1], msgs[-1]["content"], label, extra)]
+    prompt = _messages(rec.get("prompt")) or (
+        [{"role": "user", "content": rec["prompt"]}] if _text(rec.get("prompt")) else None)
+    if prompt is None:
+        return "malformed_messages" if isinstance(rec.get("prompt"), list) else _missing(rec, "prompt")
+    completion = rec.get("completion")
+    if isinstance(completion, list):  # TRL's conversational form: one assistant message
+        turns = _messages(completion)
+        if not turns or len(turns) != 1 or turns[0]["role"] != "assistant":
+            return "malformed_messages"
+        completion = turns[0]["content"]
+    if _text(completion) is None:
+        return _missing(rec, "completion")
+    return [_feedback_row(prompt, completion, label, extra)]
+
+
+def _feedback_row(prompt: list[dict], completion: str, label: bool, extra: dict) -> dict:
+    """A single user turn is stored as `prompt`; a longer conversation as `messages`, the
+    completion its last turn (what `llmkit.data.chat.prompt_messages` reads back)."""
+    single = len(prompt) == 1 and prompt[0]["role"] == "user"
+    return {"prompt": prompt[0]["content"] if single else None,
+            "messages": None if single else [*prompt, {"role": "assistant", "content": completion}],
+            "completion": completion, "label": label,
+            "text": "\n".join([*(m["content"] for m in prompt), completion]), **extra}
 
 
 WEB_FORMATS = ("warc", "html")  # whose rows always get a language identified

@@ -33,7 +33,7 @@ from typing import get_args
 
 import torch
 
-from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt
+from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt, require_dataset_kind
 from llmkit.errors import ConfigError
 from llmkit.train.loading import load_model, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
@@ -169,12 +169,8 @@ class DpoTask(Task):
             return None
         if "ref_logps" in batch:
             return batch["ref_logps"]
-        with torch.no_grad():
-            if self.reference is None:
-                with adapters_disabled(model):
-                    return completion_logps(model, batch, self.cfg.average_logps)
-            self.reference.to(self.device, next(model.parameters()).dtype)  # the policy's, as in ppo
-            return completion_logps(self.reference, batch, self.cfg.average_logps)
+        return reference_output(self.reference, model, self.device,
+                                lambda m: completion_logps(m, batch, self.cfg.average_logps))
 
     def pair_losses(self, model, batch, chosen, rejected):
         """(per-pair losses, chosen rewards, rejected rewards) of the configured loss."""
@@ -216,10 +212,21 @@ class DpoTask(Task):
         return self.model.flops_per_token(self.cfg.seq_len)
 
 
-def reference_policy(policy, ref_step, data, cfg: DpoConfig, pad_id: int, device):
-    """(the reference DpoTask holds — None when it is not needed, when its log-probs are precomputed
-    into `data`'s pairs, or when it is the policy's own base under LoRA —, seconds the
-    precomputation took). `ref_step` None: the starting policy."""
+def reference_output(reference, model, device, compute):
+    """`compute(m)` without gradients, m being the reference: `reference` on the policy's device and
+    in its dtype (as in ppo), or when None the policy `model` itself with its adapters disabled."""
+    with torch.no_grad():
+        if reference is None:
+            with adapters_disabled(model):
+                return compute(model)
+        reference.to(device, next(model.parameters()).dtype)
+        return compute(reference)
+
+
+def reference_policy(policy, ref_step, cfg, device, precompute):
+    """(the reference a task holds — None when it is not needed, when `precompute(reference)` has
+    put its log-probs into the data, or when it is the policy's own base under LoRA —, seconds the
+    precomputation took). `ref_step` None: the starting policy. `cfg`: a DpoConfig or KtoConfig."""
     if not cfg.uses_reference:
         return None, 0.0
     own_base = ref_step is None and adapters_of(policy) is not None  # the adapters off: no copy
@@ -232,14 +239,16 @@ def reference_policy(policy, ref_step, data, cfg: DpoConfig, pad_id: int, device
     # at the first step, where fp32 reference log-probs would differ by the weights' rounding
     reference.to(cfg.torch_dtype)
     with adapters_disabled(reference) if own_base else contextlib.nullcontext():
-        precompute_reference_logps(reference, data.pairs + data.eval_pairs, pad_id,
-                                   2 * cfg.micro_batch_size, cfg.average_logps)
+        precompute(reference)
     return None, time.time() - started  # the reference is not held while the policy trains
 
 
 def dpo_task(policy, ref_step, data, cfg: DpoConfig, pad_id: int, dist) -> DpoTask:
     """The task of a run: its reference made ready, its batches sharded for this process."""
-    reference, seconds = reference_policy(policy, ref_step, data, cfg, pad_id, dist.device)
+    reference, seconds = reference_policy(
+        policy, ref_step, cfg, dist.device,
+        lambda ref: precompute_reference_logps(ref, data.pairs + data.eval_pairs, pad_id,
+                                               2 * cfg.micro_batch_size, cfg.average_logps))
     eval_batches = fixed_batches(data.eval_pairs, data.collate, cfg.micro_batch_size)
     return DpoTask(policy, batch_stream(data.pairs, data.collate, cfg, dist), eval_batches or None,
                    cfg, reference, seconds)
@@ -258,11 +267,15 @@ DPO_METRICS = {"final_loss": "loss", "reward_margin": "rewards/margins",
                "reward_accuracy": "rewards/accuracy", "val_reward_accuracy": "val_rewards/accuracy"}
 
 
-def reference_run(ctx, cfg: DpoConfig, ref: str | None, base_step):
-    """(artifact, step folder) of --ref; (None, None) when it is the starting policy or absent."""
+def refuse_unused_reference(cfg: DpoConfig, ref: str | None) -> None:
     if ref and not cfg.uses_reference:
         raise ConfigError(f"--ref {ref}: loss_type={cfg.loss_type} uses no reference model; drop "
                           f"--ref, or choose a loss that has one (sigmoid, ipo, cdpo, robust)")
+
+
+def reference_run(ctx, cfg, ref: str | None, base_step):
+    """(artifact, step folder) of --ref; (None, None) when it is the starting policy or absent."""
+    refuse_unused_reference(cfg, ref)
     ref_art, ref_step = starting_weights(ctx.workspace, ref) if ref else (None, None)
     if ref_step is not None and ref_step.resolve() == base_step.resolve():
         return None, None  # the reference is the starting policy
@@ -273,6 +286,7 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
     """`llmkit dpo`: train checkpoint `base` on the preference pairs of --in (default
     pref_train) against reference `ref` (default: `base`)."""
     base_art, base_step, data_art, eval_art = post_training_inputs(ctx, "dpo", cfg, base, eval_data)
+    require_dataset_kind([data_art, eval_art], "preference", "dpo")
     ref_art, ref_step = reference_run(ctx, cfg, ref, base_step)
 
     def prepare() -> Fit:

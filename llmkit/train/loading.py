@@ -16,7 +16,7 @@ from llmkit.checkpoints import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, lo
 from llmkit.errors import ConfigError, UserError
 from llmkit.model_config import ModelConfig
 
-CHAT_STAGES = ("sft", "dpo", "ppo", "distill")  # runs trained on conversations rendered by the chat template
+CHAT_STAGES = ("sft", "dpo", "kto", "ppo", "distill")  # runs trained on conversations rendered by the chat template
 
 
 def load(name_or_path, device=None, workspace=None):

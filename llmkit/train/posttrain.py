@@ -54,7 +54,8 @@ class GenerativeConfig(PostTrainConfig):
 
 # -- the starting checkpoint ---------------------------------------------------------------
 
-DEFAULT_DATA = {"sft": "sft_train", "rm": "pref_train", "dpo": "pref_train", "ppo": "prompts_train"}
+DEFAULT_DATA = {"sft": "sft_train", "rm": "pref_train", "dpo": "pref_train", "kto": "feedback_train",
+                "ppo": "prompts_train"}
 
 
 def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None):

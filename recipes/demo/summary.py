@@ -21,6 +21,9 @@ def seconds(ws: Path) -> float:
     return round(total, 1)
 
 
+METHODS = ("kto", "orpo", "simpo", "rloo")
+
+
 def summary(ws: Path) -> dict:
     def pick(name, *keys):
         s = stats(ws, name)
@@ -41,6 +44,10 @@ def summary(ws: Path) -> dict:
         "ppo": {"base_accuracy": ppo.get("base_accuracy"), "accuracy": ppo.get("accuracy"),
                 "base_similarity": ppo.get("base_similarity"), "similarity": ppo.get("similarity"),
                 "reward_start": ppo.get("reward_start"), "reward_end": ppo.get("reward_end")},
+        # the other preference methods, when `make -C recipes/demo methods` ran them
+        "methods": {m: {"base_accuracy": stats(ws, m).get("base_accuracy"),
+                        "accuracy": stats(ws, m).get("accuracy")}
+                    for m in METHODS if stats(ws, m)},
         "eval": stats(ws, "eval/sft"),
         "export": {"max_abs_logit_diff": stats(ws, "export/hf").get("max_abs_logit_diff")},
         "seconds": seconds(ws),
@@ -67,6 +74,8 @@ def table(s: dict) -> str:
         ("ppo answer similarity (sft → ppo)",
          f"{f(s['ppo']['base_similarity'])} → {f(s['ppo']['similarity'])}"),
         ("ppo reward (start → end)", f"{f(s['ppo']['reward_start'])} → {f(s['ppo']['reward_end'])}"),
+        *((f"{m} exact match (sft → {m})", f"{f(r['base_accuracy'])} → {f(r['accuracy'])}")
+          for m, r in s["methods"].items()),
         ("export max |Δlogit| vs transformers", f(s["export"]["max_abs_logit_diff"])),
         ("stage seconds (sum)", f(s["seconds"])),
     ]

@@ -85,7 +85,8 @@ def test_sft_zero3_on_two_processes_equals_zero0_on_one(post_ws):
     assert two[1]["loss"] == pytest.approx(one[1]["loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("algo, reward", [("ppo", ["--reward", "rm"]), ("grpo", ["--set", "reward=verify"])])
+@pytest.mark.parametrize("algo, reward", [("ppo", ["--reward", "rm"]), ("grpo", ["--set", "reward=verify"]),
+                                          ("rloo", ["--set", "reward=verify"])])
 def test_ppo_on_two_processes_writes_one_artifact_and_one_summary(post_ws, algo, reward):
     out = f"ppo-{algo}"
     done = launch("torchrun", "ppo", post_ws, "--from", "sft", "--out", out, *reward,
