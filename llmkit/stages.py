@@ -72,6 +72,8 @@ STAGES = (
           {"export/hf": ""}),
     Stage("import", "llmkit.cli.import_:import_", "llmkit.hf.import_:ImportConfig", "model",
           {"imported": ""}),
+    Stage("extend-vocab", "llmkit.cli.extend_vocab:extend_vocab", "llmkit.hf.vocab_extend:ExtendVocabConfig",
+          "model", {"extended": ""}),
     Stage("report", "llmkit.cli.report:report", "llmkit.report:ReportConfig", "report"),
     Stage("status", "llmkit.cli.status:status", None, "workspace"),
     Stage("config", "llmkit.cli.config:config", None, "helper"),  # prints any stage's settings

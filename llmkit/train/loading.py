@@ -41,14 +41,15 @@ def load(name_or_path, device=None, workspace=None):
 
 def trained_on_chats(step_dir, tokenizer=None) -> bool:
     """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its
-    manifest, or an imported model whose `tokenizer` has a chat template (an Instruct model;
-    llama.cpp and Ollama chat with a model file that carries one, too)."""
+    manifest, or an imported model (its vocabulary extended or not) whose `tokenizer` has a chat
+    template (an Instruct model; llama.cpp and Ollama chat with a model file that carries one, too)."""
     from llmkit.workspace import MANIFEST, Artifact
 
     step_dir = Path(step_dir)
     run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
     stage = Artifact.open(run).stage if run is not None else None
-    return stage in CHAT_STAGES or (stage == "import" and getattr(tokenizer, "chat_template", None) is not None)
+    return stage in CHAT_STAGES or (stage in ("import", "extend-vocab")
+                                    and getattr(tokenizer, "chat_template", None) is not None)
 
 
 def load_model(path, device=None):
