@@ -1,7 +1,7 @@
 """The compiled passes of llmkit.data.document (numba): cut a document into words and measure
 them, measure its lines and paragraphs, and Gopher's n-gram repetition statistics over its
 words; `measure` does all of it for every document of a batch in one call. And `scan`, for
-llmkit.data.clean: which normalisation steps have work in each text of a batch.
+llmkit.data.normalize: which normalisation steps have work in each text of a batch.
 
 llmkit.data.document loads them compiled ahead of time (no numba import) when it can, else
 through numba's JIT with its cache; see llmkit.aot.
@@ -10,11 +10,11 @@ through numba's JIT with its cache; see llmkit.aot.
 import numpy as np
 from numba import njit
 
-from llmkit.data.clean import (ALL_STEPS, BLANK_LINES, CONTROL, CONTROL_CHAR, HTML, KEPT, MARKUP,
-                               NFKC, NOT_NFKC_STABLE, PUNCTUATION_RUN, RUN_MARK, SPACE_RUN,
-                               SURROGATE, TAB, TRAILING_SPACE, WHITESPACE)
 from llmkit.data.document import (BULLET, CJK, COMMON, HAN, LAYOUT_FIELDS, LETTER, SPACE,
                                   TERMINAL, WORD, WORD_FIELDS)
+from llmkit.data.normalize import (ALL_STEPS, BLANK_LINES, CONTROL, CONTROL_CHAR, HTML, KEPT,
+                                   MARKUP, NFKC, NOT_NFKC_STABLE, PUNCTUATION_RUN, RUN_MARK,
+                                   SPACE_RUN, SURROGATE, TAB, TRAILING_SPACE, WHITESPACE)
 
 NEWLINE, DOT, HASH, ELLIPSIS = 10, 46, 35, 0x2026  # "\n", ".", "#", "…"
 TAB_CHAR, SPACE_CHAR = 9, 32
@@ -301,8 +301,8 @@ def measure(codes, ends, classes, stop_hashes, params, top_ns, dup_ns, out):
 
 @njit(cache=True, nogil=True)
 def scan(codes, ends, classes, keep_cjk_punctuation, limit, found):
-    """Which normalisation steps of llmkit.data.clean have work in each text of a batch (text
-    d is codes[ends[d - 1]:ends[d]]): found[d] gets the bits HTML, CONTROL, … of those that
+    """Which normalisation steps of llmkit.data.normalize have work in each text of a batch
+    (text d is codes[ends[d - 1]:ends[d]]): found[d] gets the bits HTML, CONTROL, … of those that
     would change it. `classes` holds the scan's class bits of each code point; `limit` is
     max_punctuation_run."""
     start = 0

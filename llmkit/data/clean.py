@@ -1,39 +1,46 @@
 """`llmkit clean`: normalise text, drop boilerplate lines, remove documents that fail a rule.
 
 Per document, in order:
-1. normalise: HTML tags/entities, control and invisible characters, Unicode NFKC, whitespace,
-   runs of repeated punctuation;
-2. drop boilerplate lines: navigation bars, cookie/copyright/JavaScript notices (C4's line
+1. normalise (llmkit.data.normalize): HTML tags/entities, control and invisible characters,
+   Unicode NFKC, whitespace, runs of repeated punctuation;
+2. the row rules (`llmkit.data.rules.ROW_RULES`): a URL on the block list (`url`), a language
+   not kept (`language`; the row's `lang_id`/`script` from ingest, else identified here);
+3. drop boilerplate lines: navigation bars, cookie/copyright/JavaScript notices (C4's line
    filter, extended with common Chinese site chrome);
-3. the quality rules of `llmkit.data.rules`, first objection wins.
+4. drop the lines found in many documents of the corpus (llmkit.data.line_dedup, when
+   `line_dedup_min_docs` is set; a document left empty is removed as `line_dedup`);
+5. redact PII (llmkit.data.pii, the types in `pii`);
+6. the quality rules of `llmkit.data.rules`, first objection wins.
 
-Kept rows carry the normalised text; removed rows keep their original text plus a `reason`
-(the rule's name). Every step is a pure function of one row and the config, so any batching
-and any number of workers give the same output.
+Kept rows carry the cleaned text; removed rows keep their original text plus a `reason`
+(the rule's name). Every step is a pure function of one row, the config and (line dedup) the
+corpus' frequent lines, so any batching and any number of workers give the same output. The
+manifest counts what was edited in kept rows: `pii_redacted` per type, and `line_dedup`
+(frequent lines, lines cut). The stage's phases and tasks: llmkit.data.clean_stage.
 
-Speed. Most steps change nothing in most documents, and finding that out (a regular
-expression, a few `in` searches) was most of their cost. So one compiled pass over a batch's
-code points (`scan_texts`, llmkit.data._rule_kernels.scan) first notes for each text which
-steps have work in it, and a step runs only where it has; a step that changes the text has
-the text scanned again. The rules' measurements are then taken in one compiled pass too
+Speed: the normalisation steps run only where a compiled scan found work for them
+(llmkit.data.normalize), and the rules' measurements are taken in one compiled pass
 (llmkit.data.document.measure_texts).
 """
 
 from __future__ import annotations
 
 import difflib
-import html
 import re
-import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
-from itertools import accumulate
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from llmkit.data.document import (GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, kernels,
-                                  measure_texts, word_hash)
-from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
+from llmkit.data.document import (GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, measure_texts,
+                                  word_hash)
+from llmkit.data.langid import known_languages, language_columns
+from llmkit.data.line_dedup import drop_frequent_lines
+from llmkit.data.normalize import BLANK_LINE_RUNS, normalize_text, scan_texts
+from llmkit.data.pii import PII_TYPES, redact
+from llmkit.data.rules import RULE_NAMES, ROW_RULES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
 from llmkit.executor import RayConfig, executor_field, ray_field
 
@@ -96,6 +103,12 @@ class CleanConfig:
         default_factory=lambda: [0.15, 0.14, 0.13, 0.12, 0.11, 0.10])  # gopher_dup_ngrams, n = 5 … 10
     # --- FineWeb
     min_terminal_lines: float = 0.12  # fineweb_line_punctuation: share of lines ending a sentence
+    # --- web pages (llmkit.data.rules.ROW_RULES, llmkit.data.line_dedup, llmkit.data.pii)
+    keep_langs: list[str] = field(default_factory=list)  # keep only these languages (lang_id codes, or zh-Hans / zh-Hant); []: all
+    min_lang_score: float = 0.0  # … and only rows identified with at least this probability
+    url_blocklist: str | None = None  # file: a domain or URL substring per line; rows whose url matches are removed (url)
+    line_dedup_min_docs: int = 0  # a line found in ≥ this many documents is cut from all of them (0: off)
+    pii: list[str] = field(default_factory=list)  # PII types to redact: email, ip, cn_id, bank_card, phone
     # --- switches
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
     allow_empty: bool = False  # write an output without rows instead of refusing it (exit 2)
@@ -111,7 +124,7 @@ class CleanConfig:
         fractions = ["cjk_min_fraction", "max_symbol_word_ratio", "max_bullet_lines",
                      "max_ellipsis_lines", "min_alpha_words", "cjk_min_common_chars",
                      "max_dup_lines", "max_dup_paragraphs", "max_dup_line_chars",
-                     "max_dup_paragraph_chars", "min_terminal_lines"]
+                     "max_dup_paragraph_chars", "min_terminal_lines", "min_lang_score"]
         for name in fractions:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"clean.{name} must be in [0, 1], got {getattr(self, name)}")
@@ -130,6 +143,12 @@ class CleanConfig:
             raise ConfigError("clean.min_words must not exceed max_words")
         if any(not p.strip() for p in self.boilerplate_phrases):
             raise ConfigError("clean.boilerplate_phrases: empty phrases would match every line")
+        _check_names("pii", self.pii, PII_TYPES)
+        if self.keep_langs:
+            _check_names("keep_langs", self.keep_langs, sorted(known_languages()))
+        if self.line_dedup_min_docs == 1 or self.line_dedup_min_docs < 0:
+            raise ConfigError("clean.line_dedup_min_docs must be 0 (off) or ≥ 2 (1 would cut "
+                              f"every line), got {self.line_dedup_min_docs}")
         # Derived once per config; not fields, so not in config.yaml or the fingerprint.
         anchors = _phrases_by_anchor(self.boilerplate_phrases)
         self._ascii_anchors = [(a, ps) for a, ps in anchors if a.isascii()]
@@ -137,6 +156,35 @@ class CleanConfig:
         self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)
         self._stop_words = frozenset(self.stop_words)
         self._stop_hashes = np.array(sorted({word_hash(w) for w in self.stop_words}), np.uint64)
+        self._url_blocklist = read_url_blocklist(self.url_blocklist)
+
+
+def _check_names(key: str, names: list[str], valid) -> None:
+    for name in names:
+        if name not in valid:
+            close = difflib.get_close_matches(name, list(valid), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(valid)}"
+            raise ConfigError(f"clean.{key}: unknown {name!r}; {hint}")
+
+
+def read_url_blocklist(path: str | None) -> tuple[frozenset, tuple]:
+    """(domains, URL substrings) of a block list file: one entry a line, `#` comments. An
+    entry that is a bare host name (`ads.example.com`, `*.example.com`) blocks that domain and
+    its subdomains; any other (`example.org/tracking`, `utm_source=`) blocks URLs holding it."""
+    if path is None:
+        return frozenset(), ()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"clean.url_blocklist: cannot read {path} ({e}); give a UTF-8 text "
+                          "file with a domain or URL substring per line") from None
+    entries = [line.split("#", 1)[0].strip().lower() for line in lines]
+    domains = {e.removeprefix("*.").strip(".") for e in entries if _HOST.fullmatch(e)}
+    pieces = tuple(e for e in entries if e and not _HOST.fullmatch(e))
+    return frozenset(domains), pieces
+
+
+_HOST = re.compile(r"(?:\*\.)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.?")
 
 
 def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:
@@ -154,218 +202,6 @@ def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:
             groups[anchor] += groups.pop(longer)
     return [(a, ps) for a, ps in groups.items()]
 
-
-# ---------------------------------------------------------------- normalisation
-
-_SCRIPT_STYLE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>|<!--.*?-->", re.I | re.S)
-_BLOCK_TAGS = ("p|div|br|hr|li|ul|ol|dl|dt|dd|tr|table|thead|tbody|tfoot|h[1-6]|blockquote|pre|"
-               "article|section|header|footer|nav|aside|main|figure|figcaption|form|title|body|html|"
-               "head")
-_INLINE_TAGS = ("a|abbr|b|i|u|s|em|strong|small|sub|sup|code|span|font|center|cite|q|strike|del|"
-                "ins|mark|time|wbr|img|td|th|caption|label|input|button|select|option|textarea|"
-                "iframe|meta|link|noscript|svg|path|source|video|audio|picture|canvas|tt|kbd|big")
-_BR = re.compile(r"<br\s*/?>[ \t]*\n?", re.I)
-_BLOCK_TAG = re.compile(rf"</?(?:{_BLOCK_TAGS})\b[^<>]*>", re.I)
-_INLINE_TAG = re.compile(rf"</?(?:{_INLINE_TAGS})\b[^<>]*>", re.I)
-# Only entities closed by ";": html.unescape alone would also turn "&not=2" in a URL into "¬=2".
-_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
-
-_ASCII_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
-_OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x85\u2028\u2029]")
-_INVISIBLE = re.compile(
-    "[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
-    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f]")
-
-# NFKC folds these to ASCII; Chinese text keeps them. Each is parked on a private-use
-# character during NFKC (which leaves those alone) and put back after.
-_CJK_PUNCTUATION = "，！？：；（）～…"
-_PARKING = "".join(chr(0xE000 + i) for i in range(len(_CJK_PUNCTUATION)))
-
-_TRAILING_SPACE = re.compile(r"[ \t]+$", re.M)
-# Patterns open with a character class, not a look-behind, so `re` can skip ahead to candidates.
-_SPACE_RUNS = re.compile(r"  +")
-_TAB_RUNS = re.compile(r"[ \t]*\t[ \t]*")
-_BLANK_LINES = re.compile(r"\n{3,}")
-_RUN_MARKS = "!?.,;:。！？，、；：~～…"
-_RUN_MARKS_ASCII = "!?.,;:~"
-
-
-# -- which steps have work in a text: the compiled scan
-
-# What `scan_texts` finds in a text: one bit per step (or part of normalize_whitespace) that
-# can change it. A clear bit is a promise that the step would return the text unchanged.
-HTML, CONTROL, NFKC, TRAILING_SPACE, TAB, SPACE_RUN, BLANK_LINES, PUNCTUATION_RUN = \
-    1, 2, 4, 8, 16, 32, 64, 128
-ALL_STEPS = 255  # every step runs, as if the scan had found work for each
-
-# Bits of a character's class for the scan. MARKUP: "<" or "&". CONTROL_CHAR: "\r" and what
-# strip_control removes or turns into "\n". NOT_NFKC_STABLE: a character next to which NFKC
-# might change the text (see _normalisation_classes). KEPT: one of _CJK_PUNCTUATION.
-# RUN_MARK: one of _RUN_MARKS. SURROGATE: a lone surrogate, for which every step runs.
-# WHITESPACE: " ", "\t", "\n". A character of none of them (most) only breaks runs.
-MARKUP, CONTROL_CHAR, NOT_NFKC_STABLE, KEPT, RUN_MARK, SURROGATE, WHITESPACE = \
-    1, 2, 4, 8, 16, 32, 64
-
-_NORMALISATION_CLASSES = None
-
-
-def _normalisation_classes():
-    """The scan's class bits of every code point.
-
-    NFKC leaves a text alone when every character in it has no decomposition (canonical or
-    compatibility), is a starter (combining class 0) and is not the second character of any
-    canonical composition: then decomposing changes nothing, there is nothing to reorder, and
-    no pair composes. The other characters are NOT_NFKC_STABLE, and so, to keep the argument
-    short, are Hangul jamo and syllables (composed by algorithm, not by the table) and all
-    from U+30000 on (little there: CJK Extensions G and H, tags, private use). The parked
-    _CJK_PUNCTUATION are starters that compose with nothing, so NFKC of the text around them
-    is NFKC of each piece between them: a text whose other characters are all stable is
-    unchanged by `nfkc` with keep_cjk_punctuation too.
-    """
-    global _NORMALISATION_CLASSES
-    if _NORMALISATION_CLASSES is None:
-        table = np.zeros(0x110000, np.uint8)
-        table[[ord("<"), ord("&")]] |= MARKUP
-        candidates = "".join(map(chr, [*range(0xD800), *range(0xE000, 0x10000),
-                                       *range(0xE0000, 0xE0080)]))
-        for pattern in (_ASCII_CONTROL, _OTHER_LINE_BREAKS, _INVISIBLE):
-            table[[ord(m.group()) for m in pattern.finditer(candidates)]] |= CONTROL_CHAR
-        table[ord("\r")] |= CONTROL_CHAR
-        unstable = []
-        for code in range(0x30000):
-            char = chr(code)
-            decomposition = unicodedata.decomposition(char)
-            if decomposition or unicodedata.combining(char):
-                unstable.append(code)
-            parts = decomposition.split()
-            if len(parts) == 2 and not decomposition.startswith("<"):
-                unstable.append(int(parts[1], 16))  # the second character of a composition
-        table[unstable] |= NOT_NFKC_STABLE
-        for lo, hi in ((0x1100, 0x11FF), (0x3130, 0x318F), (0xA960, 0xA97F), (0xAC00, 0xD7FF),
-                       (0x30000, 0x10FFFF)):
-            table[lo:hi + 1] |= NOT_NFKC_STABLE
-        table[[ord(c) for c in _CJK_PUNCTUATION]] |= KEPT
-        table[[ord(c) for c in _RUN_MARKS]] |= RUN_MARK
-        table[[ord(" "), ord("\t"), ord("\n")]] |= WHITESPACE
-        table[0xD800:0xE000] = SURROGATE
-        _NORMALISATION_CLASSES = table
-    return _NORMALISATION_CLASSES
-
-
-def scan_texts(texts: list[str], cfg: CleanConfig) -> list[int]:
-    """Per text, the bits of the normalisation steps that have work in it (HTML, CONTROL, …),
-    from one compiled pass over all the texts (see llmkit.data._rule_kernels.scan)."""
-    codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
-    ends = np.fromiter(accumulate(map(len, texts)), np.int64, len(texts))
-    found = np.zeros(len(texts), np.int64)
-    kernels().scan(codes, ends, _normalisation_classes(), cfg.keep_cjk_punctuation,
-                   cfg.max_punctuation_run, found)
-    return found.tolist()
-
-
-def strip_html(text: str) -> str:
-    """Tags out (block tags become line breaks), entities decoded."""
-    if "<" in text:
-        text = _SCRIPT_STYLE.sub("", text)
-        text = _BR.sub("\n", text)
-        text = _BLOCK_TAG.sub("\n", text)
-        text = _INLINE_TAG.sub("", text)
-    if "&" in text:
-        text = _ENTITY.sub(lambda m: html.unescape(m.group()), text)
-    return text
-
-
-def strip_control(text: str) -> str:
-    """Line breaks of every kind → "\\n"; control and invisible characters removed; tabs kept."""
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if text.isascii() and not _ASCII_CONTROL.search(text):
-        return text
-    text = _OTHER_LINE_BREAKS.sub("\n", text)
-    return _INVISIBLE.sub("", text)
-
-
-def nfkc(text: str, keep_cjk_punctuation: bool = True) -> str:
-    if text.isascii():
-        return text
-    if not keep_cjk_punctuation:
-        return unicodedata.normalize("NFKC", text)
-    if any(p in text for p in _PARKING):  # the rare text that already uses them: go piecewise
-        pieces = re.split(f"([{_CJK_PUNCTUATION}])", text)
-        return "".join(p if i % 2 else unicodedata.normalize("NFKC", p) for i, p in enumerate(pieces))
-    parked = [(c, p) for c, p in zip(_CJK_PUNCTUATION, _PARKING) if c in text]
-    for c, p in parked:
-        text = text.replace(c, p)
-    text = unicodedata.normalize("NFKC", text)
-    for c, p in parked:
-        text = text.replace(p, c)
-    return text
-
-
-def normalize_whitespace(text: str, found: int = ALL_STEPS) -> str:
-    """Trailing spaces cut, inner runs of spaces and tabs → one space, at most one blank line.
-
-    Leading indentation stays: it is the structure of code and verse. `found`: what
-    `scan_texts` found in `text`; a part whose bit is clear is skipped. Each part only ever
-    removes the work of the parts after it, never adds some (the scan counts blank lines as
-    they will be once trailing spaces are gone), so the bits hold all the way through.
-    """
-    if found & TRAILING_SPACE:
-        text = _TRAILING_SPACE.sub("", text)
-    if found & TAB:
-        text = _TAB_RUNS.sub(_one_space_unless_indent, text)
-    if found & SPACE_RUN:  # a literal start lets `re` jump from one double space to the next
-        text = _SPACE_RUNS.sub(_one_space_unless_indent, text)
-    if found & BLANK_LINES:
-        text = _BLANK_LINES.sub("\n\n", text)
-    return text.strip("\n ")
-
-
-def _one_space_unless_indent(m) -> str:
-    start = m.start()
-    return m.group() if start == 0 or m.string[start - 1] == "\n" else " "
-
-
-def collapse_punctuation(text: str, limit: int) -> str:
-    """Runs longer than `limit` of one sentence mark shrink to `limit` ("!!!!!" → "!!!")."""
-    if text.isascii() and not any(mark * (limit + 1) in text for mark in _RUN_MARKS_ASCII):
-        return text  # the common case, found faster than by the pattern
-    return _run_pattern(limit).sub("\\1" * limit, text)
-
-
-_RUN_PATTERNS: dict = {}
-
-
-def _run_pattern(limit: int):
-    if limit not in _RUN_PATTERNS:
-        _RUN_PATTERNS[limit] = re.compile(f"([{re.escape(_RUN_MARKS)}])\\1{{{limit},}}")
-    return _RUN_PATTERNS[limit]
-
-
-def normalize_text(text: str, cfg: CleanConfig, found: int | None = None) -> str:
-    """The normalisation steps the config asks for, in order. `found`: what `scan_texts`
-    found in `text` (None: scan it here; ALL_STEPS: run every step without asking)."""
-    if found is None:
-        found = scan_texts([text], cfg)[0]
-    if cfg.strip_html and found & HTML:
-        text, found = _rescan(text, strip_html(text), found, cfg)
-    if cfg.strip_control and found & CONTROL:
-        text, found = _rescan(text, strip_control(text), found, cfg)
-    if cfg.nfkc and found & NFKC:
-        text, found = _rescan(text, nfkc(text, cfg.keep_cjk_punctuation), found, cfg)
-    if cfg.normalize_whitespace:
-        text = normalize_whitespace(text, found)  # spaces only: no new run of marks
-    if cfg.max_punctuation_run and found & PUNCTUATION_RUN:
-        text = collapse_punctuation(text, cfg.max_punctuation_run)
-    return text
-
-
-def _rescan(old: str, new: str, found: int, cfg: CleanConfig) -> tuple[str, int]:
-    """(new, what the later steps have to do in it): a step that changed the text (entities
-    decoded, full-width forms folded) may have made work for them."""
-    if new is old or found == ALL_STEPS:  # re.sub and str methods return the text itself
-        return new, found                 # when they change nothing
-    return new, scan_texts([new], cfg)[0]
 
 
 # ---------------------------------------------------------------- line filter
@@ -413,35 +249,48 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
     dropped = len(lines) - len(kept)
     if not dropped:
         return text, 0
-    return _BLANK_LINES.sub("\n\n", "\n".join(kept)).strip("\n"), dropped
-
+    return BLANK_LINE_RUNS.sub("\n\n", "\n".join(kept)).strip("\n"), dropped
 
 # ---------------------------------------------------------------- rows and batches
 
 
 def clean_text(text: str, cfg: CleanConfig) -> tuple[str, str | None]:
-    """(normalised text, None) to keep a document, or (normalised text, reason) to remove it."""
+    """(normalised text, None) to keep a document, or (normalised text, reason) to remove it.
+    (Quality rules only: the row rules need the row's columns, line dedup the corpus.)"""
     text = normalize_text(text, cfg)
     text, dropped = drop_boilerplate_lines(text, cfg)
     return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, cfg._rules)
 
 
-def clean_batch(batch, config: CleanConfig):
-    """(kept table with normalised `text`, removed table with original `text` and `reason`)."""
+def clean_batch(batch, config: CleanConfig, frequent_lines: frozenset = frozenset()):
+    """(kept table with cleaned `text`, removed table with original `text` and `reason`)."""
+    kept, removed, _ = clean_batch_counted(batch, config, frequent_lines)
+    return kept, removed
+
+
+def clean_batch_counted(batch, config: CleanConfig, frequent_lines: frozenset = frozenset()):
+    """`clean_batch`, and what it edited in the kept rows: `pii_<type>` values redacted,
+    `line_dedup_lines` lines cut as frequent across the corpus."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    # As clean_text, but the compiled passes (scan, measure) are made once for the batch.
+    # The compiled passes (scan, measure) are made once for the batch.
     texts = [text or "" for text in table.column("text").to_pylist()]
-    cleaned, dropped = [], []
-    for text, found in zip(texts, scan_texts(texts, config)):
-        new, n = drop_boilerplate_lines(normalize_text(text, config, found), config)
-        cleaned.append(new)
+    rows = _row_columns(table, config)
+    cleaned, dropped, reasons, edits = [], [], [], []
+    for text, found, row in zip(texts, scan_texts(texts, config), rows):
+        text, n, reason, edited = _clean_row(text, found, row, config, frequent_lines)
+        cleaned.append(text)
         dropped.append(n)
+        reasons.append(reason)
+        edits.append(edited)
     rules = config._rules
-    reasons = [first_failed_rule(Doc(text, config, dropped_lines=n, measured=m), config, rules)
-               for text, n, m in zip(cleaned, dropped, measure_texts(cleaned, config))]
+    for i, measured in enumerate(measure_texts(cleaned, config)):
+        if reasons[i] is None:
+            reasons[i] = first_failed_rule(Doc(cleaned[i], config, dropped_lines=dropped[i],
+                                               measured=measured), config, rules)
+    counted = sum((e for e, r in zip(edits, reasons) if r is None), Counter())
     keep = pa.array([r is None for r in reasons], pa.bool_())
     index = table.schema.get_field_index("text")
     text_field = table.schema.field(index)
@@ -450,4 +299,41 @@ def clean_batch(batch, config: CleanConfig):
     removed = table.filter(pc.invert(keep))
     removed = removed.append_column("reason", pa.array([r for r in reasons if r is not None],
                                                        pa.string()))
-    return kept, removed
+    return kept, removed, counted
+
+
+ROW_COLUMNS = ("url", "lang_id", "lang_score", "script")  # what the row rules read
+
+
+def _row_columns(table, config: CleanConfig) -> list[dict | None]:
+    """Per row, the columns the row rules read (None everywhere when no row rule is on)."""
+    n = table.num_rows
+    if not (config.keep_langs or any(config._url_blocklist)):
+        return [None] * n
+    cols = [table.column(c).to_pylist() if c in table.column_names else [None] * n
+            for c in ROW_COLUMNS]
+    return [dict(zip(ROW_COLUMNS, values)) for values in zip(*cols)]
+
+
+def _clean_row(text: str, found: int, row: dict | None, cfg: CleanConfig,
+               frequent_lines: frozenset) -> tuple[str, int, str | None, Counter]:
+    """(cleaned text, boilerplate lines dropped, reason to remove it or None (the quality
+    rules still to come), what was edited) of one row."""
+    edits: Counter = Counter()
+    text = normalize_text(text, cfg, found)
+    if row is not None:
+        if cfg.keep_langs and row["lang_id"] is None:  # not identified at ingest: here
+            row.update(language_columns(text))
+        reason = first_failed_rule(row, cfg, ROW_RULES)
+        if reason is not None:
+            return text, 0, reason, edits
+    text, dropped = drop_boilerplate_lines(text, cfg)
+    if frequent_lines:
+        text, cut = drop_frequent_lines(text, frequent_lines)
+        if cut and not text:
+            return text, dropped, "line_dedup", edits
+        edits["line_dedup_lines"] += cut
+    if cfg.pii:
+        text, found_pii = redact(text, cfg.pii)
+        edits.update({f"pii_{kind}": n for kind, n in found_pii.items()})
+    return text, dropped, None, edits

@@ -269,7 +269,7 @@ def _char_classes():
 _KERNELS = None
 KERNEL_MODULE = "llmkit.data._rule_kernels"
 _SIGNATURES = {  # of the passes compiled ahead of time: the arrays their callers hand them
-    "scan": "void(u4[::1], i8[::1], u1[::1], b1, i8, i8[::1])",  # llmkit.data.clean's
+    "scan": "void(u4[::1], i8[::1], u1[::1], b1, i8, i8[::1])",  # llmkit.data.normalize's
     "measure": "void(u4[::1], i8[::1], u1[::1], u8[::1], f8[::1], i8[:, ::1], i8[:, ::1], "
                "i8[:, ::1])",
     "word_stats": "UniTuple(i8, 10)(u4[::1], u1[::1], u8[::1], u8[::1], i8[::1])",

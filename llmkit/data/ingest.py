@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from llmkit.data.charset import check_encoding
 from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, DatasetWriter
 from llmkit.data.pipeline import FolderTasks
 from llmkit.data.langid import language_columns
@@ -54,18 +55,23 @@ class IngestConfig:
     source: str | None = None       # value of `source`; default: the file's stem
     per_line: bool = False          # txt: one document per line instead of per file
     format: str | None = None       # force a format instead of guessing from the extension
-    encoding: Literal["utf-8", "gb18030"] = "utf-8"  # text encoding of the input files
+    encoding: str = "auto"          # text files' encoding: auto (detected per file: llmkit.data.charset) or a codec
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
     task_bytes: int = 256 << 20     # file bytes per task: files are grouped in order up to this
     allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
     lang_id: bool = False           # identify every text row's language (web pages always are)
     max_page_bytes: int = 8 << 20   # web pages larger than this are quarantined (page_too_large)
+    extract_timeout_s: float = 10.0  # a page whose main text takes longer is quarantined (extraction_timeout); 0: no limit
     executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
     ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if check_encoding(self.encoding):
+            raise ConfigError(check_encoding(self.encoding))
+        if self.extract_timeout_s < 0:
+            raise ConfigError(f"extract_timeout_s must be ≥ 0, got {self.extract_timeout_s}")
         if self.batch_rows < 1 or self.task_bytes < 1 or self.max_page_bytes < 1:
             raise ConfigError(f"batch_rows, task_bytes and max_page_bytes must be ≥ 1, got "
                               f"{self.batch_rows}, {self.task_bytes}, {self.max_page_bytes}")
@@ -377,7 +383,7 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
                        rows_removed=sum(i["rows_removed"] for i in infos),
                        removed_by_reason=dict(sorted(total["reasons"].items())),
                        files=len(files), rows_by_source=dict(sorted(total["per_source"].items())))
-        if cfg.encoding == "utf-8" and total["reasons"].get("invalid_utf8"):
+        if cfg.encoding in ("auto", "utf-8") and total["reasons"].get("invalid_utf8"):
             print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
                   "re-run with --set encoding=gb18030", flush=True)
         require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),

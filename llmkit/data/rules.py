@@ -19,12 +19,18 @@ n-gram).
 
 Speed: every number a rule reads is measured once per document (`llmkit.data.document`).
 
+Row rules (`ROW_RULES`) read a row's columns rather than its text, and run before it is
+normalised: `language` (the row's `lang_id`/`script`, from ingest or identified in clean) and
+`url` (the row's `url` against a block list). `row` is a dict of those columns.
+
 Thresholds are the published ones unless a field's comment in `CleanConfig` says otherwise:
 Gopher = Rae et al. 2021, "Scaling Language Models", appendix A; C4 = Raffel et al. 2020;
 FineWeb = Penedo et al. 2024 (datatrove's FineWebQualityFilter).
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from llmkit.data.document import Doc
 
@@ -186,6 +192,39 @@ def fineweb_line_punctuation(doc: Doc, cfg) -> str | None:
         return "fineweb_line_punctuation"
     return None
 
+
+def language(row: dict, cfg) -> str | None:
+    """Not one of `keep_langs` (a `lang_id` such as `fr`, or `zh-Hans`/`zh-Hant` for one
+    Chinese), or identified with a probability below `min_lang_score`."""
+    if not cfg.keep_langs:
+        return None
+    if row["lang_id"] not in cfg.keep_langs and row["script"] not in cfg.keep_langs:
+        return "language"
+    if row["lang_score"] < cfg.min_lang_score:
+        return "language"
+    return None
+
+
+def url(row: dict, cfg) -> str | None:
+    """The row's URL is on the block list: its host is a listed domain (or under one), or it
+    holds a listed URL substring."""
+    domains, pieces = cfg._url_blocklist
+    link = row.get("url")
+    if not link or not (domains or pieces):
+        return None
+    try:
+        host = urlsplit(link).hostname or ""
+    except ValueError:  # "http://[::1": no host to judge by; the substrings still are
+        host = ""
+    while host:
+        if host in domains:
+            return "url"
+        host = host.partition(".")[2]
+    low = link.lower()
+    return "url" if any(p in low for p in pieces) else None
+
+
+ROW_RULES = (url, language)  # the URL first: it needs no language model
 
 RULES = (
     boilerplate_lines,

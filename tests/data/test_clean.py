@@ -12,13 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from llmkit.data import clean
-from llmkit.data.clean import (ALL_STEPS, CleanConfig, clean_batch, clean_text,
-                               drop_boilerplate_lines, is_navigation_line, normalize_text,
-                               scan_texts)
+from llmkit.data import normalize
+from llmkit.data.clean import (CleanConfig, clean_batch, clean_text, drop_boilerplate_lines,
+                               is_navigation_line)
+from llmkit.data.normalize import ALL_STEPS, normalize_text, scan_texts
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
-from llmkit.data.pipeline import run_map_stage
+from llmkit.data.clean_stage import run_clean
 from llmkit.errors import UserError
 from tests.conftest import write_jsonl
 
@@ -114,12 +114,12 @@ def test_the_scan_skips_only_steps_that_would_change_nothing(overrides):
 
 
 def test_characters_the_scan_calls_nfkc_stable_are_left_alone_by_nfkc():
-    stable = clean._normalisation_classes() & clean.NOT_NFKC_STABLE == 0
+    stable = normalize._normalisation_classes() & normalize.NOT_NFKC_STABLE == 0
     for code in map(int, stable[:0x30000].nonzero()[0]):
         if not 0xD800 <= code < 0xE000:
             assert unicodedata.normalize("NFKC", chr(code)) == chr(code), hex(code)
     assert not stable[0x30000:].any()
-    assert scan_texts(["你好，世界！", "ｅ", "e\u0301", "\xa0", "가"], CFG) == [0] + [clean.NFKC] * 4
+    assert scan_texts(["你好，世界！", "ｅ", "e\u0301", "\xa0", "가"], CFG) == [0] + [normalize.NFKC] * 4
 
 
 # ---------------------------------------------------------------- boilerplate lines
@@ -348,8 +348,7 @@ def test_clean_stage_conserves_rows_counts_reasons_and_matches_across_workers(ma
     outputs = []
     for workers in (1, 2):
         ctx = make_ctx(workers=workers, out=f"clean{workers}")
-        b = run_map_stage(ctx, stage="clean", config=CFG, process_batch=clean_batch,
-                          input_default="raw", out_default="clean", batch_rows=16)
+        b = run_clean(ctx, CFG)
         stats = json.loads((b.final / "manifest.json").read_text())["stats"]
         assert stats["rows_in"] == len(rows) == stats["rows_out"] + stats["rows_removed"]
         assert stats["removed_by_reason"] == dict(sorted(expected.items()))
@@ -366,8 +365,7 @@ def test_a_clean_that_keeps_nothing_is_refused_naming_the_rule_unless_allowed(ma
     run_ingest(make_ctx(), [str(src)], IngestConfig())
 
     def clean(cfg):
-        return run_map_stage(make_ctx(), stage="clean", config=cfg, process_batch=clean_batch,
-                             input_default="raw", out_default="clean")
+        return run_clean(make_ctx(), cfg)
 
     with pytest.raises(UserError, match=r"^clean: no row kept from 3 rows of .*raw: "
                                         r"3 × gopher_min_words \(first: id 's0'\)"):

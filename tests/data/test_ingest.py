@@ -146,12 +146,14 @@ def test_gb18030_input_is_reported_then_read_with_the_encoding(make_ctx, tmp_pat
     (tmp_path / "gbk.txt").write_bytes("春眠不觉晓，处处闻啼鸟。".encode("gb18030"))
     (tmp_path / "utf8.txt").write_text("a real document")
     with pytest.raises(UserError, match="1 × invalid_utf8 .*--set encoding=gb18030"):
-        ingest(make_ctx, [tmp_path / "gbk.txt"])
-    _, removed, _ = ingest(make_ctx, [tmp_path / "gbk.txt", tmp_path / "utf8.txt"])
+        ingest(make_ctx, [tmp_path / "gbk.txt"], encoding="utf-8")
+    _, removed, _ = ingest(make_ctx, [tmp_path / "gbk.txt", tmp_path / "utf8.txt"],
+                           encoding="utf-8")
     assert removed.column("reason").to_pylist() == ["invalid_utf8"]
     assert "gb18030" in capsys.readouterr().out
-    kept, _, _ = ingest(make_ctx, [tmp_path / "gbk.txt"], encoding="gb18030")
-    assert kept.column("text").to_pylist() == ["春眠不觉晓，处处闻啼鸟。"]
+    for encoding in ("gb18030", "auto"):  # named, or detected (the default)
+        kept, _, _ = ingest(make_ctx, [tmp_path / "gbk.txt"], encoding=encoding)
+        assert kept.column("text").to_pylist() == ["春眠不觉晓，处处闻啼鸟。"]
 
 
 def test_extra_fields_are_carried_even_when_they_appear_late(make_ctx, tmp_path):

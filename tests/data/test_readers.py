@@ -122,3 +122,63 @@ def test_a_folder_expands_to_its_files_of_a_known_format_in_order(tmp_path):
         (tmp_path / name).write_bytes(b"")
     assert expand_inputs([str(tmp_path)]) == [tmp_path / "a/c.md", tmp_path / "b.jsonl.gz",
                                               tmp_path / "d.parquet"]
+
+
+# ---------------------------------------------------------------- charsets and time limits
+
+POEM = "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。"
+POEM_HANT = "春眠不覺曉，處處聞啼鳥。夜來風雨聲，花落知多少。"
+
+
+def test_gbk_and_big5_text_files_of_every_text_format_are_detected_and_read(tmp_path):
+    files = {"a.txt": (POEM * 3).encode("gbk"), "b.txt": (POEM_HANT * 3).encode("big5"),
+             "c.jsonl": "".join(json.dumps({"text": POEM * 2 + str(i)}, ensure_ascii=False)
+                                + "\n" for i in range(3)).encode("gb18030"),
+             "d.csv": f"text,n\n{POEM_HANT * 2},1\n".encode("big5")}
+    got = {}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        got[name] = [rec for _, rec in read_records(tmp_path / name, IngestConfig())]
+    assert got["a.txt"] == [{"text": POEM * 3, "charset": "gb18030"}]
+    assert got["b.txt"] == [{"text": POEM_HANT * 3, "charset": "big5hkscs"}]
+    assert [r["text"] for r in got["c.jsonl"]] == [POEM * 2 + str(i) for i in range(3)]
+    assert got["d.csv"] == [{"text": POEM_HANT * 2, "n": "1", "charset": "big5hkscs"}]
+    assert list(read_records(tmp_path / "a.txt", IngestConfig(per_line=True)))[0][1]["text"] \
+        == POEM * 3
+
+
+def test_an_explicit_encoding_wins_and_undecodable_text_is_quarantined_with_a_reason(tmp_path):
+    (tmp_path / "gbk.txt").write_bytes(POEM.encode("gbk"))
+    [(_, bad)] = read_records(tmp_path / "gbk.txt", IngestConfig(encoding="utf-8"))
+    assert bad.reason == "invalid_utf8"
+    latin = "Le café était très bon, à bientôt à la maison, dit-elle à l'été.".encode("cp1252")
+    (tmp_path / "latin.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "' + latin + b'"}\n')
+    records = [rec for _, rec in read_records(tmp_path / "latin.jsonl", IngestConfig())]
+    assert records[0] == {"text": "ok"} and records[1].reason == "invalid_utf8"
+    assert read_records(tmp_path / "latin.jsonl", IngestConfig(encoding="cp1252")).__next__()
+    with pytest.raises(Exception, match="unknown codec 'no-such'"):
+        IngestConfig(encoding="no-such")
+
+
+def test_a_page_whose_extraction_runs_past_the_time_limit_is_quarantined(tmp_path, monkeypatch):
+    import time
+
+    from resiliparse.extract import html2text
+
+    real = html2text.extract_plain_text
+
+    def slow(tree, **kw):
+        if "slow" in (tree.title or ""):
+            time.sleep(5)
+        return real(tree, **kw)
+
+    monkeypatch.setattr(html2text, "extract_plain_text", slow)
+    for name in ("slow", "fast"):
+        (tmp_path / f"{name}.html").write_text(f"<html><head><title>{name}</title></head>"
+                                               "<body><p>a paragraph of text</p></body></html>")
+    cfg = IngestConfig(extract_timeout_s=0.2)
+    started = time.perf_counter()
+    [(_, slow_page)] = read_records(tmp_path / "slow.html", cfg)
+    [(_, fast_page)] = read_records(tmp_path / "fast.html", cfg)
+    assert time.perf_counter() - started < 2
+    assert slow_page.reason == "extraction_timeout" and fast_page["text"] == "a paragraph of text"

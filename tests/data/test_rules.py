@@ -5,12 +5,13 @@ import random
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from llmkit import cjk
 from llmkit.cjk import COMMON_HAN
 from llmkit.data import document, rules
-from llmkit.data.clean import CleanConfig, clean_text
+from llmkit.data.clean import CleanConfig, clean_batch, clean_text
 from llmkit.data.document import Doc
 from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
@@ -274,3 +275,24 @@ def test_an_extension_b_character_is_han_for_the_rules():
     for cfg in (CFG, CleanConfig(cjk_words="jieba")):
         counts = doc(text, cfg).counts
         assert (counts.han_chars, counts.cjk_chars) == (4, 4)
+
+
+# ---------------------------------------------------------------- row rules: url
+
+
+def test_a_url_on_the_block_list_removes_its_row_by_domain_subdomain_or_substring(tmp_path):
+    blocklist = tmp_path / "blocked.txt"
+    blocklist.write_text("# ad servers\nads.example.com\n*.spam.net\nutm_source=  # trackers\n\n")
+    urls = ["https://ads.example.com/x", "https://cdn.ads.example.com/y", "https://example.com/ok",
+            "http://a.spam.net/", "https://b.org/?utm_source=mail", None, "http://[::1"]
+    table = pa.table({"id": [str(i) for i in range(len(urls))], "source": ["s"] * len(urls),
+                      "text": ["Some text."] * len(urls), "url": urls})
+    cfg = CleanConfig(url_blocklist=str(blocklist), disabled_rules=list(RULE_NAMES))
+    kept, removed = clean_batch(table, cfg)
+    assert kept.column("url").to_pylist() == ["https://example.com/ok", None, "http://[::1"]
+    assert removed.column("reason").to_pylist() == ["url"] * 4
+
+
+def test_a_block_list_that_cannot_be_read_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=f"clean.url_blocklist: cannot read {tmp_path}/no.txt"):
+        CleanConfig(url_blocklist=str(tmp_path / "no.txt"))

@@ -2,9 +2,19 @@
 date columns, a language identified by a model — and every record that is not a page
 quarantined with its reason. The WARCs are written here with warcio, the reference library."""
 
+import gzip
+import html
 import io
 import json
+import os
 import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -213,3 +223,207 @@ def test_llmkit_ingest_reads_a_warc_and_names_a_file_that_is_not_one(tmp_path):
     r = CliRunner().invoke(build_app(), ["ingest", str(bad), "-w", str(ws), "--out", "bad"])
     assert r.exit_code == 2, r.output
     assert str(bad) in " ".join(r.output.split()) and "not a WARC file" in r.output
+
+
+# ---------------------------------------------------------------- acceptance: a crawl of known articles
+
+REPO = Path(__file__).resolve().parents[2]
+RAW = REPO / "recipes" / "demo" / "data" / "raw"  # licences: recipes/demo/NOTICE.md
+CHROME = ["首页", "新闻中心", "关于我们", "联系我们", "Home", "Products", "Contact us",
+          "Related articles", "Most popular this week",
+          "This site uses cookies to improve your experience. Accept all cookies",
+          "京ICP备12345678号-1", "Copyright © 2024 Example Media Group. All rights reserved.",
+          "Privacy policy", "Terms of use"]
+
+
+def known_articles(n: int) -> list[tuple[str, str]]:
+    """(lang, article): n Chinese (GBK-encodable, for the GBK pages) and n English texts."""
+    with open(RAW / "zh_prose.jsonl", encoding="utf-8") as f:
+        zh = [r["text"] for r in map(json.loads, f) if r["planted"] == "none"
+              and 150 <= len(r["text"]) <= 800 and _gbk(r["text"])]
+    with gzip.open(RAW / "en_docstrings.jsonl.gz", "rt", encoding="utf-8") as f:
+        en = [r["text"] for r in map(json.loads, f) if 300 <= len(r["text"]) <= 1500]
+    return [("zh", t) for t in zh[:n]] + [("en", t) for t in en[:n]]
+
+
+def _gbk(text: str) -> bool:
+    try:
+        text.encode("gbk")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def chrome_page(title: str, article: str, meta: str = "utf-8") -> str:
+    """The article in a site's navigation, cookie banner, sidebar and footer."""
+    def links(words):
+        return "".join(f"<li><a href='/{i}'>{w}</a></li>" for i, w in enumerate(words))
+    paras = "".join(f"<p>{html.escape(p)}</p>" for p in article.split("\n") if p.strip())
+    return (f"<!DOCTYPE html><html><head><meta charset='{meta}'><title>{title}</title></head>"
+            f"<body><header><nav><ul>{links(CHROME[:7])}</ul></nav></header>"
+            f"<div class='cookie-banner'>{CHROME[9]}</div>"
+            f"<main><article><h1>{title}</h1>{paras}</article>"
+            f"<aside class='sidebar'><ul>{links(CHROME[7:9])}</ul></aside></main>"
+            f"<footer><p>{CHROME[10]}</p><p>{CHROME[11]}</p>"
+            f"<a href='/p'>{CHROME[12]}</a> <a href='/t'>{CHROME[13]}</a></footer></body></html>")
+
+
+def lcs(a: list, b: list) -> int:
+    """Longest common subsequence (bit-parallel: one big-int step per item of b)."""
+    masks: dict = {}
+    for i, x in enumerate(a):
+        masks[x] = masks.get(x, 0) | (1 << i)
+    full = v = (1 << len(a)) - 1
+    for y in b:
+        u = v & masks.get(y, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(a) - bin(v).count("1")
+
+
+def rouge_l(extract: str, article: str, lang: str) -> float:
+    """ROUGE-L F1: characters for Chinese, words for English."""
+    def units(text):
+        return re.findall(r"\w", text) if lang == "zh" else re.findall(r"\w+", text.lower())
+    a, b = units(article), units(extract)
+    n = lcs(a, b) if a and b else 0
+    return 0.0 if n == 0 else 2 * (n / len(b)) * (n / len(a)) / (n / len(b) + n / len(a))
+
+
+def member(url: str, body: bytes, ctype: str = "text/html", status: str = "200 OK",
+           kind: str = "response") -> bytes:
+    """One record as the gzip member a crawler writes."""
+    buf = io.BytesIO()
+    w = WARCWriter(buf, gzip=True)
+    http = StatusAndHeaders(status, [("Content-Type", ctype)], protocol="HTTP/1.1") \
+        if kind == "response" else None
+    w.write_record(w.create_warc_record(url, kind, payload=io.BytesIO(body), http_headers=http,
+                                        warc_headers_dict={"WARC-Date": DATE}))
+    return buf.getvalue()
+
+
+def lying_length(record: bytes, length: int) -> bytes:
+    raw = re.sub(rb"Content-Length: \d+\r\n", b"Content-Length: %d\r\n" % length,
+                 gzip.decompress(record), count=1)
+    return gzip.compress(raw)
+
+
+def crawl(folder: Path, files: int = 4) -> tuple[Path, dict, Counter]:
+    """WARC files of 110 Chinese pages (half UTF-8, half GBK: declared by HTTP or only by
+    <meta>) and 110 English ones, each a known article, among records that are not pages.
+    (files, url -> (lang, article), the reasons the others must be quarantined for)."""
+    folder.mkdir(exist_ok=True)
+    pages, members = {}, [[] for _ in range(files)]
+    for i, (lang, article) in enumerate(known_articles(110)):
+        url = f"https://site{i % 7}.example/{lang}/{i}.html"
+        pages[url] = (lang, article)
+        if lang == "zh" and i % 2:
+            body, ctype = chrome_page(f"第{i}篇", article, "gbk").encode("gbk", "xmlcharrefreplace"), \
+                ("text/html; charset=gbk" if i % 4 == 1 else "text/html")
+        else:
+            body, ctype = chrome_page(f"Article {i}", article).encode(), "text/html; charset=utf-8"
+        members[i % files].append(member(url, body, ctype))
+    bad = Counter()
+    for k, m in enumerate(members):
+        m.insert(3, member(f"https://x.example/{k}.pdf", b"%PDF-1.4\n%\xe2\xe3", "application/pdf"))
+        m.insert(5, member(f"https://x.example/{k}.png", b"\x89PNG\r\n\x1a\n", "image/png"))
+        m.insert(7, member(f"https://x.example/{k}/gone", b"<html>gone</html>", status="404 Not Found"))
+        m.insert(9, member(f"https://x.example/{k}", b"GET / HTTP/1.1\r\n\r\n", kind="request"))
+        m.insert(11, member(f"https://x.example/{k}/cut", b"<html>" + b"x" * 5000)[:300])
+        m.insert(13, lying_length(member(f"https://x.example/{k}/lie", chrome_page("", "短文").encode()), 90))
+        bad.update(["not_html", "not_html", "http_status", "warc_request", "corrupt_gzip_member",
+                    "content_length_mismatch"])
+    paths = []
+    for k, m in enumerate(members):
+        paths.append(folder / f"crawl-{k}.warc.gz")
+        paths[-1].write_bytes(b"".join(m))
+    return folder, pages, bad
+
+
+def test_known_articles_come_out_of_their_boilerplate_and_every_other_record_is_quarantined(
+        make_ctx, tmp_path):
+    folder, pages, bad = crawl(tmp_path / "crawl")
+    kept, removed, stats = ingest(make_ctx, [folder])
+    assert stats["records_in"] == len(pages) + sum(bad.values())
+    assert stats["records_in"] == stats["rows_out"] + stats["rows_removed"]
+    assert Counter(r["reason"] for r in removed) == bad and stats["removed_by_reason"] == bad
+    assert sorted(r["url"] for r in kept) == sorted(pages)
+    scores = {"zh": [], "en": []}
+    chrome_kept = 0
+    for row in kept:
+        lang, article = pages[row["url"]]
+        scores[lang].append(rouge_l(row["text"], article, lang))
+        chrome_kept += sum(line.strip() in CHROME for line in row["text"].splitlines())
+    assert min(len(s) for s in scores.values()) >= 100
+    assert statistics.mean(scores["zh"]) >= 0.90 and statistics.mean(scores["en"]) >= 0.90
+    assert chrome_kept <= 0.02 * len(CHROME) * len(kept)
+    gbk = [r for r in kept if r["charset"] in ("gbk", "gb18030")]
+    assert len(gbk) == 55 and all(r["lang_id"] == "zh" and r["script"] == "zh-Hans" for r in gbk)
+
+
+def artifact_bytes(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*.parquet"))}
+
+
+def test_the_crawl_gives_the_same_artifact_on_one_and_two_workers(make_ctx, tmp_path):
+    folder = crawl(tmp_path / "crawl")[0]
+    cfg = IngestConfig(task_bytes=1)  # a task per file
+    one = run_ingest(make_ctx(force=True, workers=1, out="one"), [str(folder)], cfg).final
+    two = run_ingest(make_ctx(force=True, workers=2, out="two"), [str(folder)], cfg).final
+    assert artifact_bytes(one) == artifact_bytes(two) and len(artifact_bytes(one)) >= 8
+    assert read_table(one).num_rows == 220  # every page, past the broken records
+
+
+@pytest.mark.slow
+def test_the_crawl_gives_the_same_artifact_on_ray(make_ctx, tmp_path):
+    pytest.importorskip("ray")
+    from llmkit.executor import RayConfig
+
+    folder = crawl(tmp_path / "crawl", files=2)[0]
+    local = run_ingest(make_ctx(force=True, out="local"), [str(folder)],
+                       IngestConfig(task_bytes=1)).final
+    ray = run_ingest(make_ctx(force=True, out="ray"), [str(folder)],
+                     IngestConfig(task_bytes=1, executor="ray", ray=RayConfig(num_cpus=1))).final
+    assert artifact_bytes(local) == artifact_bytes(ray)
+
+
+def test_hostile_records_are_each_quarantined_and_the_rest_ingested_with_exit_0(tmp_path):
+    good = [member(f"https://ok.example/{i}", chrome_page(f"Article {i}", EN_ARTICLE).encode())
+            for i in range(3)]
+    page = chrome_page("", EN_ARTICLE).encode()
+    hostile = {
+        "corrupt_gzip_member": member("https://bad.example/cut", page)[:200],
+        "content_length_mismatch": lying_length(member("https://bad.example/short", page), 120),
+        "truncated_record": lying_length(member("https://bad.example/long", page), 99_999),
+        "page_too_large": member("https://bad.example/huge", b"<html><body><p>" +
+                                 b"fifty megabytes " * (50 * 2**20 // 16) + b"</p></body></html>"),
+        "undecodable_page": member("https://bad.example/klingon",
+                                   random.Random(3).randbytes(6000), "text/html; charset=x-klingon"),
+    }
+    path = tmp_path / "hostile.warc.gz"
+    path.write_bytes(b"".join([good[0], *hostile.values(), good[1], good[2]]))
+    ws = tmp_path / "ws"
+    r = CliRunner().invoke(build_app(), ["ingest", str(path), "-w", str(ws)])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert read_table(ws / "raw").column("url").to_pylist() == [f"https://ok.example/{i}"
+                                                                 for i in range(3)]
+    removed = read_table(ws / "raw" / "removed").to_pylist()
+    assert sorted(r["reason"] for r in removed) == sorted(hostile)
+    stats = json.loads((ws / "raw" / "manifest.json").read_text())["stats"]
+    assert stats["records_in"] == 8 == stats["rows_out"] + stats["rows_removed"]
+
+
+def llmkit(*args, kill_at: str | None = None) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "LLMKIT_KILL_AT"}
+    env.update(OMP_NUM_THREADS="1", **({"LLMKIT_KILL_AT": kill_at} if kill_at else {}))
+    return subprocess.run([sys.executable, "-c", "from llmkit.cli.app import main; main()",
+                           *map(str, args)], env=env, capture_output=True).returncode
+
+
+def test_an_ingest_killed_mid_warc_reruns_to_the_identical_artifact(tmp_path):
+    folder = crawl(tmp_path / "crawl", files=1)[0]
+    assert llmkit("ingest", folder, "-w", tmp_path / "straight") == 0
+    killed = tmp_path / "killed"
+    assert llmkit("ingest", folder, "-w", killed, kill_at="ingest:record@150") == -signal.SIGKILL
+    assert not (killed / "raw" / "manifest.json").exists()
+    assert llmkit("ingest", folder, "-w", killed) == 0
+    assert artifact_bytes(killed / "raw") == artifact_bytes(tmp_path / "straight" / "raw")

@@ -26,7 +26,7 @@ TRUNCATED_LINES = zlib.decompressobj(31).decompress(TRUNCATED).count(b"\n")
 
 # name: (content, records in it as counted by hand, records ingest keeps)
 HOSTILE = {
-    "gbk.txt": ("春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。".encode("gb18030"), 1, 0),
+    "gbk.txt": ("春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。".encode("gb18030"), 1, 1),  # detected
     "nul.jsonl": (_jsonl(GOOD, {"text": "before\x00after " * 30}), 2, 2),
     "binary.txt": (bytes(range(256)) * 64, 1, 0),
     "empty.jsonl": (b"", 0, 0),

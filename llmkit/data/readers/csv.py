@@ -6,12 +6,14 @@ import codecs
 import csv
 from pathlib import Path
 
+from llmkit.data.charset import file_encoding, invalid_text, with_charset
 from llmkit.data.io import BadRecord, open_binary
 
 
 def read_csv(path: Path, cfg):
+    encoding = file_encoding(path, cfg.encoding)
     with open_binary(path) as fb:
-        f = codecs.getreader(cfg.encoding)(fb, errors="strict")
+        f = codecs.getreader(encoding)(fb, errors="strict")
         reader = csv.reader(f)
         try:
             header = next(reader)
@@ -27,7 +29,7 @@ def read_csv(path: Path, cfg):
             except StopIteration:
                 return
             except UnicodeDecodeError as e:
-                yield f"{path}:{line}", BadRecord("invalid_utf8", str(e))
+                yield f"{path}:{line}", BadRecord(invalid_text(encoding), str(e))
                 return  # the decoder cannot resynchronise mid-stream
             except csv.Error as e:
                 yield f"{path}:{line}", BadRecord("malformed_csv", str(e))
@@ -35,4 +37,4 @@ def read_csv(path: Path, cfg):
             if len(row) != len(header):
                 yield f"{path}:{line}", BadRecord("malformed_csv", ",".join(row))
                 continue
-            yield f"{path}:{line}", dict(zip(header, row))
+            yield f"{path}:{line}", with_charset(dict(zip(header, row)), encoding)

@@ -7,7 +7,8 @@ one the server declared (HTTP `Content-Type`), then resiliparse's detector (the 
 (WHATWG): gb2312/gbk pages are decoded as GB18030, big5 as Big5-HKSCS, shift_jis as cp932,
 euc-kr as cp949 — each the superset that real pages labelled so are written in. `charset` is
 the label that decoded it. The main text is resiliparse's `extract_plain_text(main_content=
-True)`, which drops navigation, headers, footers and the like. bench/extract.py measured it
+True)`, which drops navigation, headers, footers and the like; a page whose parse and
+extraction take over `extract_timeout_s` is quarantined (`extraction_timeout`). bench/extract.py measured it
 against trafilatura on the same pages: 12.6 vs 0.70 MB/CPU-s on Debian's HTML documentation,
 ROUGE-L 0.973/0.959 (zh/en) vs 0.973/0.970 on known articles in boilerplate, none of it kept.
 """
@@ -17,6 +18,9 @@ from __future__ import annotations
 import codecs
 import importlib.util
 import re
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from llmkit.data.io import BadRecord, open_binary
@@ -74,11 +78,45 @@ def page_record(body: bytes, declared: str | None, cfg, what: str) -> dict | Bad
     if decoded is None:
         return BadRecord("undecodable_page", what, f"declared charset {declared!r}")
     html, charset = decoded
-    tree = HTMLTree.parse(html)
-    text = extract_plain_text(tree, main_content=True, list_bullets=False, alt_texts=False)
+    try:
+        with time_limit(cfg.extract_timeout_s):
+            tree = HTMLTree.parse(html)
+            text = extract_plain_text(tree, main_content=True, list_bullets=False,
+                                      alt_texts=False)
+    except ExtractionTimeout:
+        return BadRecord("extraction_timeout", what, f"over extract_timeout_s="
+                         f"{cfg.extract_timeout_s}")
     if not text.strip():
         return BadRecord("no_main_text", f"{what}\n{html[:RAW_CHARS]}")
     return {"text": text, "title": tree.title or None, "charset": charset}
+
+
+class ExtractionTimeout(Exception):
+    pass
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ExtractionTimeout in the block after `seconds` of wall time (0: no limit).
+
+    A SIGALRM timer (datatrove's answer to pages that hang an extractor: its #75): it fires
+    at the next Python instruction, so a single C call (the HTML parser) still finishes
+    first. Only the main thread may set it; elsewhere (a thread pool) the block runs
+    unlimited."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise ExtractionTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def read_html(path: Path, cfg):

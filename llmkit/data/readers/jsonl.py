@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmkit.data.charset import file_encoding, with_charset
 from llmkit.data.io import BadRecord, decode_text, open_binary, read_jsonl
 
 
 def read_jsonl_records(path: Path, cfg):
-    for n, rec in read_jsonl(path, encoding=cfg.encoding, strict=False):
-        yield f"{path}:{n}", rec
+    encoding = file_encoding(path, cfg.encoding)
+    for n, rec in read_jsonl(path, encoding=encoding, strict=False):
+        yield f"{path}:{n}", with_charset(rec, encoding)
 
 
 def read_json(path: Path, cfg):
+    encoding = file_encoding(path, cfg.encoding)
     with open_binary(path) as f:
-        text = decode_text(f.read(), cfg.encoding)
+        text = decode_text(f.read(), encoding)
     if isinstance(text, BadRecord):
         yield f"{path}", text
         return
@@ -31,4 +34,4 @@ def read_json(path: Path, cfg):
         yield f"{path}", BadRecord("json_not_array", text)
         return
     for i, rec in enumerate(data):
-        yield f"{path}[{i}]", rec
+        yield f"{path}[{i}]", with_charset(rec, encoding)
