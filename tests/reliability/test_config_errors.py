@@ -27,7 +27,7 @@ def refused(result, *phrases: str) -> None:
 
 
 REQUIRED = {"ingest": ["docs.jsonl"], "export": ["--from", "sft"], "import": ["--from", "hf"],
-            "report": ["pretrain"]}
+            "report": ["pretrain"], "extend-vocab": ["--from", "base"]}
 
 
 @pytest.mark.parametrize("stage", CONFIGURED)
