@@ -18,6 +18,13 @@ Memory per device is the sum of what a training step holds at its peak:
   one block at a time (after the loss, so the larger of the two counts). A dense attention mask
   (packed or padded batches where attention runs without FlexAttention: on CPU) adds a float
   [batch, 1, seq, seq] mask per block.
+- QLoRA (`lora.quant`): the block linears of the frozen base are held as bitsandbytes packs them —
+  nf4/fp4 half a byte per weight plus an absmax per block of 64 (a byte with double quantisation,
+  plus a float per 256 of those), int8 a byte per weight plus a float per row — counted exactly;
+  the dequantised weight each layer builds in forward and backward is transient and not counted.
+- `optim=adamw8bit` (bitsandbytes): two 8-bit moments and a float absmax each per block of 256
+  (2.03 bytes per parameter instead of 8); tensors under 4,096 elements keep 32-bit moments, a
+  share this estimate ignores (adapters of real models are larger).
 - the loss: logits are float32 [positions, vocab]. Pretraining computes them 1,024 positions at
   a time (the chunked loss: backward recomputes each chunk), so only one chunk's logits, their
   softmax and gradient exist at once; the other trainers project only the labelled positions,
@@ -32,6 +39,9 @@ GiB = 2**30
 MiB = 2**20
 LOSS_CHUNK = 1024  # positions per chunk of the pretraining loss (Transformer.loss_chunk_size)
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+QUANT_BLOCK = 64  # weights per absmax of bitsandbytes' 4-bit formats
+NESTED_BLOCK = 256  # absmax per float scale under double quantisation
+OPTIMIZER_BYTES = {"adamw": 8, "paged_adamw": 8, "adamw8bit": 2 + 8 / 256, "paged_adamw8bit": 2 + 8 / 256}
 
 
 @dataclass(frozen=True)
@@ -91,8 +101,44 @@ def lora_parameters(m: Shape, r: int, target) -> int:
     """Parameters of rank-r LoRA adapters (A: r × in, B: out × r) on the targeted linear layers of
     every block (`target`: "all-linear" or names, as llmkit.train.lora.LoraConfig has it)."""
     layers = block_linears(m)
-    names = layers if target == "all-linear" else [n for n in target if n in layers]
+    names = targeted(m, target)
     return m.n_layers * sum(r * (layers[n][0] + layers[n][1]) * layers[n][2] for n in names)
+
+
+def targeted(m: Shape, target) -> list[str]:
+    """The block linears `lora.target` names: all-linear, attention (q/k/v/o) or names."""
+    layers = block_linears(m)
+    if target == "all-linear":
+        return list(layers)
+    if target == "attention":
+        return [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in layers]
+    return [n for n in target if n in layers]
+
+
+def dora_parameters(m: Shape, target) -> int:
+    """DoRA's trained magnitudes: one per output row of every targeted linear layer."""
+    layers = block_linears(m)
+    return m.n_layers * sum(layers[n][1] * layers[n][2] for n in targeted(m, target))
+
+
+def quantized_bytes(m: Shape, quant: str, double_quant: bool = True) -> tuple[int, int]:
+    """(weights quantised, bytes they take) when the block linears are held in `quant` as
+    bitsandbytes stores them: packed weights, absmax per block, codebooks."""
+    weights = stored = 0
+    for fan_in, fan_out, count in block_linears(m).values():
+        numel = fan_in * fan_out
+        if quant == "int8":
+            size = numel + 4 * fan_out  # int8 rows + a float scale per row
+        else:
+            blocks = -(-numel // QUANT_BLOCK)
+            size = -(-numel // 2) + 16 * 4  # two weights a byte + the 16-entry code
+            if double_quant:  # uint8 absmax, a float per 256 of them, their 256-entry code and offset
+                size += blocks + 4 * -(-blocks // NESTED_BLOCK) + 256 * 4 + 4
+            else:
+                size += 4 * blocks
+        weights += numel * count * m.n_layers
+        stored += size * count * m.n_layers
+    return weights, stored
 
 
 def head_parameters(m: Shape) -> int:
@@ -120,14 +166,16 @@ class Memory:
 
 
 def state_bytes(trainable: int, frozen_params: int, precision: str, zero_stage: int, world_size: int,
-                offload_optimizer: bool = False, offload_params: bool = False) -> dict:
-    """Weights, gradients and optimizer state per device (and offloaded), in bytes."""
+                offload_optimizer: bool = False, offload_params: bool = False, optim: str = "adamw",
+                quantized: tuple[int, int] = (0, 0)) -> dict:
+    """Weights, gradients and optimizer state per device (and offloaded), in bytes; `quantized`
+    is (frozen weights held quantised, their bytes: `quantized_bytes`)."""
     mixed = precision != "fp32"
     width = BYTES[precision]
     n = max(world_size, 1)
     weights = trainable * width
     gradients = trainable * width
-    optimizer = trainable * (12 if mixed else 8)
+    optimizer = int(trainable * (OPTIMIZER_BYTES[optim] + (4 if mixed else 0)))  # + fp32 master copy
     if zero_stage >= 1:
         optimizer //= n
     if zero_stage >= 2:
@@ -139,8 +187,9 @@ def state_bytes(trainable: int, frozen_params: int, precision: str, zero_stage: 
         offloaded, optimizer = offloaded + optimizer, 0
     if offload_params:
         offloaded, weights = offloaded + weights, 0
+    held, packed = quantized
     return dict(weights=weights, gradients=gradients, optimizer=optimizer,
-                frozen=frozen_params * width, offloaded=offloaded)
+                frozen=(frozen_params - held) * width + packed, offloaded=offloaded)
 
 
 def block_bytes(m: Shape, sequences: int, seq_len: int, precision: str = "fp32",
@@ -226,11 +275,11 @@ class Plan:
         return out + self.notes
 
 
-def checkpoint_bytes(saved_parameters: int, trainable: int, precision: str) -> int:
+def checkpoint_bytes(saved_parameters: int, trainable: int, precision: str, optim: str = "adamw") -> int:
     """One step folder: model.safetensors, and DeepSpeed's ds/ (the module's weights again and
     the optimizer state: fp32 master copy and moments in mixed precision, moments in fp32)."""
     width = BYTES[precision]
-    optimizer = trainable * (12 if precision != "fp32" else 8)
+    optimizer = int(trainable * (OPTIMIZER_BYTES[optim] + (4 if precision != "fp32" else 0)))
     return saved_parameters * width + trainable * width + optimizer
 
 
@@ -240,9 +289,20 @@ def plan(stage: str, shape: Shape, *, trainable: int, total: int, unit: str, per
          loss_positions: int | None = None, dense_mask: bool = False,
          notes: list[str] | None = None) -> Plan:
     """The Plan of a run: `sequences` × `seq_len` is one micro-batch's forward; `cfg` is the
-    stage's config (a TrainConfig: precision, ZeRO stage, offload, checkpointing, keep_last)."""
+    stage's config (a TrainConfig: precision, ZeRO stage, offload, checkpointing, keep_last, optim,
+    lora: DoRA's magnitudes are added to `trainable` here, a quantised base priced here)."""
+    notes = list(notes or [])
+    quantized = (0, 0)
+    if cfg.lora.enabled and cfg.lora.use_dora:
+        magnitudes = dora_parameters(shape, cfg.lora.target)
+        trainable, total = trainable + magnitudes, total + magnitudes
+        saved = None if saved is None else saved + magnitudes
+    if cfg.lora.enabled and cfg.lora.quant != "none":
+        quantized = quantized_bytes(shape, cfg.lora.quant, cfg.lora.double_quant)
+        notes.append(f"frozen base         {quantized[0]:,} block weights in {cfg.lora.quant}: "
+                     f"{human_bytes(quantized[1])} instead of {human_bytes(quantized[0] * BYTES[cfg.precision])}")
     state = state_bytes(trainable, frozen, cfg.precision, cfg.zero_stage, world_size,
-                        cfg.offload_optimizer, cfg.offload_params)
+                        cfg.offload_optimizer, cfg.offload_params, cfg.optim, quantized)
     memory = Memory(
         weights=state["weights"], gradients=state["gradients"], optimizer=state["optimizer"],
         activations=activation_bytes(shape, sequences, seq_len, cfg.precision,
@@ -254,7 +314,7 @@ def plan(stage: str, shape: Shape, *, trainable: int, total: int, unit: str, per
         frozen=state["frozen"], offloaded=state["offloaded"])
     return Plan(stage, total, trainable, unit, per_step, tokens_per_step, cfg.max_steps, world_size,
                 memory, checkpoint_bytes(trainable if saved is None else saved, trainable,
-                                         cfg.precision), cfg.keep_last, list(notes or []))
+                                         cfg.precision, cfg.optim), cfg.keep_last, notes)
 
 
 def human_bytes(n: int) -> str:

@@ -14,6 +14,7 @@ from llmkit.executor import RUN_OPTION
 from llmkit.train.lora import LoraConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")  # see llmkit.train.optim
 
 
 @dataclass
@@ -26,6 +27,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warmup from 0 to lr; None = 100 steps, or 10% of a shorter run
     weight_decay: float = 0.1  # AdamW decay of matrices (norms and biases are not decayed)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW moment coefficients
+    optim: str = "adamw"  # adamw | adamw8bit (8-bit states, bitsandbytes) | paged_adamw | paged_adamw8bit (GPU)
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
     precision: str = "fp32"  # fp32 | bf16 | fp16 (GPU only; dynamic loss scale from 2^14)
     zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 none, 1 optimizer, 2 +gradients, 3 +parameters
@@ -81,6 +83,13 @@ class TrainConfig:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.optim not in OPTIMIZERS:
+            raise ConfigError(f"optim must be one of {', '.join(OPTIMIZERS)}, got {self.optim!r}")
+        if self.zero_stage == 3 and self.lora.quantized:
+            raise ConfigError(f"lora.quant={self.lora.quant} with zero_stage=3: ZeRO-3 cuts every parameter "
+                              "into flat shards, and a quantised weight's packed bytes mean nothing without "
+                              "its per-block scales, which ZeRO does not carry; use zero_stage 0-2 (they "
+                              "shard the adapters' gradients and optimizer state), or lora.quant=none")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ConfigError("offload_optimizer needs zero_stage >= 1")
         if self.offload_params and self.zero_stage != 3:

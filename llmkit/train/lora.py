@@ -18,6 +18,13 @@ folders name that. Pruning, extending or --force-retraining the base run then ca
 adapters' base away, and a continued LoRA run starts from its pin, not from where --from's run
 has moved since.
 
+QLoRA: `lora.quant=nf4|fp4|int8` holds the frozen base in 4 or 8 bits (`train.quant`) while the
+adapters train in the run's precision; `lora.use_dora` (Liu et al. 2024: a trained magnitude per
+output row beside the low-rank direction) and `lora.use_rslora` (Kalajdzievski 2023: scale
+alpha/sqrt(r), which keeps large ranks learning) are peft's own. The step folders record the
+quantisation beside the base (`llmkit_lora.quant`), and loading merges the adapters into the
+base's dequantised weights: the function the adapters were trained with, as float layers.
+
 `import peft` (~3-6 s: it imports transformers) happens only in the functions that need it.
 """
 
@@ -36,9 +43,13 @@ from pathlib import Path
 from llmkit.checkpoints import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DEEPSPEED, MODEL_CONFIG, WEIGHTS,
                                 is_complete, step_dirs, weights_file)
 from llmkit.errors import ConfigError, UserError
+from llmkit.train import quant as quantization
 from llmkit.workspace import MANIFEST, Artifact, link_or_copy, write_atomic
 
 ALL_LINEAR = "all-linear"
+ATTENTION = "attention"  # the attention projections only (the original LoRA paper's choice)
+ATTENTION_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj")
+PRESETS = (ALL_LINEAR, ATTENTION)
 LORA_KEY = "llmkit_lora"  # the section of a LoRA step's config.json naming its base
 PINNED_BASE = "base"  # in a LoRA run's folder: the step folder its adapters adapt, pinned
 PEFT_PREFIX = "base_model.model."  # what PeftModel.save_pretrained puts before module names
@@ -52,7 +63,11 @@ class LoraConfig:
     r: int = 0  # adapter rank; 0 = no LoRA (every weight trains)
     alpha: float = 16.0  # scale of the adapters' update: alpha / r (LoRA's α)
     dropout: float = 0.0  # dropout on the adapters' input
-    target: str | list[str] = ALL_LINEAR  # all-linear (every linear layer of the blocks) or module names: q_proj,v_proj,...
+    target: str | list[str] = ALL_LINEAR  # all-linear (every linear layer of the blocks), attention (q/k/v/o) or module names: q_proj,v_proj,...
+    quant: str = "none"  # the frozen base's storage: none | nf4 | fp4 (4 bits, QLoRA) | int8 (bitsandbytes)
+    double_quant: bool = True  # nf4/fp4: quantise the absmax of each block too (~0.37 bit per weight saved)
+    use_dora: bool = False  # DoRA: train a magnitude per output row beside the low-rank direction
+    use_rslora: bool = False  # rsLoRA: scale the update by alpha/sqrt(r) instead of alpha/r
 
     def __post_init__(self):
         if self.r < 0:
@@ -65,16 +80,25 @@ class LoraConfig:
         names = (re.findall(r"[^\s,\[\]'\"]+", self.target) if isinstance(self.target, str)
                  else [str(n).strip() for n in self.target if str(n).strip()])
         if not names:
-            raise ConfigError(f"lora.target must be {ALL_LINEAR} or module names like q_proj,v_proj")
-        self.target = ALL_LINEAR if names == [ALL_LINEAR] else names
-        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_]\w*", n)] if self.target != ALL_LINEAR else []
+            raise ConfigError(f"lora.target must be {' or '.join(PRESETS)} or module names like q_proj,v_proj")
+        self.target = names[0] if len(names) == 1 and names[0] in PRESETS else names
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_]\w*", n)] if self.target not in PRESETS else []
         if bad:
             raise ConfigError(f"lora.target: {', '.join(map(repr, bad))} is not a module name; give "
-                              f"{ALL_LINEAR} or names like q_proj,v_proj")
+                              f"{' or '.join(PRESETS)} or names like q_proj,v_proj")
+        if self.quant not in quantization.QUANTS:
+            raise ConfigError(f"lora.quant must be one of {', '.join(quantization.QUANTS)}, got {self.quant!r}")
+        if self.quant == "int8" and self.use_dora:
+            raise ConfigError("lora.use_dora with lora.quant=int8: peft's DoRA on bitsandbytes' 8-bit layers "
+                              "loses their scales and fails; use lora.quant=nf4 (or fp4) with DoRA")
 
     @property
     def enabled(self) -> bool:
         return self.r > 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.enabled and self.quant != "none"
 
 
 @dataclass
@@ -86,6 +110,8 @@ class Adapters:
     base: Path  # the step folder of the frozen weights
     base_fingerprint: str  # `weights_fingerprint(base)` when the adapters were added
     trained_in_full: tuple[str, ...] = ()  # modules saved whole beside the adapters (rm's score)
+    quant: str = "none"  # how the frozen base was held while training (`LoraConfig.quant`)
+    double_quant: bool = True
 
 
 # -- adding, disabling and merging adapters -------------------------------------------------
@@ -113,6 +139,8 @@ def target_modules(model, cfg: LoraConfig) -> list[str]:
     known = linear_layer_names(model)
     if cfg.target == ALL_LINEAR:
         return known
+    if cfg.target == ATTENTION:
+        return [n for n in known if n in ATTENTION_LAYERS]
     unknown = [n for n in cfg.target if n not in known]
     if unknown:
         raise ConfigError(f"lora.target: the model has no linear layer {', '.join(map(repr, unknown))}; "
@@ -120,28 +148,38 @@ def target_modules(model, cfg: LoraConfig) -> list[str]:
     return list(cfg.target)
 
 
-def add_adapters(model, cfg: LoraConfig, base, seed: int = 0):
-    """Freeze `model` and inject LoRA adapters (peft's LoRA layers, lora_B zero: the model's
-    output is unchanged until it trains); the modules it lists in `heads_trained_in_full` stay
-    trainable. `base` is the step folder its weights came from. Returns the model (changed in
-    place). The adapters' initial values depend on `seed` only, so every process of a run
-    builds the same ones."""
+def add_adapters(model, cfg: LoraConfig, base, seed: int = 0, compute_dtype=None):
+    """Freeze `model` (its block linears quantised when cfg.quant asks, computing in
+    `compute_dtype`: the run's precision) and inject LoRA adapters (peft's LoRA layers, lora_B
+    zero: the model's output is unchanged until it trains); the modules it lists in
+    `heads_trained_in_full` stay trainable. `base` is the step folder its weights came from.
+    Returns the model (changed in place). The adapters' initial values depend on `seed` only, so
+    every process of a run builds the same ones."""
     import torch
 
     peft = import_peft()
     full = tuple(getattr(model, "heads_trained_in_full", ()))
-    peft_config = peft.LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none",
-        target_modules=target_modules(model, cfg), modules_to_save=list(full) or None,
-        task_type=getattr(model, "peft_task_type", "CAUSAL_LM"))
+    peft_config = peft_lora_config(peft, cfg, target_modules(model, cfg), full,
+                                   getattr(model, "peft_task_type", "CAUSAL_LM"))
+    model.requires_grad_(False)
+    quantization.quantize_linears(model, cfg.quant, cfg.double_quant, compute_dtype)
     injected = dataclasses.replace(peft_config, modules_to_save=None)  # trained whole by hand: their names stay
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft.inject_adapter_in_model(injected, model, adapter_name=ADAPTER_NAME)
     for name in full:
         model.get_submodule(name).requires_grad_(True)
-    model.llmkit_lora = Adapters(peft_config, Path(base).resolve(), weights_fingerprint(base), full)
+    model.llmkit_lora = Adapters(peft_config, Path(base).resolve(), weights_fingerprint(base), full,
+                                 cfg.quant, cfg.double_quant)
     return model
+
+
+def peft_lora_config(peft, cfg: LoraConfig, targets: list[str], full: tuple, task_type: str):
+    """The peft.LoraConfig of `cfg` (what adapter_config.json records)."""
+    return peft.LoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none", target_modules=targets,
+        modules_to_save=list(full) or None, task_type=task_type, use_dora=cfg.use_dora,
+        use_rslora=cfg.use_rslora)
 
 
 def adapters_of(module) -> Adapters | None:
@@ -166,18 +204,47 @@ def adapters_disabled(module):
 
 
 def merge_adapters(model):
-    """Fold each adapter into its base weight (W + B·A·alpha/r) and put the plain layer back:
-    a model without adapters, in place."""
+    """Fold each adapter into its base weight (W + B·A·alpha/r; DoRA rescales each row) and put
+    the plain layer back: a model without adapters, in place. A quantised base is merged
+    dequantised: float32 layers holding what the 4/8-bit ones computed with."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):
-            module.merge()
+            base = module.get_base_layer()
+            if quantization.is_quantized(base):
+                base = merged_dequantized(module)
+            else:
+                module.merge()
             parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent), leaf, module.get_base_layer())
+            setattr(model.get_submodule(parent), leaf, base)
+    quantization.dequantize_linears(model)  # the quantised layers no adapter targeted
     for attr in ("llmkit_lora", "peft_config"):
         model.__dict__.pop(attr, None)
     return model
+
+
+def merged_dequantized(layer):
+    """A float32 nn.Linear: the dequantised base weight of a peft bitsandbytes LoRA layer with its
+    adapter folded in, as peft's own bitsandbytes merge computes it before re-quantising."""
+    import torch
+    import torch.nn as nn
+
+    base = layer.get_base_layer()
+    with torch.no_grad():
+        weight = quantization.dequantized_weight(base)
+        delta = layer.get_delta_weight(ADAPTER_NAME).float()
+        if layer.use_dora.get(ADAPTER_NAME):
+            magnitude = layer.lora_magnitude_vector[ADAPTER_NAME]
+            norm = magnitude.get_weight_norm(weight, delta, scaling=1)
+            weight = (magnitude.weight.float() / norm).view(-1, 1) * (weight + delta)
+        else:
+            weight = weight + delta
+    linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if base.bias is not None:
+        linear.bias = nn.Parameter(base.bias.detach().float().clone(), requires_grad=False)
+    return linear
 
 
 def trainable_share(model) -> dict:
@@ -198,17 +265,27 @@ def weights_fingerprint(step_dir) -> str:
     return digest.hexdigest()
 
 
+DORA_MAGNITUDE = "lora_magnitude_vector"
+
+
 def peft_names(tensors: dict) -> dict:
     """llmkit's names of trained tensors -> the names in peft's adapter_model.safetensors
-    (`base_model.model.<module>.lora_A.weight`: the adapter's name dropped)."""
-    return {PEFT_PREFIX + re.sub(rf"\.(lora_\w+)\.{ADAPTER_NAME}(?=\.|$)", r".\1", name): t
-            for name, t in tensors.items()}
+    (`base_model.model.<module>.lora_A.weight`: the adapter's name dropped; DoRA's magnitude
+    `<module>.lora_magnitude_vector`, its `.weight` dropped too, as peft writes it)."""
+    def peft_name(name: str) -> str:
+        name = name.replace(f".{DORA_MAGNITUDE}.{ADAPTER_NAME}.weight", f".{DORA_MAGNITUDE}")
+        return PEFT_PREFIX + re.sub(rf"\.(lora_\w+)\.{ADAPTER_NAME}(?=\.|$)", r".\1", name)
+
+    return {peft_name(name): t for name, t in tensors.items()}
 
 
 def llmkit_names(tensors: dict) -> dict:
     """The inverse of `peft_names`."""
-    return {re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", name.removeprefix(PEFT_PREFIX)): t
-            for name, t in tensors.items()}
+    def llmkit_name(name: str) -> str:
+        name = re.sub(rf"\.{DORA_MAGNITUDE}$", f".{DORA_MAGNITUDE}.{ADAPTER_NAME}.weight", name)
+        return re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", name.removeprefix(PEFT_PREFIX))
+
+    return {llmkit_name(name): t for name, t in tensors.items()}
 
 
 def save_adapters(step_dir: Path, tensors: dict, adapters: Adapters) -> None:
@@ -235,8 +312,10 @@ def config_entry(step_dir: Path, adapters: Adapters | None) -> dict:
     """What a step folder's config.json adds when it holds adapters: its base and fingerprint."""
     if adapters is None:
         return {}
-    return {LORA_KEY: {"base": os.path.relpath(adapters.base, step_dir),
-                       "base_fingerprint": adapters.base_fingerprint}}
+    entry = {"base": os.path.relpath(adapters.base, step_dir), "base_fingerprint": adapters.base_fingerprint}
+    if adapters.quant != "none":
+        entry.update(quant=adapters.quant, double_quant=adapters.double_quant)
+    return {LORA_KEY: entry}
 
 
 def holds_adapters(step_dir) -> bool:
@@ -278,11 +357,14 @@ def read_config(step_dir: Path) -> dict:
 
 def load_adapters(model, step_dir, merge: bool = True):
     """`model` (the base of LoRA step folder `step_dir`, see `base_of`) with the folder's adapters
-    (and heads trained in full) — merged into its weights unless merge=False. In place."""
+    (and heads trained in full) — merged into its weights unless merge=False. In place. Adapters
+    trained on a quantised base (`llmkit_lora.quant`) go on its dequantised weights."""
     from safetensors.torch import load_file
 
     peft = import_peft()
     step_dir = Path(step_dir)
+    entry = read_config(step_dir).get(LORA_KEY) or {}
+    quantization.round_trip(model, entry.get("quant", "none"), entry.get("double_quant", True))
     peft_config = peft.LoraConfig.from_pretrained(str(step_dir))
     full = tuple(peft_config.modules_to_save or ())
     peft.inject_adapter_in_model(dataclasses.replace(peft_config, modules_to_save=None, inference_mode=True),

@@ -1,16 +1,53 @@
-"""What the engine hands `deepspeed.initialize`: the optimizer and DeepSpeed's config."""
+"""What the engine hands `deepspeed.initialize`: the optimizer and DeepSpeed's config.
+
+`optim` picks the optimizer of every trainer (full fine-tuning and LoRA alike): torch's fused
+AdamW, or bitsandbytes' AdamW with 8-bit states (`adamw8bit`: both moments blockwise-quantised,
+2 bytes per parameter instead of 8; tensors under 4,096 elements keep 32-bit states, as
+bitsandbytes does) and its paged variants (states in CUDA unified memory, paged out to CPU
+memory under pressure: GPU only).
+"""
 
 from __future__ import annotations
 
 import math
 
-from llmkit.train.config import TrainConfig
+from llmkit.errors import ConfigError
+from llmkit.train.config import OPTIMIZERS, TrainConfig
+
+BITSANDBYTES_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW",
+                           "paged_adamw8bit": "PagedAdamW8bit"}
+assert set(BITSANDBYTES_OPTIMIZERS) | {"adamw"} == set(OPTIMIZERS)
 
 
-def guarded_adamw():
+def check_optimizer_runs(cfg: TrainConfig, on_gpu: bool) -> None:
+    """A ConfigError naming `optim` when this device (or offload) cannot run it."""
+    if cfg.optim.startswith("paged_") and not on_gpu:
+        raise ConfigError(f"optim={cfg.optim} pages its state between GPU and CPU memory (CUDA unified "
+                          "memory), and this run has no GPU; use optim=adamw8bit (8-bit states on CPU) "
+                          "or optim=adamw")
+    if cfg.optim != "adamw" and cfg.offload_optimizer and on_gpu:
+        raise ConfigError(f"optim={cfg.optim} with offload_optimizer: DeepSpeed steps an offloaded "
+                          "optimizer with its own CPU Adam (32-bit states); drop offload_optimizer, or "
+                          "use optim=adamw")
+
+
+def optimizer_class(name: str):
+    """The optimizer class `optim` names."""
     import torch
 
-    class GuardedAdamW(torch.optim.AdamW):
+    if name == "adamw":
+        return torch.optim.AdamW
+    from llmkit.train.quant import import_bitsandbytes
+
+    return getattr(import_bitsandbytes().optim, BITSANDBYTES_OPTIMIZERS[name])
+
+
+def guarded_adamw(base=None):
+    import torch
+
+    base = base or torch.optim.AdamW
+
+    class GuardedAdamW(base):
         """AdamW that clips the global gradient norm itself and skips a step whose gradients hold
         NaN/Inf. DeepSpeed's ZeRO and mixed-precision optimizers do both; its plain fp32 path
         does neither, so the engine gives it this one (DeepSpeed reads `overflow` to count skips).
@@ -38,11 +75,12 @@ def guarded_adamw():
 
 
 def make_optimizer(model, cfg: TrainConfig, on_gpu: bool, guarded: bool):
-    """AdamW over the trainable parameters, matrices decayed and the rest not: DeepSpeed's CPU
-    Adam when the optimizer is offloaded from a GPU, else torch's fused one (the guarded kind
-    when DeepSpeed neither clips nor checks for overflow)."""
+    """AdamW (`cfg.optim`) over the trainable parameters, matrices decayed and the rest not:
+    DeepSpeed's CPU Adam when the optimizer is offloaded from a GPU, else torch's fused one or
+    bitsandbytes' (the guarded kind when DeepSpeed neither clips nor checks for overflow)."""
     import torch
 
+    check_optimizer_runs(cfg, on_gpu)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -52,6 +90,11 @@ def make_optimizer(model, cfg: TrainConfig, on_gpu: bool, guarded: bool):
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # C++ op, built on first use
 
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+    if cfg.optim != "adamw":
+        cls = optimizer_class(cfg.optim)
+        if guarded:
+            return guarded_adamw(cls)(groups, max_norm=cfg.grad_clip, **kwargs)
+        return cls(groups, **kwargs)
     # fused: one kernel per step instead of ~10 passes over the weights (9x faster on CPU)
     if guarded:
         return guarded_adamw()(groups, max_norm=cfg.grad_clip, fused=True, **kwargs)

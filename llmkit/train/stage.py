@@ -92,7 +92,7 @@ def add_lora(fit: Fit, cfg) -> None:
     if fit.model is None or fit.start is None:
         raise ConfigError("lora.r > 0 trains adapters on existing weights: start from a checkpoint "
                           "(--from), or set lora.r=0")
-    add_adapters(fit.model, cfg.lora, fit.start, seed=cfg.seed)
+    add_adapters(fit.model, cfg.lora, fit.start, seed=cfg.seed, compute_dtype=cfg.torch_dtype)
     fit.stats.update(trainable_share(fit.model))
 
 
