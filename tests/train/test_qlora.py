@@ -24,10 +24,19 @@ from llmkit.train.loading import load, load_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig
 from tests.train.posttrain_fixtures import separable_pairs, tiny_model, write_checkpoint_run, write_dataset
-from tests.train.test_lora import (BASE_STEP, FAST, GENERATIVE, LORA, keep_started_model, logits, train,
-                                   ws)  # noqa: F401 (ws: the fixture)
+from tests.train.test_lora import (BASE_STEP, FAST, GENERATIVE, LORA, addition_rows, keep_started_model,
+                                   logits, train)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def ws(tmp_path, tok):  # test_lora's: a tiny pretrain run, addition chats and separable pairs
+    ws = tmp_path / "ws"
+    write_checkpoint_run(ws, "pretrain", tiny_model(tok.vocab_size), tok)
+    write_dataset(ws, "sft_train", addition_rows(48))
+    write_dataset(ws, "pref_train", separable_pairs(32))
+    return ws
 
 
 def quantized_layers(model) -> list[str]:
