@@ -51,6 +51,8 @@ STAGES = (
           "data", {"filtered": ""}),
     Stage("decontaminate", "llmkit.cli.decontaminate:decontaminate",
           "llmkit.data.decontam:DecontamConfig", "data", {"decontaminated": ""}),
+    Stage("quality", "llmkit.cli.quality:quality", "llmkit.data.quality:QualityConfig", "data",
+          {"quality": "", "quality_model": "--good GOOD --bad BAD --train-only"}),
     Stage("tokenizer", "llmkit.cli.tokenizer:tokenizer",
           "llmkit.tokenizer_training:TokenizerConfig", "data", {"tokenizer": ""}),
     Stage("tokenize", "llmkit.cli.tokenize:tokenize", "llmkit.data.tokenize:TokenizeConfig", "data",

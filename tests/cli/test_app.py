@@ -30,9 +30,10 @@ STAGE_COMMANDS = [s.command for s in STAGES if s.kind != "helper"]
 
 
 def test_command_table_lists_every_stage_of_the_design():
-    assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "decontaminate", "tokenizer",
-                              "tokenize", "pretrain", "sft", "rm", "dpo", "ppo", "eval", "generate",
-                              "export", "import", "report", "status"]
+    assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "decontaminate", "quality", "tokenizer",
+                              "tokenize",
+                              "pretrain", "sft", "rm", "dpo", "kto", "ppo", "distill", "eval", "generate", "judge",
+                              "export", "import", "extend-vocab", "report", "status"]
 
 
 def test_helper_commands_come_after_the_stages():

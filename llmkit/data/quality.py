@@ -1,0 +1,366 @@
+"""`llmkit quality`: a document-quality classifier trained offline, then a filter by its score.
+
+1. train, when labelled examples are named (`--good A,B --bad C`, or `--labels L` and its
+   `label_column`; llmkit.data.quality_labels): the classifier artifact `--model` (default
+   `quality_model`), fastText or a head on an LM's hidden states (llmkit.data.quality_classifier).
+   `holdout` of each class is kept out of training and the classifier's AUC on it, overall and
+   per language, goes in its manifest. Its fingerprint covers the examples and the training
+   keys only: a new `keep_top` re-filters without retraining. Without examples, `--model` names
+   a classifier trained before.
+2. score, a task per input part (`QualityScoreTasks`; each batch's scores kept as it is done,
+   so a killed run resumes): each row's `quality`, P(good) from its first `max_chars` characters.
+3. filter, a task per input part (`SplitTasks`): a row is removed when its quality is below
+   `min_quality` (reason `quality_below_threshold`), or, without a threshold, when it is not
+   among the best `keep_top` share of its `group_by` group (`quality_below_top_share`): exactly
+   round(keep_top × n) of a group's n scored rows stay, ties broken by input order. A row
+   without text has no quality (NaN) and goes (`quality_no_text`). Removed rows keep `quality`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from llmkit.data.pipeline import FolderTasks
+from llmkit.data.quality_classifier import (INFO, TEXT_FORMAT, FastTextConfig, HiddenConfig,
+                                            fit_classifier, load_classifier)
+from llmkit.errors import ConfigError, UserError
+from llmkit.executor import RayConfig, executor_field, ray_field
+from llmkit.workspace import kill_point
+
+REASONS = (None, "quality_below_threshold", "quality_below_top_share", "quality_no_text")
+TRAINING_KEYS = ("backend", "max_chars", "label_column", "label_threshold", "holdout", "seed")
+
+
+@dataclass
+class QualityConfig:
+    backend: Literal["fasttext", "hidden"] = "fasttext"  # classifier to train; hidden needs --encoder
+    min_quality: float | None = None  # keep rows with quality ≥ this; null = the top keep_top share
+    keep_top: float = 0.6           # share of each group kept, best first (without min_quality)
+    group_by: str | None = None     # keep_top per value of this column (source, lang); null = all rows
+    max_chars: int = 4000           # the classifier reads each document's first this many characters
+    label_column: str = "label"     # --labels: the column saying good or bad
+    label_threshold: float | None = None  # --labels with numeric grades (FineWeb-Edu's 0-5): good at ≥ this
+    holdout: float = 0.1            # share of each class kept out of training to measure AUC (0: none)
+    seed: int = 0                   # training order, holdout draw and fastText's seed
+    encoder_step: str | None = None  # backend hidden: step folder of --encoder (null: its latest)
+    fasttext: FastTextConfig = field(default_factory=FastTextConfig)  # backend fasttext's training
+    hidden: HiddenConfig = field(default_factory=HiddenConfig)  # backend hidden's encoder and head
+    batch_rows: int = 1024          # documents scored per step
+    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
+    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
+    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
+
+    def __post_init__(self):
+        if self.min_quality is not None and not 0 <= self.min_quality <= 1:
+            raise ConfigError(f"min_quality must be in [0, 1] (a probability), got {self.min_quality}")
+        if not 0 < self.keep_top <= 1:
+            raise ConfigError(f"keep_top must be in (0, 1], got {self.keep_top}")
+        if not 0 <= self.holdout < 1:
+            raise ConfigError(f"holdout must be in [0, 1), got {self.holdout}")
+        if self.max_chars < 1 or self.batch_rows < 1:
+            raise ConfigError("max_chars and batch_rows must be ≥ 1")
+
+
+def classifier_settings(cfg: QualityConfig, encoder_step: str | None) -> dict:
+    """What the classifier artifact is built from besides its inputs: its fingerprint."""
+    settings = {k: getattr(cfg, k) for k in TRAINING_KEYS}
+    if cfg.backend == "fasttext":
+        settings["fasttext"] = dataclasses.asdict(cfg.fasttext)
+    else:
+        settings["hidden"] = dataclasses.asdict(cfg.hidden)
+        settings["encoder_step"] = encoder_step
+    return {**settings, "text_format": TEXT_FORMAT}
+
+
+# -- step 1: the classifier ---------------------------------------------------------------------
+
+def train_classifier(ctx, cfg: QualityConfig, name: str, *, good: list[str], bad: list[str],
+                     labels: list[str], encoder: str | None):
+    """The classifier artifact `name`, trained on the named examples (or up to date)."""
+    from llmkit.eval.data import eval_input, resolve_checkpoint
+
+    if bool(good) != bool(bad):
+        raise UserError("--good and --bad go together (or use --labels FILE with a label column)")
+    ws = ctx.workspace
+    examples = {kind: [eval_input(ws, spec) for spec in specs]
+                for kind, specs in (("good", good), ("bad", bad), ("labels", labels))}
+    inputs = [a for arts in examples.values() for a in arts]
+    enc_art = step = None
+    if cfg.backend == "hidden":
+        if not encoder:
+            raise UserError("backend=hidden pools an LM's hidden states: name it with --encoder RUN")
+        enc_art, step = resolve_checkpoint(ws, encoder, cfg.encoder_step)
+        inputs.append(enc_art)
+    elif encoder:
+        raise UserError("--encoder is for --set backend=hidden; fastText needs none")
+    b = ws.builder(name, stage="quality", config=classifier_settings(cfg, step), inputs=inputs,
+                   force=ctx.force)
+    if not b.up_to_date:
+        with b:
+            info = fit_classifier(examples, cfg, b.dir, b.work_dir, encoder=(enc_art, step))
+            b.stats.update(info["stats"])
+        print_classifier_summary(name, b.stats, time.time() - b.started)
+    return ws.artifact(name)
+
+
+def print_classifier_summary(name: str, stats: dict, seconds: float) -> None:
+    from llmkit.progress import print_summary
+
+    rows = [("good examples", stats["good"]), ("bad examples", stats["bad"])]
+    rows += [(f"  skipped: {r}", n) for r, n in stats["skipped_by_reason"].items()]
+    held = stats.get("holdout") or {}
+    if held.get("auc") is not None:
+        rows.append(("held-out AUC", round(held["auc"], 4)))
+        rows += [(f"  {lang}", round(v, 4)) for lang, v in held["auc_by_lang"].items()
+                 if v is not None]
+    rows.append(("seconds", round(seconds, 2)))
+    print_summary(f"{name} trained", rows)
+
+
+def existing_classifier(ws, name: str):
+    art = ws.artifact(name)
+    if not (Path(art.path) / INFO).is_file():
+        raise UserError(f"--model {name}: {art.path} is not a quality classifier; train one with "
+                        f"`llmkit quality --good GOOD --bad BAD --model {name} --train-only`")
+    return art
+
+
+# -- step 2: scores, a task per input part -----------------------------------------------------
+
+_SCORERS: dict = {}
+
+
+@dataclass(frozen=True)
+class QualityScoreTasks(FolderTasks):
+    """Task K scores input part K: `root/part-K/scores.npz` holds each row's quality and its
+    group's index into the part's own list of `group_by` values. Each batch's scores are kept
+    as they are done (`root/part-K.batches/`), so a killed task resumes at its first unscored
+    batch."""
+    root: Path
+    parts: list
+    cfg: QualityConfig
+    classifier: Path
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def scores_file(self, k: int) -> Path:
+        return self.folder(k) / "scores.npz"
+
+    def build(self, k: int, tmp: Path) -> dict:
+        scratch = self.root / f"part-{k:05d}.batches"
+        scratch.mkdir(parents=True, exist_ok=True)
+        quality, codes, groups = score_part(self.parts[k], self.scorer, self.cfg, scratch)
+        np.savez(tmp / "scores.npz", quality=quality, codes=codes,
+                 groups=np.array(groups, dtype=object))
+        return {"rows": len(quality)}
+
+    def rows(self, k: int) -> int:
+        return self.info(k)["rows"]
+
+    def scorer(self):
+        """The classifier, loaded once per process."""
+        key = str(self.classifier)
+        if key not in _SCORERS:
+            _SCORERS.clear()
+            _SCORERS[key] = load_classifier(self.classifier)
+        return _SCORERS[key]
+
+    def collect(self) -> tuple[np.ndarray, np.ndarray, list]:
+        """Every row's quality in input order, its group (an index into the returned
+        `group_by` values, in order of first appearance) and those values."""
+        names: dict = {}
+        scores, codes = [np.zeros(0)], [np.zeros(0, np.int64)]
+        for k in range(len(self.parts)):
+            with np.load(self.scores_file(k), allow_pickle=True) as f:
+                scores.append(f["quality"])
+                to_global = np.array([names.setdefault(v, len(names)) for v in f["groups"]],
+                                     np.int64)
+                codes.append(to_global[f["codes"]] if len(f["codes"]) else f["codes"])
+        return np.concatenate(scores), np.concatenate(codes).astype(np.int64), list(names)
+
+
+def score_part(part: Path, scorer, cfg: QualityConfig, scratch: Path
+               ) -> tuple[np.ndarray, np.ndarray, list]:
+    """Quality of every row of one parquet part (NaN without text), each row's group and the
+    `group_by` values. `scorer()` gives the classifier, asked for only when a batch is not
+    scored yet in `scratch`."""
+    from llmkit.data.io import open_parquet
+
+    columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
+    pf = open_parquet(part)
+    if cfg.group_by and cfg.group_by not in pf.schema_arrow.names:
+        raise UserError(f"group_by={cfg.group_by!r}: {part} has no such column "
+                        f"(it has {', '.join(pf.schema_arrow.names)})")
+    names: dict = {}
+    scores, codes = [np.zeros(0)], [np.zeros(0, np.int64)]
+    for k, batch in enumerate(pf.iter_batches(columns=columns, batch_size=cfg.batch_rows,
+                                              use_threads=False)):
+        done = scratch / f"quality-{k:06d}.npy"
+        if done.is_file():
+            quality = np.load(done)
+        else:
+            quality = score_texts(batch.column("text").to_pylist(), scorer)
+            np.save(done.with_suffix(".tmp.npy"), quality)
+            done.with_suffix(".tmp.npy").replace(done)
+            kill_point("quality:batch")
+        scores.append(quality)
+        values = batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
+        codes.append(np.array([names.setdefault(v, len(names)) for v in values], np.int64))
+    return np.concatenate(scores), np.concatenate(codes), list(names)
+
+
+def score_texts(texts: list, scorer) -> np.ndarray:
+    """P(good) of each text; NaN for a missing or blank one, which has nothing to judge."""
+    quality = np.full(len(texts), np.nan)
+    has_text = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    if has_text:
+        quality[has_text] = scorer().score([texts[i] for i in has_text])
+    return quality
+
+
+# -- step 3: decisions and the filter ---------------------------------------------------------
+
+def removal_codes(quality: np.ndarray, codes: np.ndarray, cfg: QualityConfig) -> np.ndarray:
+    """Each row's index into REASONS (0: kept)."""
+    scored = ~np.isnan(quality)
+    if cfg.min_quality is not None:
+        kept = scored & (np.nan_to_num(quality, nan=-1.0) >= cfg.min_quality)
+        return np.where(kept, 0, np.where(scored, 1, 3)).astype(np.int8)
+    kept = top_share(quality, codes, cfg.keep_top)
+    return np.where(kept, 0, np.where(scored, 2, 3)).astype(np.int8)
+
+
+def top_share(quality: np.ndarray, codes: np.ndarray, share: float) -> np.ndarray:
+    """True for the round(share × n) best scored rows of each group of n (ties: earlier row)."""
+    keep = np.zeros(len(quality), dtype=bool)
+    rows = np.flatnonzero(~np.isnan(quality))
+    if not len(rows):
+        return keep
+    order = rows[np.lexsort((rows, -quality[rows], codes[rows]))]
+    group = codes[order]
+    rank = np.arange(len(order)) - np.searchsorted(group, group, side="left")
+    size = np.bincount(group)[group]
+    keep[order[rank < np.floor(share * size + 0.5)]] = True
+    return keep
+
+
+@dataclass(frozen=True)
+class QualityFilter:
+    """A `SplitTasks` split: part `task`'s rows with their `quality`, removed as `reasons`
+    says (both the whole dataset's, in input order; part k is rows [bounds[k], bounds[k+1]))."""
+    quality: np.ndarray
+    reasons: np.ndarray
+    bounds: np.ndarray
+    batch_rows: int
+
+    def __call__(self, task: int, part: Path, writer) -> int:
+        from llmkit.data.io import open_parquet
+
+        start = first = int(self.bounds[task])
+        for batch in open_parquet(part).iter_batches(batch_size=self.batch_rows, use_threads=False):
+            end = start + batch.num_rows
+            writer.write(*split_batch(batch, self.quality[start:end], self.reasons[start:end]))
+            start = end
+        if start != self.bounds[task + 1]:  # a bug, never a user error
+            raise AssertionError(f"quality: part {part} has {start - first} rows, "
+                                 f"{self.bounds[task + 1] - first} were scored")
+        return start - first
+
+
+def split_batch(batch, quality: np.ndarray, reasons: np.ndarray):
+    """(kept table, removed table with `reason`), both with the `quality` column."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches([batch])
+    if "quality" in table.column_names:  # scored before: the old scores are replaced
+        table = table.drop_columns(["quality"])
+    table = table.append_column("quality", pa.array(quality, pa.float64()))
+    removed = reasons > 0
+    gone = table.filter(pa.array(removed))
+    gone = gone.append_column("reason", pa.array([REASONS[r] for r in reasons[removed]], pa.string()))
+    return table.filter(pa.array(~removed)), gone
+
+
+# -- the stage -------------------------------------------------------------------------------
+
+def run_quality(ctx, cfg: QualityConfig, *, good=(), bad=(), labels=(), model: str | None = None,
+                encoder: str | None = None, train_only: bool = False):
+    """Train the classifier when examples are named, then score and filter --in (default
+    dedup) -> `quality` (a task per input part for each pass)."""
+    from llmkit.data.io import dataset_files
+    from llmkit.data.pipeline import SplitTasks, require_rows, run_rank_tasks, run_tasks_with
+    from llmkit.progress import data_stage_summary
+
+    name = model or "quality_model"
+    if good or bad or labels:
+        classifier = train_classifier(ctx, cfg, name, good=list(good), bad=list(bad),
+                                      labels=list(labels), encoder=encoder)
+    elif train_only:
+        raise UserError("--train-only trains a classifier: name its examples with --good A "
+                        "--bad B, or --labels FILE")
+    else:
+        classifier = existing_classifier(ctx.workspace, name)
+    if train_only:
+        return classifier
+    src = ctx.input("dedup")
+    b = ctx.workspace.builder(ctx.out_name("quality"), stage="quality", config=cfg,
+                              inputs=[src, classifier], force=ctx.force)
+    if b.up_to_date:
+        return b
+    parts = dataset_files(src.path)
+    scores = QualityScoreTasks(b.work_dir / "score", parts, cfg, Path(classifier.path))
+    b.start_work(2 * len(parts), "tasks")
+    if ctx.rank is not None:
+        run_rank_tasks(ctx, cfg, "quality score", scores, scores.pending(), work_dir=b.work_dir,
+                       workers=ctx.workers, assemble="llmkit quality")
+        return None
+    with b:
+        run_tasks_with(cfg, "quality: score", scores, scores.pending(), work_dir=b.work_dir,
+                       workers=ctx.workers, total=len(parts))
+        quality, codes, groups = scores.collect()
+        reasons = removal_codes(quality, codes, cfg)
+        bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
+        filters = SplitTasks("quality", b.work_dir / "filter", parts,
+                             QualityFilter(quality, reasons, bounds, cfg.batch_rows))
+        run_tasks_with(cfg, "quality: filter", filters, filters.pending(), work_dir=b.work_dir,
+                       total=len(parts))
+        counts = filters.assemble(b.dir)
+        b.stats.update(**counts.stats(), quality=quality_stats(quality, codes, reasons, groups))
+        require_rows("quality", b.stats, cfg.allow_empty, source=str(src.path),
+                     first_removed=counts.first_removed)
+    design = kept_by_design(cfg)
+    data_stage_summary(b.name, b.stats, time.time() - b.started,
+                       notes=[("policy", design)] if design else [])
+    return b
+
+
+def kept_by_design(cfg: QualityConfig) -> str | None:
+    """The share of rows the settings remove on purpose, in words (None with min_quality)."""
+    if cfg.min_quality is not None:
+        return None
+    per = f" of each {cfg.group_by}" if cfg.group_by else ""
+    return f"kept the top {cfg.keep_top:.0%}{per} by quality, by design"
+
+
+def quality_stats(quality: np.ndarray, codes: np.ndarray, reasons: np.ndarray,
+                  groups: list) -> dict:
+    """Median and mean quality, and per group the rows kept and the lowest quality kept."""
+    scored = ~np.isnan(quality)
+    out = {"median": float(np.median(quality[scored])) if scored.any() else None,
+           "mean": float(np.mean(quality[scored])) if scored.any() else None}
+    per_group = {}
+    for g, value in enumerate(groups):
+        kept = (codes == g) & (reasons == 0)
+        per_group[json.dumps(value) if not isinstance(value, str) else value] = {
+            "kept": int(kept.sum()), "rows": int((codes == g).sum()),
+            "lowest_kept": float(quality[kept].min()) if kept.any() else None}
+    out["groups"] = per_group
+    return out
