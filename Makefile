@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= auto
 BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo smollm2 test bench lint clean-workspace
+.PHONY: setup demo web smollm2 test bench lint clean-workspace
 
 setup: $(INSTALLED)
 
@@ -24,6 +24,11 @@ $(INSTALLED): pyproject.toml
 
 demo: setup
 	$(MAKE) --no-print-directory -C recipes/demo LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
+
+# the web recipe: a WARC of real pages -> ingest -> clean (language, URL, line dedup, PII) -> dedup,
+# and what each step removed (recipes/web; its own workspace, workspace-web)
+web: setup
+	$(MAKE) --no-print-directory -C recipes/web LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
 
 # SmolLM2-135M-Instruct from its GGUF file: import, SFT, DPO, general ability before and after
 # (recipes/smollm2; not in demo; its measured times are in the README)
