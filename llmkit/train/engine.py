@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import math
-import shutil
 import signal
 import threading
 import time
@@ -36,7 +34,8 @@ from llmkit import checkpoints as ckpt
 from llmkit.errors import ConfigError, UserError
 from llmkit.train import lora
 from llmkit.train.config import TrainConfig, lr_at
-from llmkit.train.distributed import barrier, seed_everything, setup_distributed
+from llmkit.train.checkpointer import Checkpointer
+from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu, training_flops_per_token
 from llmkit.train.optim import deepspeed_config, make_optimizer
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task, to_device
@@ -88,7 +87,6 @@ class Engine:
         self.bad_streak = 0
         self.last_record: dict = {}
         self._stop_signal: int | None = None
-        self._saved_step: int | None = None
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -100,8 +98,7 @@ class Engine:
         self.console = ConsoleLine(enabled=self.dist.is_main, max_steps=self.cfg.max_steps)
         with CpuThreads.start(self.cfg.threads, self.dist, self.console.note) as self.threads:
             self._build()
-            resumed = self._resume()
-            if resumed is None:
+            if not self._resume():
                 seed_everything(self.cfg.seed + self.dist.rank)
             self.metrics.resume_at(self.step)
             handlers = self._catch_signals()
@@ -147,78 +144,28 @@ class Engine:
         if cfg.zero_stage == 0 and self.dist.world_size == 1:
             # alone, DeepSpeed would still flatten, scale and copy back every gradient
             self.model.enable_backward_allreduce = False
-        if self.adapters is not None:
-            _save_trained_state_only(self.model)
+        self.checkpointer = Checkpointer(self.run_dir, cfg, self.dist, self.model, self.task, self.adapters,
+                                         self.tokenizer_dir, self.model_config)
         self.device = self.task.device = torch.device(self.dist.device)
 
-    # -- resume -------------------------------------------------------------------------------
+    # -- checkpoints (llmkit.train.checkpointer) -------------------------------------------------
 
-    def _resume(self) -> Path | None:
-        for step_dir in self._agreed_candidates():
-            try:
-                self._load_checkpoint(step_dir)
-                loaded = True
-            except UserError:
-                raise
-            except Exception as e:  # a damaged ds/ folder: the previous checkpoint may be whole
-                log.warning("skipping checkpoint %s: DeepSpeed could not load it (%s)", step_dir, e)
-                loaded = False
-            if self._on_every_rank(loaded):
-                self.console.note(f"resumed from {step_dir} (step {self.step})")
-                return step_dir
-        return None
+    def _resume(self) -> bool:
+        resumed = self.checkpointer.resume()
+        if resumed is None:
+            return False
+        step_dir, counters = resumed
+        self.step, self.tokens_seen = counters["step"], counters["tokens_seen"]
+        self.skipped_steps, self.bad_streak = counters["skipped_steps"], counters["bad_streak"]
+        self.last_record = counters["metrics"]
+        self.console.note(f"resumed from {step_dir} (step {self.step})")
+        return True
 
-    def _agreed_candidates(self) -> list[Path]:
-        """The checkpoints every rank finds whole, newest first: ranks that resumed from different
-        steps would train out of step and hang in their first collective."""
-        import torch
-
-        mine = list(ckpt.resume_candidates(self.run_dir, self.cfg.resume_from))
-        if self.dist.world_size == 1:
-            return mine
-        everyone = [None] * self.dist.world_size
-        torch.distributed.all_gather_object(everyone, [p.name for p in mine])
-        shared = set.intersection(*map(set, everyone))
-        return [p for p in mine if p.name in shared]
-
-    def _on_every_rank(self, ok: bool) -> bool:
-        import torch
-
-        if self.dist.world_size == 1:
-            return ok
-        flag = torch.tensor([int(ok)], device=self.dist.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        return bool(flag.item())
-
-    def _load_checkpoint(self, step_dir: Path) -> None:
-        state = json.loads((step_dir / ckpt.TRAINER_STATE).read_text(encoding="utf-8"))
-        if state["world_size"] != self.dist.world_size:
-            raise UserError(
-                f"{step_dir} was written by {state['world_size']} processes, this run has "
-                f"{self.dist.world_size}; resume with the same number, or start a new run from its "
-                "weights (--from)")
-        if self.adapters is not None:
-            recorded = lora.read_config(step_dir).get(lora.LORA_KEY, {}).get("base_fingerprint")
-            lora.check_same_base(step_dir, recorded, self.adapters.base_fingerprint, self.adapters.base)
-        # every DeepSpeed read of the step folder (model, optimizer, ZeRO shards) goes through
-        # its checkpoint engine: make those reads weights-only
-        self.model.checkpoint_engine.load = ckpt.safe_torch_load
-        load_path, _ = self.model.load_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED,
-                                                  load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False,
-                                                  # a LoRA run's ds/ holds no frozen weights
-                                                  load_module_strict=self.adapters is None)
-        if load_path is None:
-            raise RuntimeError("no DeepSpeed checkpoint found")
-        mine = state["ranks"][self.dist.rank]
-        self.task.load_state_dict(mine["task"])
-        ckpt.set_rng_state(mine["rng"])
-        self.step = state["step"]
-        self.tokens_seen = state["tokens_seen"]
-        self.skipped_steps = state["skipped_steps"]
-        self.bad_streak = state["bad_streak"]
-        self.last_record = state.get("metrics", {})
-        self._saved_step = self.step
+    def save_checkpoint(self) -> Path:
+        """Write (or find, if this step is saved already) the current step's checkpoint."""
+        return self.checkpointer.save({"step": self.step, "tokens_seen": self.tokens_seen,
+                                       "skipped_steps": self.skipped_steps, "bad_streak": self.bad_streak,
+                                       "metrics": self.last_record})
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -352,74 +299,6 @@ class Engine:
                         "(Chinchilla) wants ~20 tokens per parameter (%s)", f"{planned:,}",
                         f"{self.n_params:,}", f"{20 * self.n_params:,}")
 
-    # -- checkpoints ---------------------------------------------------------------------------
-
-    def save_checkpoint(self) -> Path:
-        """Write step-%08d/ for the current step (all processes take part), then mark it complete,
-        point `latest` at it and prune to keep_last."""
-        import torch
-
-        if self._saved_step == self.step:
-            return self.run_dir / ckpt.step_dir_name(self.step)
-        step_dir = self.run_dir / ckpt.step_dir_name(self.step)
-        main = self.dist.is_main
-        if main:
-            shutil.rmtree(step_dir, ignore_errors=True)  # debris of a save killed earlier
-            step_dir.mkdir(parents=True)
-        barrier()
-        tensors, tied = self._consolidated_weights()
-        rank_state = {"rng": ckpt.rng_state(), "task": ckpt.to_json_safe(self.task.state_dict())}
-        ranks = [rank_state]
-        if self.dist.world_size > 1:
-            ranks = [None] * self.dist.world_size
-            torch.distributed.all_gather_object(ranks, rank_state)
-        if main:
-            if self.adapters is None:
-                ckpt.save_weights(step_dir / ckpt.WEIGHTS, tensors, tied)
-            else:
-                lora.save_adapters(step_dir, tensors, self.adapters)
-            _write_json(step_dir / ckpt.MODEL_CONFIG,
-                        {**self.model_config, **lora.config_entry(step_dir, self.adapters)})
-            _write_json(step_dir / ckpt.TRAINER_STATE, {
-                "step": self.step, "tokens_seen": self.tokens_seen,
-                "skipped_steps": self.skipped_steps, "bad_streak": self.bad_streak,
-                "world_size": self.dist.world_size, "metrics": self.last_record,
-                "train_config": dataclasses.asdict(self.cfg), "ranks": ranks})
-            if self.tokenizer_dir is not None:
-                shutil.copytree(self.tokenizer_dir, step_dir / ckpt.TOKENIZER)
-        # the frozen base is an input of the run, not its state: LoRA saves leave it out
-        self.model.save_checkpoint(str(step_dir), tag=ckpt.DEEPSPEED, save_latest=False,
-                                   exclude_frozen_parameters=self.adapters is not None)
-        barrier()
-        if main:
-            ckpt.mark_complete(step_dir)
-            ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_last)
-        barrier()
-        self._saved_step = self.step
-        return step_dir
-
-    def _consolidated_weights(self) -> tuple[dict, dict]:
-        """Full weights on rank 0 (ZeRO-3 gathers each parameter in turn; all ranks must call);
-        only the trained ones (adapters, heads) of a model with LoRA adapters."""
-        import deepspeed
-
-        module = self.task.checkpoint_module(self.model.module)
-        named = module.state_dict(keep_vars=True)
-        if self.adapters is not None:
-            named = {k: v for k, v in named.items() if v.requires_grad}
-        tied = ckpt.tied_groups(named)
-        out = {}
-        for name, tensor in named.items():
-            if name in tied:
-                continue
-            if hasattr(tensor, "ds_id"):  # a ZeRO-3 partition
-                with deepspeed.zero.GatheredParameters([tensor]):
-                    if self.dist.is_main:
-                        out[name] = tensor.detach().cpu().clone()
-            elif self.dist.is_main:
-                out[name] = tensor.detach().cpu()
-        return out, tied
-
     # -- signals ---------------------------------------------------------------------------------
 
     def _catch_signals(self):
@@ -458,22 +337,6 @@ def items_per_micro_batch(task: Task, batches: list, device, world_size: int) ->
     return max(total.item(), 1.0) / (len(batches) * world_size)
 
 
-def _save_trained_state_only(engine) -> None:
-    """Make a DeepSpeed engine's checkpoints hold the trained parameters alone (a LoRA run's
-    adapters and heads): its `exclude_frozen_parameters` keeps a frozen tied matrix under its
-    second name (lm_head.weight), the largest matrix of a small model, in every step folder."""
-    full_state = engine.module_state_dict
-    trained = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if p.requires_grad}
-
-    def module_state_dict(*args, **kwargs):
-        state = full_state(*args, **kwargs)
-        for name in [k for k in state if k not in trained]:
-            del state[name]
-        return state
-
-    engine.module_state_dict = module_state_dict
-
-
 def _add_metrics(sums: dict, metrics: dict) -> None:
     """Running sums of a task's metrics; device tensors stay on the device, so a step costs one
     host sync (`_stacked(...).tolist()`) instead of one per metric and micro-batch."""
@@ -493,7 +356,3 @@ def _stacked(values: list, device):
 
 def _as_dict(config) -> dict:
     return {} if config is None else dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=1, allow_nan=True) + "\n", encoding="utf-8")
