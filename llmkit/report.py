@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import UserError
+from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
 
 # metric -> plot title; a plot is drawn when at least one run logged the metric
@@ -151,8 +152,14 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
         paths.append(p)
     out = ctx.workspace.path(f"report/{cfg.name}")
     judged = [p for p in paths if (p / RANKING_FILE).is_file()]  # `llmkit judge --export` artifacts
-    runs = [p for p in paths if p not in judged]
+    evals = [p for p in paths if is_eval_artifact(p)]  # `llmkit eval` reports: their own table
+    runs = [p for p in paths if p not in judged and p not in evals]
     written = write_report(runs, out, cfg) if runs else []
     written += ranking_report(judged, out, fresh=not runs)
+    if evals:
+        summary = out / "summary.md"
+        out.mkdir(parents=True, exist_ok=True)
+        before = summary.read_text() + "\n" if (runs or judged) and summary.is_file() else ""
+        summary.write_text(before + eval_markdown(evals))
     print(f"report: {len(written)} plots and summary.md in {out}")
     return out

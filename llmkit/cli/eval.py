@@ -1,4 +1,4 @@
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -11,8 +11,12 @@ def eval_(
     from_: Annotated[str, typer.Option(
         "--from", help="Checkpoint run to evaluate (its latest step), or one of its step-* folders.")
     ] = "pretrain",
+    tasks: Annotated[Optional[str], typer.Option(
+        "--tasks", help="Tasks, comma-separated: llmkit's own (ppl, choice, generation, reward, efficiency) "
+                        "and lm-evaluation-harness tasks (mmlu_local, cmmlu_local, ceval_local, a "
+                        "harness.include_path task, any lm-eval task whose data is local).")] = None,
 ):
-    """Evaluate a checkpoint: perplexity, multiple choice, BLEU/ROUGE, reward accuracy / win rate, speed -> `eval/<name>`."""
-    from llmkit.eval.stage import run_eval
+    """Evaluate a checkpoint: perplexity, multiple choice, BLEU/ROUGE, reward accuracy / win rate, speed, lm-eval tasks -> `eval/<name>`."""
+    from llmkit.eval.stage import run_eval, split_task_names
 
-    run_eval(ctx, ctx.config(), run=from_)
+    run_eval(ctx, ctx.config(**(split_task_names(tasks) if tasks else {})), run=from_)

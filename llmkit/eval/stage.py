@@ -1,12 +1,14 @@
 """`llmkit eval`: a checkpoint's report in `eval/<name>/` (results.json + a printed table).
 
-Tasks (`tasks: [ppl, choice, generation, reward, efficiency]`, any subset, run in that order):
+Tasks (`tasks: [ppl, choice, generation, reward, efficiency, harness]`, any subset, in that order):
 - ppl: perplexity of the token artifact's val split (`tokens`) and of `ppl.datasets`;
 - choice: multiple-choice accuracy on `choice.files`;
 - generation: BLEU / ROUGE (and exact match) of greedy replies on `generation.files`;
 - reward: `reward.model`'s pairwise accuracy on `reward.preferences`, and the win rate of this
   checkpoint over `reward.reference` on `reward.prompts`, judged by that reward model;
-- efficiency: generation latency, tokens/s, peak memory.
+- efficiency: generation latency, tokens/s, peak memory;
+- harness: lm-evaluation-harness tasks `harness.tasks` (`--tasks NAME,…`), offline, through
+  llmkit's own LM (llmkit.eval.harness, llmkit.eval.harness_lm): lm-eval's results as it reports them.
 
 The report is an artifact: its inputs are the checkpoint run and every dataset, file and run the
 tasks read, and its config names the step evaluated, so a new checkpoint or an edited eval file
@@ -21,15 +23,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.errors import ConfigError
+from llmkit.errors import ConfigError, UserError
 from llmkit.eval.choice import ChoiceConfig
 from llmkit.eval.efficiency import EfficiencyConfig
 from llmkit.eval.generation import GenerationConfig
+from llmkit.eval.harness import HarnessConfig, harness_files, headline as harness_headline
 from llmkit.eval.perplexity import PerplexityConfig
 from llmkit.eval.preference import RewardConfig
 from llmkit.eval.provenance import contamination_warnings
 
-TASKS = ("ppl", "choice", "generation", "reward", "efficiency")
+TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "harness")
 RESULTS = "results.json"
 
 
@@ -47,6 +50,7 @@ class EvalConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)  # prompt/reference files
     reward: RewardConfig = field(default_factory=RewardConfig)  # judge, pairs, win-rate reference
     efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)  # batch sizes, lengths
+    harness: HarnessConfig = field(default_factory=HarnessConfig)  # lm-eval tasks, files, shots, limit
 
     def __post_init__(self):
         unknown = [t for t in self.tasks if t not in TASKS]
@@ -69,8 +73,25 @@ class EvalConfig:
                                   "reward.prompts + reward.reference (win rate)")
             if bool(r.prompts) != bool(r.reference):
                 raise ConfigError("the win rate needs both reward.prompts and reward.reference")
+        if "harness" in self.tasks and not self.harness.tasks:
+            raise ConfigError("tasks has harness: name lm-eval tasks with --tasks NAME,... "
+                              "(or --set harness.tasks=NAME,...)")
         if self.batch_tokens < 1:
             raise ConfigError(f"batch_tokens must be ≥ 1, got {self.batch_tokens}")
+
+
+def split_task_names(names: str) -> dict:
+    """`--tasks ppl,mmlu_local` -> config flags: llmkit's own tasks in `tasks`, the others (lm-eval
+    tasks) in `harness.tasks`, with `harness` among the tasks."""
+    given = [n.strip() for n in names.split(",") if n.strip()]
+    if not given:
+        raise UserError("--tasks: name at least one task")
+    own = [n for n in given if n in TASKS and n != "harness"]
+    lm_eval_tasks = [n for n in given if n not in TASKS]
+    flags: dict = {"tasks": own + (["harness"] if lm_eval_tasks else [])}
+    if lm_eval_tasks:
+        flags["harness"] = {"tasks": lm_eval_tasks}
+    return flags
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -91,11 +112,12 @@ class Inputs:
         self.preferences = _open_all(ws, [r.preferences] if r.preferences else [])
         self.prompts = _open_all(ws, [r.prompts] if r.prompts else [])
         self.reference = ws.artifact(r.reference) if r.reference else None
+        self.harness = _open_all(ws, harness_files(cfg.harness) if "harness" in tasks else [])
 
     def all(self) -> list:
         singles = [a for a in (self.run, self.tokens, self.reward_model, self.reference) if a is not None]
         return singles + self.ppl + self.choice + self.choice_dev + self.generation + \
-            self.preferences + self.prompts
+            self.preferences + self.prompts + self.harness
 
 
 def _open_all(ws, specs: list[str]) -> list:
@@ -206,8 +228,19 @@ def eval_efficiency(run: EvalRun) -> dict:
     return evaluate_efficiency(run.model, run.cfg.efficiency, device=run.device)
 
 
+def eval_harness(run: EvalRun) -> dict:
+    from llmkit.eval.harness import run_harness
+    from llmkit.eval.harness_lm import LlmkitLM
+
+    hc = run.cfg.harness
+    lm = LlmkitLM(run.model, run.tokenizer, device=run.device, dtype=run.cfg.dtype,
+                  batch_tokens=run.cfg.batch_tokens, generation_batch_size=hc.generation_batch_size,
+                  max_gen_toks=hc.max_gen_toks, name=str(run.inputs.run.path), prompt_start=hc.prompt_start)
+    return run_harness(lm, hc)
+
+
 TASK_RUNNERS = {"ppl": eval_perplexity, "choice": eval_choice, "generation": eval_generation,
-                "reward": eval_reward, "efficiency": eval_efficiency}
+                "reward": eval_reward, "efficiency": eval_efficiency, "harness": eval_harness}
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -239,6 +272,7 @@ def headline(results: dict) -> dict:
         flat[f"efficiency/batch{r['batch_size']}/tokens_per_s"] = r["tokens_per_s"]
     if "efficiency" in results:
         flat["efficiency/peak_memory_bytes"] = results["efficiency"]["peak_memory"]["bytes"]
+    flat.update(harness_headline(results.get("harness", {})))
     return flat
 
 
