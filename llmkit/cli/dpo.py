@@ -19,11 +19,9 @@ def dpo(
     dry_run: DryRun = False,
 ):
     """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free; orpo/simpo without a reference model) on pairs (--in, default pref_train) -> `dpo`."""
-    from llmkit.train.dpo import run_dpo
+    from llmkit.train.dpo import plan_dpo, run_dpo
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_dpo
-
         return plan_dpo(ctx, cfg, from_, ref, eval_)
     run_dpo(ctx, cfg, base=from_, ref=ref, eval_data=eval_)

@@ -19,11 +19,9 @@ def kto(
     dry_run: DryRun = False,
 ):
     """Kahneman-Tversky optimisation on unpaired feedback: prompt, completion, label true/false (--in, default feedback_train) -> `kto`."""
-    from llmkit.train.kto import run_kto
+    from llmkit.train.kto import plan_kto, run_kto
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_kto
-
         return plan_kto(ctx, cfg, from_, ref, eval_)
     run_kto(ctx, cfg, base=from_, ref=ref, eval_data=eval_)

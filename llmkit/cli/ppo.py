@@ -20,11 +20,9 @@ def ppo(
     dry_run: DryRun = False,
 ):
     """PPO / GRPO / RLOO (--set algo=) of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
-    from llmkit.train.ppo import run_ppo
+    from llmkit.train.ppo import plan_ppo, run_ppo
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_ppo
-
         return plan_ppo(ctx, cfg, from_, reward, eval_)
     run_ppo(ctx, cfg, policy=from_, reward_model=reward, eval_data=eval_)

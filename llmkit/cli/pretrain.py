@@ -15,11 +15,9 @@ def pretrain(
     dry_run: DryRun = False,
 ):
     """Pretrain a causal LM on token shards (--in, default tokens) -> checkpoint run `pretrain`."""
-    from llmkit.train.pretrain import run_pretrain
+    from llmkit.train.pretrain import plan_pretrain, run_pretrain
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_pretrain
-
         return plan_pretrain(ctx, cfg, from_)
     run_pretrain(ctx, cfg, from_=from_)

@@ -18,11 +18,9 @@ def rm(
     dry_run: DryRun = False,
 ):
     """Reward model on preference pairs (--in, default pref_train), Bradley-Terry loss -> `rm`."""
-    from llmkit.train.rm import run_rm
+    from llmkit.train.rm import plan_rm, run_rm
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_rm
-
         return plan_rm(ctx, cfg, from_, eval_)
     run_rm(ctx, cfg, base=from_, eval_data=eval_)

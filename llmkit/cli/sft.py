@@ -17,11 +17,9 @@ def sft(
     dry_run: DryRun = False,
 ):
     """Supervised fine-tuning on chats (--in, default sft_train), loss on assistant turns -> `sft`."""
-    from llmkit.train.sft import run_sft
+    from llmkit.train.sft import plan_sft, run_sft
 
     cfg = ctx.config()
     if dry_run:
-        from llmkit.cli.dry_run import plan_sft
-
         return plan_sft(ctx, cfg, from_, eval_)
     run_sft(ctx, cfg, base=from_, eval_data=eval_)

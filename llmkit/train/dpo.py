@@ -35,10 +35,13 @@ import torch
 
 from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt, require_dataset_kind
 from llmkit.errors import ConfigError
+from llmkit.dryrun import parameters, plan
 from llmkit.train.loading import load_model, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (NO_REFERENCE_LOSS_TYPES, PreferenceLossType, dpo_loss, orpo_loss,
                                  simpo_loss)
+from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
+                                   trunk_parameters, world_size)
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
                                     exact_match_summary, labelled_token_logps, load_start,
                                     post_training_inputs, preference_data)
@@ -300,3 +303,30 @@ def run_dpo(ctx, cfg: DpoConfig, base: str, ref: str | None = None, eval_data: s
                           "heldout_pairs": len(data.eval_pairs), "eval_records": len(scored)})
 
     return fit_stage(ctx, "dpo", cfg, [base_art, ref_art, data_art, eval_art], prepare)
+
+
+def plan_dpo(ctx, cfg, base: str, ref: str | None, eval_data: str | None, stage: str = "dpo") -> None:
+    """`dpo --dry-run`, and `kto --dry-run` (`stage`): the same models, completions for pairs."""
+    refuse_unused_reference(cfg, ref)
+    step_dir, notes, data_art, eval_art = post_training_plan(ctx, stage, cfg, base, eval_data)
+    require_dataset_kind([data_art, eval_art], "preference" if stage == "dpo" else "feedback", stage)
+    frozen = 0
+    if cfg.uses_reference:
+        ref_dir = starting_weights(ctx.workspace, ref)[1] if ref else step_dir
+        if cfg.precompute_ref:
+            notes.append(f"reference           {ref_dir}: log-probs computed in one pass "
+                         "before training, not held while training")
+        else:
+            frozen = trunk_parameters(ref_dir)
+    shape, _ = model_shape(step_dir)
+    n, world = parameters(shape), world_size()
+    pairs = cfg.micro_batch_size * cfg.grad_accum * world
+    trainable, base = lora_split(shape, n, cfg)
+    if base and not ref:
+        frozen = 0  # LoRA: the reference is the frozen base itself, adapters disabled
+    show(ctx, plan(stage, shape, trainable=trainable, total=trainable + base + frozen,
+              unit="pairs" if stage == "dpo" else "completions (+ their mismatched pairs)",
+              per_step=pairs, tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
+              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=base + frozen,
+              saved=trainable if base else n,
+              dense_mask=dense_attention_mask(), notes=notes))

@@ -25,7 +25,7 @@ import torch
 from llmkit.data.chat import (collate_feedback, encode_feedbacks, fixed_batches, one_per_prompt,
                               require_dataset_kind)
 from llmkit.errors import ConfigError
-from llmkit.train.dpo import completion_logps, reference_output, reference_policy, reference_run
+from llmkit.train.dpo import completion_logps, plan_dpo, reference_output, reference_policy, reference_run
 from llmkit.train.kto_loss import kl_reference_point, kto_loss
 from llmkit.train.losses import masked_mean
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
@@ -186,3 +186,8 @@ def run_kto(ctx, cfg: KtoConfig, base: str, ref: str | None = None, eval_data: s
                    score=exact_match_scorer(cfg, tokenizer, data.scored), stats=data.stats)
 
     return fit_stage(ctx, "kto", cfg, [base_art, ref_art, data_art, eval_art], prepare)
+
+
+def plan_kto(ctx, cfg, base: str, ref: str | None, eval_data: str | None) -> None:
+    """`llmkit kto --dry-run`: dpo's plan, for labelled completions."""
+    plan_dpo(ctx, cfg, base, ref, eval_data, stage="kto")

@@ -35,18 +35,21 @@ from typing import Callable
 
 import torch
 
+from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.errors import UserError
 from llmkit.model import Transformer
 from llmkit.rewards import Scorer, reward_mode, rollout_scorer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
-from llmkit.train.ppo_config import PpoConfig
-from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments, aggregate_token_loss, clip_scores,
-                                 clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
+from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
+                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
                                  gae, group_relative_advantages, kl_estimate, kl_penalized_scores,
                                  leave_one_out_advantages, logprobs_of, masked_mean, penalize_missing_stop,
                                  sequence_clipped_policy_loss, token_rewards, whiten)
+from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
+                                   trunk_parameters, world_size)
+from llmkit.train.ppo_config import PpoConfig
 from llmkit.train.posttrain import (evaluate_answers, heldout_split, load_start,
                                     post_training_inputs)
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, over_processes,
@@ -368,3 +371,31 @@ def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None =
                           dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})
 
     return fit_stage(ctx, "ppo", cfg, [policy_art, prompts_art, rm_art, eval_art], prepare)
+
+
+def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | None) -> None:
+    """`llmkit ppo --dry-run`: what run_ppo would do, from the inputs it would read."""
+    step_dir, notes, _, _ = post_training_plan(ctx, "ppo", cfg, policy, eval_data)
+    rm_dir = starting_weights(ctx.workspace, reward_model)[1] if reward_model else None
+    mode = reward_mode(cfg.reward, rm_dir is not None)
+    shape, _ = model_shape(step_dir)
+    n, world = parameters(shape), world_size()
+    rm_params = trunk_parameters(rm_dir) if rm_dir is not None and (
+        mode != "verify" or cfg.value_model == "separate") else 0
+    trainable, base = lora_split(shape, n, cfg)
+    saved = trainable
+    if cfg.algo == "ppo":
+        trainable += (rm_params or n) if cfg.value_model == "separate" else 0
+        trainable += shape.hidden_size + 1  # the value head
+    # the reference policy (under LoRA the frozen base itself, adapters disabled) + the reward model
+    frozen = (base or n) + (rm_params if mode != "verify" else 0)
+    responses = cfg.micro_batch_size * cfg.grad_accum * world
+    kv_cache = 2 * shape.n_layers * shape.kv_width * cfg.rollout_size * cfg.seq_len * BYTES[cfg.precision]
+    notes.append(f"rollouts            {cfg.rollout_size} responses of up to {cfg.max_new_tokens} "
+                 f"tokens each ({cfg.algo}, reward {mode}); their KV cache {human_bytes(kv_cache)}")
+    show(ctx, plan("ppo", shape, trainable=trainable, total=trainable + frozen, unit="responses",
+              per_step=responses, tokens_per_step=responses * cfg.seq_len,
+              sequences=cfg.micro_batch_size * (2 if cfg.value_model == "separate" and cfg.algo == "ppo" else 1),
+              seq_len=cfg.seq_len, cfg=cfg, world_size=world, frozen=frozen, saved=saved,
+              loss_positions=cfg.micro_batch_size * cfg.max_new_tokens,
+              dense_mask=dense_attention_mask(), notes=notes))

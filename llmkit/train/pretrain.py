@@ -13,10 +13,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
 from llmkit.model_config import model_config
 from llmkit.train.config import TrainConfig
 from llmkit.train.loading import run_start
+from llmkit.train.planning import check_seq_len, lora_split, model_shape, show, world_size
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import Task
 
@@ -216,3 +218,34 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
                    metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {})
 
     return fit_stage(ctx, "pretrain", cfg, [tokens_art, tokenizer_art, from_art], prepare)
+
+
+def plan_pretrain(ctx, cfg, from_: str | None) -> None:
+    """`llmkit pretrain --dry-run`: what run_pretrain would do, from the inputs it would read."""
+    tokens_art = ctx.input(default="tokens")
+    tokenizer_of(tokens_art, ctx.workspace)  # the run needs it: a missing one is named now
+    vocab = tokens_art.manifest["stats"]["vocab_size"]
+    if from_ is not None:
+        _, step_dir = run_start(ctx, "pretrain", cfg, from_)
+        shape, config = model_shape(step_dir)
+        max_seq_len = config["max_seq_len"]
+    else:
+        model = cfg.model.build(vocab)
+        shape, max_seq_len = Shape.of(model), model.max_seq_len
+    n, world = parameters(shape), world_size()
+    per_step = cfg.micro_batch_size * cfg.seq_len * cfg.grad_accum * world
+    train_tokens = tokens_art.manifest["stats"].get("splits", {}).get("train", {}).get("tokens")
+    notes = []
+    if train_tokens:
+        notes.append(f"input               {tokens_art.path}: {train_tokens:,} training tokens "
+                     f"(vocabulary {vocab:,}), read {per_step * cfg.max_steps / train_tokens:.2f} "
+                     "times over")
+    check_seq_len(cfg, max_seq_len, "set model.max_seq_len or lower seq_len")
+    if shape.vocab_size < vocab:
+        raise ConfigError(f"the model's vocab_size ({shape.vocab_size}) is smaller than the "
+                          f"tokenizer's ({vocab}); drop model.vocab_size or raise it")
+    trainable, base = lora_split(shape, n, cfg)
+    show(ctx, plan("pretrain", shape, trainable=trainable, total=trainable + base, unit="tokens",
+              per_step=per_step, frozen=base, saved=trainable if base else None,
+              tokens_per_step=per_step, sequences=cfg.micro_batch_size, seq_len=cfg.seq_len, cfg=cfg,
+              world_size=world, chunked_loss=True, notes=notes))

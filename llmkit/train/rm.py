@@ -10,8 +10,11 @@ from dataclasses import dataclass
 import torch
 
 from llmkit.data.chat import fixed_batches
+from llmkit.dryrun import head_parameters, parameters, plan
 from llmkit.errors import ConfigError
 from llmkit.train.losses import bradley_terry_loss
+from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
+                                   world_size)
 from llmkit.train.posttrain import (PostTrainConfig, batch_stream, holds_whole_model, load_start,
                                     post_training_inputs, preference_data)
 from llmkit.train.reward_model import RewardModel
@@ -112,3 +115,19 @@ def run_rm(ctx, cfg: RmConfig, base: str, eval_data: str | None = None):
                           "heldout_pairs": len(data.eval_pairs)})
 
     return fit_stage(ctx, "rm", cfg, [base_art, data_art, eval_art], prepare)
+
+
+def plan_rm(ctx, cfg, base: str, eval_data: str | None) -> None:
+    """`llmkit rm --dry-run`: what run_rm would do, from the inputs it would read."""
+    step_dir, notes, _, _ = post_training_plan(ctx, "rm", cfg, base, eval_data)
+    shape, _ = model_shape(step_dir)
+    n = parameters(shape) - head_parameters(shape) + shape.hidden_size  # score head, no LM head
+    world = world_size()
+    pairs = cfg.micro_batch_size * cfg.grad_accum * world
+    adapters, base = lora_split(shape, n - shape.hidden_size, cfg)
+    trainable = adapters + shape.hidden_size if base else n  # the score head trains in full
+    show(ctx, plan("rm", shape, trainable=trainable, total=trainable + base, frozen=base,
+              saved=trainable if base else None, unit="pairs", per_step=pairs,
+              tokens_per_step=2 * pairs * cfg.seq_len, sequences=2 * cfg.micro_batch_size,
+              seq_len=cfg.seq_len, cfg=cfg, world_size=world, loss_positions=0,
+              dense_mask=dense_attention_mask(), notes=notes))

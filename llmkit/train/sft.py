@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from llmkit.data.chat import IGNORE_INDEX, collate_sft, encode_sft_rows, fixed_batches, sft_rows
+from llmkit.dryrun import parameters, plan
+from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
+                                   world_size)
 from llmkit.train.posttrain import (GenerativeConfig, batch_stream, exact_match_scorer,
                                     exact_match_summary, heldout_split, labelled_token_logps,
                                     load_start, post_training_inputs)
@@ -77,3 +80,17 @@ def run_sft(ctx, cfg: SftConfig, base: str, eval_data: str | None = None):
                           "sequences": len(sequences), "eval_records": len(scored)})
 
     return fit_stage(ctx, "sft", cfg, [base_art, data_art, eval_art], prepare)
+
+
+def plan_sft(ctx, cfg, base: str, eval_data: str | None) -> None:
+    """`llmkit sft --dry-run`: what run_sft would do, from the inputs it would read."""
+    step_dir, notes, _, _ = post_training_plan(ctx, "sft", cfg, base, eval_data)
+    shape, _ = model_shape(step_dir)
+    n, world = parameters(shape), world_size()
+    sequences = cfg.micro_batch_size * cfg.grad_accum * world
+    trainable, base = lora_split(shape, n, cfg)
+    show(ctx, plan("sft", shape, trainable=trainable, total=trainable + base, frozen=base,
+              saved=trainable if base else None,
+              unit="packed sequences" if cfg.packing else "sequences", per_step=sequences, tokens_per_step=sequences * cfg.seq_len,
+              sequences=cfg.micro_batch_size, seq_len=cfg.seq_len, cfg=cfg, world_size=world,
+              dense_mask=cfg.packing and dense_attention_mask(), notes=notes))
