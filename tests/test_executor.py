@@ -57,6 +57,8 @@ def test_the_work_area_is_checked_at_the_very_path_tasks_use(tmp_path, monkeypat
 
 
 def test_a_cluster_that_cannot_be_joined_is_an_error_naming_the_setting(tmp_path):
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # a cluster an earlier test of this process left: llmkit would use it
     docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
     r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"),
                                          "--executor", "ray", "--set", "ray.address=nohost"])

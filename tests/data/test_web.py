@@ -381,8 +381,11 @@ def test_the_crawl_gives_the_same_artifact_on_ray(make_ctx, tmp_path):
     folder = crawl(tmp_path / "crawl", files=2)[0]
     local = run_ingest(make_ctx(force=True, out="local"), [str(folder)],
                        IngestConfig(task_bytes=1)).final
-    ray = run_ingest(make_ctx(force=True, out="ray"), [str(folder)],
-                     IngestConfig(task_bytes=1, executor="ray", ray=RayConfig(num_cpus=1))).final
+    try:
+        ray = run_ingest(make_ctx(force=True, out="ray"), [str(folder)],
+                         IngestConfig(task_bytes=1, executor="ray", ray=RayConfig(num_cpus=1))).final
+    finally:  # the local cluster started here: later tests of this process expect none
+        sys.modules["ray"].shutdown()
     assert artifact_bytes(local) == artifact_bytes(ray)
 
 
