@@ -12,8 +12,9 @@ config. Both sides use torch's AdamW (`--optim adamw8bit` puts both on bitsandby
 Memory, per run (its own process; torch, deepspeed, peft and bitsandbytes imported before the
 baseline): `peak RSS` of the process, `training` that peak less the baseline, and `loop peak`: the
 high-water mark of the training loop alone (Linux's VmHWM reset when the first step starts, after
-the allocator handed freed memory back), less the baseline — loading a float checkpoint before
-quantising it is the process's peak, not the steps'.
+the allocator handed freed memory back), less the baseline. llmkit's QLoRA run quantises its start
+as it reads it and sets glibc's mmap threshold (`quant.unpool_large_allocations`); its LoRA run and
+TRL keep glibc's defaults.
 
     python bench/qlora.py [--preset smol-135m] [--steps 12] [--batch 4] [--threads 1] [--reps 3]
 """

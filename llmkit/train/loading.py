@@ -52,9 +52,11 @@ def trained_on_chats(step_dir, tokenizer=None) -> bool:
                                     and getattr(tokenizer, "chat_template", None) is not None)
 
 
-def load_model(path, device=None):
+def load_model(path, device=None, quantize=None):
     """(Transformer in eval mode, the step folder it came from) of a language-model checkpoint;
-    a LoRA checkpoint's adapters are merged into its base."""
+    a LoRA checkpoint's adapters are merged into its base. `quantize` (`quant.on_load`'s, for a
+    QLoRA run) turns the block linears into quantised layers as the checkpoint is read, so the
+    float model is never resident whole beside the quantised one."""
     from llmkit.model import Transformer
     from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
 
@@ -62,16 +64,57 @@ def load_model(path, device=None):
     if holds_adapters(step_dir):
         check_language_model(read_config(step_dir), step_dir)
         model = load_adapters(load_model(base_of(step_dir))[0], step_dir)  # merged: a plain Transformer
+        if quantize is not None:
+            quantize(model)
         return model.to(device or "cpu").eval(), step_dir
     state_dict, config = load_weights(step_dir)
     check_language_model(config, step_dir)
-    model = Transformer(model_config_from(config, step_dir))
+    model_config = model_config_from(config, step_dir)
     try:
-        model.load_state_dict(state_dict, strict=True)
+        if quantize is None:
+            model = Transformer(model_config)
+            model.load_state_dict(state_dict, strict=True)
+        else:
+            model = quantized_on_load(state_dict, model_config, quantize)
     except RuntimeError as e:
         raise UserError(f"{step_dir}: model.safetensors does not fit config.json ({str(e)[:300]}); the "
                         "checkpoint is damaged or mixes two models") from None
     return model.to(device or "cpu").eval(), step_dir
+
+
+def quantized_on_load(state_dict: dict, model_config, quantize):
+    """A Transformer built on the meta device and handed `state_dict`'s tensors, then `quantize`d.
+    The block linears get the checkpoint's memory-mapped tensors themselves (read, quantised and
+    let go one layer at a time: only the packed bytes stay), everything else float32 copies of its
+    own (the mapping ends with the load). No randomly initialised model is made to be overwritten:
+    the process's peak is about the file plus the quantised model, not twice the float model."""
+    import torch
+
+    from llmkit.model import Transformer, rope_tables
+    from llmkit.train.quant import block_linears
+
+    with torch.device("meta"):
+        model = Transformer(model_config)
+    mapped = {f"{name}.weight" for name, _ in block_linears(model)}
+    model.load_state_dict(own_float32_copies(state_dict, keep=mapped), strict=True, assign=True)
+    if model_config.tie_embeddings:  # assign gave each name its own Parameter over one tensor
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rope_cos, model.rope_sin = rope_tables(model_config)  # buffers the checkpoint does not hold
+    model.aux_loss = torch.zeros(())
+    quantize(model)
+    return model
+
+
+def own_float32_copies(state_dict: dict, keep: set) -> dict:
+    """`state_dict` with every tensor but those named in `keep` copied out of the file's mapping as
+    float32, each once, so tied names still share one tensor."""
+    import torch
+
+    copies = {}
+    for key, tensor in state_dict.items():
+        if key not in keep and id(tensor) not in copies:
+            copies[id(tensor)] = tensor.to(torch.float32, copy=True)
+    return {key: tensor if key in keep else copies[id(tensor)] for key, tensor in state_dict.items()}
 
 
 def check_language_model(config: dict, step_dir) -> None:

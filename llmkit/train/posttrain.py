@@ -72,8 +72,9 @@ def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None)
 def load_start(step_dir, cfg: PostTrainConfig):
     """(model, tokenizer) of the checkpoint a post-training run starts from; seq_len must fit."""
     from llmkit.train.loading import load_model, load_tokenizer
+    from llmkit.train.quant import on_load
 
-    model, step_dir = load_model(step_dir)
+    model, step_dir = load_model(step_dir, quantize=on_load(cfg.lora, cfg.torch_dtype))
     check_seq_len(cfg, model)
     return model, load_tokenizer(step_dir)
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmkit.train.quant import unpool_large_allocations
+
 # the stats most stages take from the engine's last logged record: stat name -> record key
 LOSSES = {"final_loss": "loss", "val_loss": "val_loss"}
 
@@ -93,6 +95,7 @@ def add_lora(fit: Fit, cfg) -> None:
         raise ConfigError("lora.r > 0 trains adapters on existing weights: start from a checkpoint "
                           "(--from), or set lora.r=0")
     add_adapters(fit.model, cfg.lora, fit.start, seed=cfg.seed, compute_dtype=cfg.torch_dtype)
+    unpool_large_allocations(fit.model)  # a quantised base's per-step buffers: see there
     fit.stats.update(trainable_share(fit.model))
 
 

@@ -124,6 +124,26 @@ def test_dry_run_prices_the_quantised_base_byte_for_byte(tok):
                            intermediate_size=192).named_parameters() if ".layers." in f".{n}" and n.endswith("proj.weight"))
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantising_on_load_gives_the_model_quantising_after_the_load_gives(tmp_path, tok, tied):
+    """A QLoRA run's start is quantised as its checkpoint is read (no float copy of the whole model
+    beside it): the same packed bytes, the same logits, the tie kept, the rest float32."""
+    write_checkpoint_run(tmp_path, "base", tiny_model(tok.vocab_size, hidden_size=64, intermediate_size=192,
+                                                      tie_embeddings=tied), tok)
+    after = load_model(tmp_path / "base")[0]
+    quant.quantize_linears(after, "nf4", True, torch.float32)
+    on_load = load_model(tmp_path / "base", quantize=quant.on_load(lora.LoraConfig(r=4, quant="nf4"),
+                                                                   torch.float32))[0]
+    assert quantized_layers(on_load) == ["Linear4bit"] and on_load.is_loaded_in_4bit
+    packed = lambda m: [t for l in m.modules() if quant.is_quantized(l) for t in quant.quant_tensors(l)]  # noqa: E731
+    assert all(torch.equal(a, b) for a, b in zip(packed(on_load), packed(after), strict=True))
+    assert torch.equal(logits(on_load), logits(after))
+    assert (on_load.lm_head.weight is on_load.model.embed_tokens.weight) == tied
+    assert {p.dtype for p in on_load.parameters() if p.dtype != torch.uint8} == {torch.float32}
+    assert load_model(tmp_path / "base", quantize=quant.on_load(lora.LoraConfig(r=4), torch.float32))[0] \
+        .model.layers[0].mlp.up_proj.__class__ is torch.nn.Linear  # lora.quant=none: a float base
+
+
 # -- training: every trainer on a quantised base ------------------------------------------------
 
 def test_sft_on_an_nf4_base_trains_the_adapters_and_loads_merged_into_the_dequantised_base(make_ctx, ws,
@@ -343,3 +363,36 @@ def test_a_killed_qlora_or_8bit_run_resumes_bitwise(ws, options):
     files = ckpt.ADAPTER_WEIGHTS if "lora.r=0" not in options else ckpt.WEIGHTS
     a, b = (ckpt.read_weights(ws / run / "step-00000006" / files) for run in ("killed", "straight"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+ALLOCATOR_PROBE = """
+import ctypes, json, sys
+from llmkit.cli.app import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    assert not e.code, e.code
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.free(libc.malloc(24 << 20))  # glibc's own threshold would now rise to 24 MiB
+block = libc.malloc(16 << 20)  # larger than any free chunk of the heap: new memory either way
+heap = [[int(x, 16) for x in line.split()[0].split("-")] for line in open("/proc/self/maps")
+        if line.rstrip().endswith("[heap]")]
+print(json.dumps(any(start <= block < end for start, end in heap)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+@pytest.mark.parametrize("quant_kind", ["nf4", "none"])
+def test_a_quantised_run_gives_large_allocations_pages_of_their_own(ws, quant_kind):
+    """After a QLoRA run a 16 MiB block is mapped on its own (freed, it leaves the process), even
+    once a 24 MiB one was freed; after a float-base LoRA run glibc keeps its default (the threshold
+    rises to the largest block freed) and the block comes from the heap, where the weights each
+    QLoRA step dequantises and frees used to stay resident."""
+    sets = [a for p in [*FAST, *GENERATIVE, *LORA, "max_steps=1", f"lora.quant={quant_kind}"] for a in ("--set", p)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MALLOC_MMAP_THRESHOLD_")}
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, "sft", "--from", "pretrain", "--in", "sft_train",
+                           "-w", str(ws), *sets], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is (quant_kind == "none")
