@@ -39,8 +39,15 @@ repetition. One thread per run by default: on a 2-core machine shared with other
 2 threads that meets one slows 10-20x (each parallel region waits for a descheduled thread),
 at 1 thread by its share of the CPU at most; the tiny model gains ~1.3x from a second thread.
 
+SmolLM2 mode (`--model WS/smollm2 --export HF_DIR`): the imported SmolLM2-135M-Instruct run and
+its `llmkit export` folder instead of the random tiny model (its own tokenizer and chat template),
+LoRA r `--lora-r` (16 there) on every linear layer of the blocks on both sides (llmkit
+`lora.target=all-linear`, TRL a peft `LoraConfig` on the same seven projections), α 32, no dropout.
+
     python bench/grpo.py [--prompts 4] [--group 4] [--new-tokens 32] [--epochs 2] [--beta 0.04]
                          [--rollouts 10] [--warmup 1] [--threads 1] [--reps 3]
+    python bench/grpo.py --model WS/smollm2 --export HF_DIR --prompts 8 --group 4 --new-tokens 64 \
+                         [--epochs 1 --beta 0] [--rollouts 3] [--warmup 1] [--threads 1] [--reps 3]
 """
 
 from __future__ import annotations
@@ -63,6 +70,8 @@ from bench.dpo import (child_main, llmkit, llmkit_step_ends, load_warning, rates
 
 PROMPTS = REPO / "recipes/demo/data/tasks/prompts_train.jsonl"
 LR = 1e-5
+LORA_ALPHA = 32
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def timings(ends: list[float], steps: int, warmup_steps: int, epochs: int) -> dict:
@@ -76,13 +85,15 @@ def timings(ends: list[float], steps: int, warmup_steps: int, epochs: int) -> di
             "update_step_s": statistics.median(rest) if rest else None}
 
 
-def build_inputs(ws: Path, n_prompts: int, threads: int) -> Path:
+def build_inputs(ws: Path, n_prompts: int, threads: int, a=None) -> Path:
     """The prompts as a dataset, a tokenizer trained on them, a random `tiny` model as a
-    checkpoint run `base`, and its transformers export."""
+    checkpoint run `base`, and its transformers export (SmolLM2 mode: the prompts alone)."""
     lines = PROMPTS.read_text(encoding="utf-8").splitlines()[:n_prompts]
     data = ws.parent / "prompts.jsonl"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     llmkit(ws, "ingest", str(data), "--kind", "prompt", "--out", "prompts", threads=threads)
+    if a is not None and a.model:
+        return Path(a.export).resolve()
     llmkit(ws, "tokenizer", "--in", "prompts", "--set", "vocab_size=320", threads=threads)
     write_random_run(ws, "base")
     llmkit(ws, "export", "--from", "base", "--out", "hf", "--set", "probe=false", threads=threads)
@@ -97,11 +108,14 @@ def llmkit_settings(a, steps: int) -> list[str]:
             f"lr={LR}", f"min_lr={LR}", "warmup_steps=0", "weight_decay=0", "betas=[0.9,0.999]",
             "grad_clip=1.0", "precision=fp32", "activation_checkpointing=false",
             f"max_steps={steps}", "log_every=1", "eval_every=0", "eval_records=0",
-            "eval_fraction=0", "seq_len=128", "seed=0"]
+            "eval_fraction=0", "seq_len=128", "seed=0",
+            *([f"lora.r={a.lora_r}", f"lora.alpha={LORA_ALPHA}", "lora.dropout=0", "lora.target=all-linear"]
+              if a.lora_r else [])]
 
 
 def run_llmkit(ws: Path, a, steps: int, warmup_steps: int) -> dict:
-    args = ["ppo", "--from", "base", "--in", "prompts", "--out", "grpo", "--force",
+    args = ["ppo", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "prompts", "--out",
+            "grpo", "--force",
             *[x for s in llmkit_settings(a, steps) for x in ("--set", s)]]
     ends = spawn(__file__, "llmkit", args, a.threads, ws)["ends"]
     records = [json.loads(line) for line in (ws / "grpo" / "metrics.jsonl").open()]
@@ -144,9 +158,16 @@ def trl_child(p: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(p["hf_dir"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(p["hf_dir"])
     timer = step_end_timer()
+    peft_config = None
+    if p.get("lora_r"):
+        import peft
+
+        peft_config = peft.LoraConfig(r=p["lora_r"], lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                      target_modules=TARGETS, task_type="CAUSAL_LM")
     with tempfile.TemporaryDirectory() as out:
         trainer = GRPOTrainer(model=model, reward_funcs=similarity, args=trl_config(p, out),
-                              train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+                              train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
+                              peft_config=peft_config)
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     generations = [h for h in trainer.state.log_history if "reward" in h]  # logged once per generation
@@ -157,12 +178,22 @@ def trl_child(p: dict) -> dict:
 
 def run_trl(hf_dir: Path, a, n_prompts: int, steps: int, warmup_steps: int) -> dict:
     payload = {"hf_dir": str(hf_dir), "n_prompts": n_prompts, "steps": steps, "prompts": a.prompts,
-               "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens, "beta": a.beta}
+               "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens, "beta": a.beta,
+               "lora_r": a.lora_r}
     result = spawn(__file__, "trl", payload, a.threads)
     return {**result, **timings(result.pop("ends"), steps, warmup_steps, a.epochs)}
 
 
 CHILDREN = {"llmkit": llmkit_step_ends, "trl": trl_child}
+
+
+def printed_run(name: str, r: dict) -> dict:
+    """r, printed as soon as its run ends (a long bench on a loaded machine leaves a trace)."""
+    import os
+
+    print(f"  {name}: {r['rate']:.4f} steps/s (median generation {r['median_rate']:.4f}); "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    return r
 
 
 def main() -> None:
@@ -178,6 +209,9 @@ def main() -> None:
                         help="threads per run (1: a job elsewhere on a 2-core machine costs a run "
                              "its share of the CPU, not 10-20x as at 2)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
+    parser.add_argument("--model", help="an llmkit checkpoint run (SmolLM2 mode, e.g. WS/smollm2)")
+    parser.add_argument("--export", help="--model's `llmkit export` folder")
+    parser.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default: 16 with --model, else 0)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -185,19 +219,24 @@ def main() -> None:
         return child_main(CHILDREN, a.child, a.payload)
     if a.warmup < 1 or a.rollouts < 1 or a.reps < 1 or a.group < 2:
         parser.error("need --warmup >= 1, --rollouts >= 1, --reps >= 1 and --group >= 2")
+    if bool(a.model) != bool(a.export):
+        parser.error("--model and --export go together")
+    if a.lora_r is None:
+        a.lora_r = 16 if a.model else 0
 
     warmup_steps = a.warmup * a.epochs
     steps = warmup_steps + a.rollouts * a.epochs
     n_prompts = a.prompts * (a.warmup + a.rollouts)  # one epoch of prompts on both sides
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
-        hf_dir = build_inputs(ws, n_prompts, a.threads)
-        results, loads = repeat([("llmkit", lambda: run_llmkit(ws, a, steps, warmup_steps)),
-                                 ("trl", lambda: run_trl(hf_dir, a, n_prompts, steps, warmup_steps))],
+        hf_dir = build_inputs(ws, n_prompts, a.threads, a)
+        results, loads = repeat([("llmkit", lambda: printed_run("llmkit", run_llmkit(ws, a, steps, warmup_steps))),
+                                 ("trl", lambda: printed_run("trl", run_trl(hf_dir, a, n_prompts, steps, warmup_steps)))],
                                 a.reps)
 
     batch = a.prompts * a.group
-    print(f"GRPO, tiny model, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
+    model = f"{Path(a.model).name} (LoRA r {a.lora_r})" if a.model else "tiny model"
+    print(f"GRPO, {model}, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
           f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32, "
           f"{a.threads} CPU threads, {a.reps} repetitions")
     print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps))}")

@@ -31,7 +31,13 @@ Memory: every run is its own process, which imports torch, deepspeed and peft (s
 before it starts: `peak RSS` is the process's peak resident memory, `training` that peak less the
 resident memory after those imports (model, optimizer, activations).
 
+SmolLM2 mode (`--model WS/smollm2 --export HF_DIR`): the imported SmolLM2-135M-Instruct run and its
+`llmkit export` folder instead of a random preset, and rows of `--seq-len` tokens (256 there):
+each a few-shot prompt (solved examples of the demo's rows, then one more question) whose chat,
+answer included, fills 240-256 tokens, so every step computes about batch x seq_len positions.
+
     python bench/lora.py [--preset small] [--steps 20] [--batch 8] [--threads 1] [--reps 3] [--full]
+    python bench/lora.py --model WS/smollm2 --export HF_DIR --seq-len 256 --steps 6 --warmup 2 [--threads 1]
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def trl_child(p: dict) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(p["hf_dir"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(p["hf_dir"])
-    dataset = Dataset.from_list(conversations(p["steps"] * p["batch"]))
+    dataset = Dataset.from_list(conversations(p["steps"] * p["batch"], Path(p.get("rows") or ROWS)))
     peft_config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=DROPOUT, target_modules=TARGETS,
                                   task_type="CAUSAL_LM")
     timer = step_end_timer()
@@ -118,10 +124,10 @@ def trl_child(p: dict) -> dict:
             "checkpointing": bool(config.gradient_checkpointing)}
 
 
-def conversations(n: int) -> list[dict]:
+def conversations(n: int, rows: Path = ROWS) -> list[dict]:
     """The first n rows as TRL's conversational prompt/completion rows (loss on the completion)."""
     out = []
-    for line in ROWS.read_text(encoding="utf-8").splitlines():
+    for line in rows.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         messages = row.get("messages") or [{"role": "user", "content": row["prompt"]},
                                            {"role": "assistant", "content": row["response"]}]
@@ -136,9 +142,40 @@ CHILDREN = {"llmkit": measured(llmkit_step_ends), "trl": measured(trl_child)}
 
 # -- the parent: inputs, runs, report -----------------------------------------------------------
 
-def build_inputs(ws: Path, preset: str, n_rows: int, threads: int) -> Path:
+def long_rows(a, n_rows: int) -> list[str]:
+    """SmolLM2 mode's rows: few-shot prompts whose chat (answer included) is 240-`a.seq_len` tokens."""
+    from llmkit.train.loading import load_tokenizer
+
+    run = Path(a.model)
+    tokenizer = load_tokenizer(run / (run / "latest").read_text().strip())
+    examples = [json.loads(line) for line in ROWS.read_text(encoding="utf-8").splitlines()]
+    examples = [e for e in examples if "prompt" in e]
+    out, i = [], 0
+    while len(out) < n_rows:
+        shots = []
+        while True:
+            question = examples[i % len(examples)]
+            i += 1
+            prompt = "".join(f"{e['prompt']}\n{e['response']}\n\n" for e in shots) + question["prompt"]
+            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": question["response"]}]
+            length = len(tokenizer.encode_chat(chat)[0])
+            if length > a.seq_len:
+                break
+            if length >= a.seq_len - 16:
+                out.append(json.dumps({"prompt": prompt, "response": question["response"]}, ensure_ascii=False))
+                break
+            shots.append(question)
+    return out
+
+
+def build_inputs(ws: Path, preset: str, n_rows: int, threads: int, a=None) -> Path:
     """The SFT rows as a dataset, a tokenizer trained on them, a random model of `preset` as a
-    checkpoint run `base`, and its transformers export."""
+    checkpoint run `base`, and its transformers export (SmolLM2 mode: long rows, the given model)."""
+    if a is not None and a.model:
+        data = ws.parent / "sft_rows.jsonl"
+        data.write_text("\n".join(long_rows(a, n_rows)) + "\n", encoding="utf-8")
+        llmkit(ws, "ingest", str(data), "--kind", "sft", "--out", "sft_rows", threads=threads)
+        return Path(a.export).resolve()
     lines = ROWS.read_text(encoding="utf-8").splitlines()
     for name, rows in (("sft_rows", lines[:n_rows]), ("tokenizer_text", lines[:2000])):
         data = ws.parent / f"{name}.jsonl"
@@ -156,20 +193,31 @@ def run_sft(ws: Path, a, out: str, lora: bool, random_batches: bool = False) -> 
                 "eval_records=0", "eval_fraction=0", f"seq_len={a.seq_len}", "packing=false"]
     if lora:
         settings += [f"lora.r={R}", f"lora.alpha={ALPHA}", f"lora.dropout={DROPOUT}", "lora.target=all-linear"]
-    args = ["sft", "--from", "base", "--in", "sft_rows", "--out", out, "--force",
+    args = ["sft", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "sft_rows", "--out",
+            out, "--force",
             *[x for s in settings for x in ("--set", s)]]
     run = spawn(__file__, "llmkit", {"args": args, "random_batches": random_batches}, a.threads, ws)
     records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
     stats = json.loads((ws / out / "manifest.json").read_text())["stats"]
     return {**run, **timed(run, a), "trainable": stats.get("trainable_parameters"),
+            "trainable_share": stats.get("trainable_share"),
             "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"]}
 
 
 def run_trl(hf_dir: Path, a, group_by_length: bool = False, defaults: bool = False) -> dict:
     run = spawn(__file__, "trl", {"hf_dir": str(hf_dir), "steps": a.steps, "batch": a.batch,
                                   "seq_len": a.seq_len, "group_by_length": group_by_length,
+                                  "rows": str(a.rows) if a.model else None,
                                   "defaults": defaults}, a.threads)
     return {**run, **timed(run, a)}
+
+
+def shown(name: str, r: dict) -> dict:
+    """r, printed as soon as its run ends (a long bench on a loaded machine leaves a trace)."""
+    print(f"  {name}: {r['rate']:.4f} steps/s (median step {r['median_rate']:.4f}), peak RSS "
+          f"{r['peak_mb']:,.0f} MB, {r['padding']['padded_per_step']:,.0f} positions/step; load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    return r
 
 
 def timed(run: dict, a) -> dict:
@@ -201,6 +249,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of every rate")
     parser.add_argument("--full", action="store_true",
                         help="also llmkit's full fine-tuning (memory) and TRL with its defaults")
+    parser.add_argument("--runs", help="only these runs, e.g. lora,trl (rows of one length: grouping changes nothing)")
+    parser.add_argument("--model", help="an llmkit checkpoint run (SmolLM2 mode, e.g. WS/smollm2)")
+    parser.add_argument("--export", help="--model's `llmkit export` folder")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -214,17 +265,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
-        hf_dir = build_inputs(ws, a.preset, a.steps * a.batch, a.threads)  # one epoch
+        a.rows = ws.parent / "sft_rows.jsonl"
+        hf_dir = build_inputs(ws, a.preset, a.steps * a.batch, a.threads, a)  # one epoch
         runs = {"lora": lambda: run_sft(ws, a, "lora", lora=True),
                 "lora_random": lambda: run_sft(ws, a, "lora_random", lora=True, random_batches=True),
                 "trl_grouped": lambda: run_trl(hf_dir, a, group_by_length=True),
                 "trl": lambda: run_trl(hf_dir, a),
                 "full": lambda: run_sft(ws, a, "full", lora=False),
                 "trl_default": lambda: run_trl(hf_dir, a, defaults=True)}
-        chosen = RUNS + (EXTRAS if a.full else [])
-        results, loads = repeat([(key, runs[key]) for key, _, _ in chosen], a.reps)
+        chosen = [r for r in RUNS + (EXTRAS if a.full else []) if not a.runs or r[0] in a.runs.split(",")]
+        results, loads = repeat([(key, lambda key=key: shown(key, runs[key]())) for key, _, _ in chosen],
+                                a.reps)
         vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    total = Transformer(model_config(a.preset, vocab_size=vocab)).num_parameters()
+    total = (Transformer(model_config(a.preset, vocab_size=vocab)).num_parameters() if not a.model else
+             round(results[0]["lora"]["trainable"] / results[0]["lora"]["trainable_share"]))
     report(a, chosen, results, loads, total, vocab)
 
 
@@ -232,7 +286,8 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
     def column(key, field):
         return [r[key][field] for r in results]
 
-    print(f"SFT, preset {a.preset} ({total / 1e6:.1f}M parameters, vocab {vocab}), {a.batch} rows/step, "
+    model = Path(a.model).name if a.model else f"preset {a.preset}"
+    print(f"SFT, {model} ({total / 1e6:.1f}M parameters, vocab {vocab}), {a.batch} rows/step, "
           f"seq_len {a.seq_len}, {a.steps} steps (one epoch), fp32, {a.threads} CPU threads, {a.reps} "
           f"repetitions; LoRA r={R} alpha={ALPHA} on {','.join(TARGETS)}; steps/s of steps "
           f"{a.warmup + 1}-{a.steps}, each side timed from step end to step end")
@@ -253,7 +308,7 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
     for key, label, _ in chosen:
         print(padding_line(label, results[0][key]["padding"], width))
     for what, mine, peer in COMPARISONS:
-        if peer not in results[0]:
+        if peer not in results[0] or mine not in results[0]:
             continue
         ratios = [r[mine]["rate"] / r[peer]["rate"] for r in results]
         median_ratios = [r[mine]["median_rate"] / r[peer]["median_rate"] for r in results]

@@ -7,6 +7,7 @@ and reads it back, so a step after the prompt costs one token's forward."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,9 +40,25 @@ class KVCache:
         self.v[layer][:, :, self.length:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) the batch rows `rows` of every layer, in that order, up to `length`:
+        finished rows leave the batch, a prompt prefilled once fans out to its copies."""
+        self.shape = (len(rows), *self.shape[1:])
+        for store in (self.k, self.v):
+            for layer, t in enumerate(store):
+                if t is not None:
+                    kept = t.new_empty(self.shape)
+                    kept[:, :, :self.length] = t[rows, :, :self.length]
+                    store[layer] = kept
 
-def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):
-    """One token id per row from logits [B, V]."""
+
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None,
+                      rows=None, batch_size=None):
+    """One token id per row from logits [B, V].
+
+    `rows` (the batch rows these logits are, of `batch_size`) keep the random stream of a full
+    batch when finished rows have left it: every step draws the noise of all `batch_size` rows, so
+    a row samples the same token whether or not the others are still generating."""
     if greedy or temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -54,7 +71,13 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=Fa
         # drop a token when the better ones already reach top_p (the best token always stays)
         sorted_logits = sorted_logits.masked_fill(probs.cumsum(-1) - probs >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_idx, sorted_logits)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+    probs = logits.softmax(-1)
+    if rows is None:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # torch.multinomial's own one-sample draw (argmax of p / q, q ~ Exp(1)), its noise drawn for
+    # the whole batch: the same tokens as multinomial on the full batch, row for row
+    noise = probs.new_empty(batch_size, probs.shape[-1]).exponential_(1, generator=generator)
+    return (probs / noise[rows]).argmax(-1)
 
 
 @torch.no_grad()
@@ -64,29 +87,102 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
 
     A batch of prompts of different lengths is left-padded with attention_mask (1 = real). A row that
     produced eos_id keeps emitting eos_id; generation stops early once every row has.
-    """
+
+    The work is that of the rows still generating: identical prompts (a GRPO group) are prefilled
+    once, and a row that produced eos_id leaves the batch (its cache rows with it). Sampling draws
+    the random numbers of the whole batch at every step, so a seed gives the same tokens as when
+    every row computed to the end."""
     B, T = input_ids.shape
     device = input_ids.device
     if attention_mask is not None and bool(attention_mask.all()):
         attention_mask = None  # no padding: take the unmasked fast path
-    cache = KVCache(model.config, B, T + max_new_tokens)
-    position_ids = None if attention_mask is None else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    tokens, finished = input_ids, torch.zeros(B, dtype=torch.bool, device=device)
-    hidden = model.hidden_states(input_ids, position_ids, kv_cache=cache, attention_mask=attention_mask)
+    tokens = input_ids.new_full((B, T + max_new_tokens), eos_id if eos_id is not None else 0)
+    tokens[:, :T] = input_ids
+    # the prompts' cache slots may be laid out anew (see prefill): their mask comes back with them
+    hidden, cache, attention_mask = prefill(model, input_ids, attention_mask, T + max_new_tokens)
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], dim=1)
+        position_ids = attention_mask[:, :T].long().sum(-1, keepdim=True) - 1
+    rows = torch.arange(B, device=device)  # the original row of each row still generating
+    done = 0
     for step in range(max_new_tokens):
-        next_token = sample_next_token(model.lm_head(hidden[:, -1]), temperature, top_k, top_p, greedy, generator)
-        if eos_id is not None:
-            next_token = next_token.masked_fill(finished, eos_id)
-            finished |= next_token == eos_id
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+        next_token = sample_next_token(model.lm_head(hidden), temperature, top_k, top_p, greedy, generator,
+                                       rows=rows, batch_size=B)
+        tokens[rows, T + step] = next_token
+        done = step + 1
+        if step == max_new_tokens - 1:
             break
+        if eos_id is not None:
+            going = next_token != eos_id
+            if not bool(going.all()):
+                if not bool(going.any()):
+                    break
+                keep = going.nonzero().squeeze(1)
+                rows, next_token = rows[keep], next_token[keep]
+                cache.select_rows(keep)
+                if attention_mask is not None:
+                    attention_mask, position_ids = attention_mask[keep], position_ids[keep]
         if attention_mask is not None:
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=1)
-            position_ids = position_ids[:, -1:] + 1
-        hidden = model.hidden_states(next_token[:, None], position_ids, kv_cache=cache,
-                                     attention_mask=attention_mask)
-    return tokens
+            position_ids = position_ids + 1
+        hidden = model.hidden_states(next_token[:, None], position_ids if attention_mask is not None else None,
+                                     kv_cache=cache, attention_mask=None if attention_mask is None
+                                     else attention_mask[:, :T + step + 1])[:, -1]
+    return tokens[:, :T + done]
+
+
+def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
+    """(the hidden state of each row's last prompt token [B, hidden], a KVCache holding every row's
+    prompt, the attention mask of the cache's prompt slots [B, T] or None when all are real).
+
+    Each distinct prompt is computed once (its cache rows then copied to the rows that repeat it),
+    and the tokens every prompt starts with (a chat template's system turn) once for all: the cache
+    then holds that prefix first and each row's left-padded rest after it. Attention sees the same
+    keys at the same positions either way; only a sliding window reads slot distances, so a
+    windowed model keeps the plain layout."""
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    unique, first_of, inverse = distinct_rows(torch.cat([input_ids, mask], 1))
+    ids, mask = input_ids[first_of], mask[first_of]
+    B, T = ids.shape
+    rows = [r[T - n:] for r, n in zip(ids.tolist(), mask.sum(-1).tolist())]
+    shared = shared_prefix_length(rows) if B > 1 and model.config.sliding_window is None else 0
+    cache = KVCache(model.config, 1 if shared else B, max_len)
+    if shared:
+        model.hidden_states(ids.new_tensor([rows[0][:shared]]), kv_cache=cache)
+        cache.select_rows(torch.zeros(B, dtype=torch.long, device=ids.device))
+        rest, rest_mask = left_pad([r[shared:] for r in rows], pad_id=0)
+        rest, rest_mask = rest.to(ids.device), rest_mask.to(ids.device)
+        mask = torch.cat([mask.new_ones(B, shared), rest_mask], 1)
+        position_ids = (shared + rest_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = model.hidden_states(rest, position_ids, kv_cache=cache, attention_mask=mask)[:, -1]
+    else:
+        padded = not bool(mask.all())
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0) if padded else None
+        hidden = model.hidden_states(ids, position_ids, kv_cache=cache,
+                                     attention_mask=mask if padded else None)[:, -1]
+    if not unique:
+        cache.select_rows(inverse)
+        hidden, mask = hidden[inverse], mask[inverse]
+    return hidden, cache, None if bool(mask.all()) else mask
+
+
+def shared_prefix_length(rows: list[list[int]]) -> int:
+    """How many first tokens every row has in common, leaving each row at least one of its own."""
+    n, limit = 0, min(map(len, rows)) - 1
+    while n < limit and all(r[n] == rows[0][n] for r in rows):
+        n += 1
+    return n
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """(whether every row is distinct, the index of the first row of each distinct value, the
+    distinct value of each row as an index into those)."""
+    seen: dict[tuple, int] = {}
+    inverse = [seen.setdefault(tuple(r), len(seen)) for r in rows.tolist()]
+    first = {}
+    for i, d in enumerate(inverse):
+        first.setdefault(d, i)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.long, device=rows.device)
+    return len(seen) == len(inverse), as_tensor(list(first.values())), as_tensor(inverse)
 
 
 def reply_text(tokenizer, ids: list[int], cut: bool) -> str:

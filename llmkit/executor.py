@@ -1,11 +1,12 @@
 """Where a data stage's tasks run: in this machine's processes (`local`) or on Ray (`ray`).
 
 Every data stage is split into deterministic tasks (an input file, a group of files, a MinHash
-band…). A task writes its files in the stage's work area under temporary names and seals them
-with a marker (`llmkit.workspace.seal`), so it can run on any machine that sees the workspace,
-be run again from scratch with the same result, and be skipped once sealed. The executor only
-chooses where the pending tasks run; the driver (the `llmkit` command) then assembles the
-artifact from the sealed task outputs, the same way whichever executor ran them.
+band…). A task writes its files in the stage's work area under temporary names and the driver
+seals them with a marker (llmkit.data.driver.run_task), so it can run on any machine that sees
+the workspace, be run again from scratch with the same result, and be skipped once sealed. The
+executor only chooses where the pending tasks run (`RunsOn`, a data stage's `run` section);
+the driver (the `llmkit` command) then assembles the artifact from the sealed task outputs,
+the same way whichever executor ran them.
 
 `ray` joins the cluster `ray.address` names (`auto` for the one `ray start --head` runs, or
 `ray://HOST:10001`), else starts a private local one, never another cluster found on the machine
@@ -24,9 +25,11 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.progress import Progress
+from llmkit.workspace import kill_point
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = "pip install 'llmkit[ray]'"
@@ -56,12 +59,51 @@ class RayConfig:
                               "unset one of the two")
 
 
-def executor_field():
-    return field(default="local", metadata=RUN_OPTION)
+@dataclass
+class RunsOn:
+    """Where a data stage runs, the one home of it: a data stage's config holds it as its `run`
+    section (recipe `run:`, `--set run.executor=ray`; `--executor`, `--workers`, `--rank` and
+    `--world-size` are that section's flags). A section of the config rather than fields of the
+    stage context, so that it resolves, is checked, printed (`llmkit config`) and recorded
+    (config.yaml) as every other setting is, and one field's metadata keeps all of it out of the
+    fingerprint: the same artifact wherever and on how many processes its tasks ran."""
+    executor: Literal["local", "ray"] = "local"  # where tasks run: this machine's processes, or a Ray cluster
+    workers: int = 1                 # local processes (a Ray task uses ray.cpus_per_task instead)
+    rank: int | None = None          # run only the tasks t with t % world_size == rank, commit nothing
+    world_size: int | None = None    # how many runs share the tasks (with rank: a Slurm array…)
+    ray: RayConfig = field(default_factory=RayConfig)  # executor ray: the cluster, what a task reserves
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ConfigError(f"run.workers (--workers) must be ≥ 1, got {self.workers}")
+        if (self.rank is None) != (self.world_size is None):
+            raise ConfigError("run.rank and run.world_size (--rank, --world-size) go together")
+        if self.rank is not None and not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"run.rank (--rank) must be in [0, {self.world_size}), got "
+                              f"{self.rank}")
+
+    def share(self, tasks: list[int]) -> list[int]:
+        """The tasks this run owns: all, or with a rank those with t % world_size == rank."""
+        if self.rank is None:
+            return list(tasks)
+        return [t for t in tasks if t % self.world_size == self.rank]
+
+    def within_task(self) -> int:
+        """Processes (or threads) one task may use: --workers here; on Ray, the CPUs a task
+        reserves."""
+        return self.workers if self.executor == "local" else max(1, int(self.ray.cpus_per_task))
+
+    def run(self, fn: Callable, items: list, *, label: str, work_dir: Path,
+            spread: bool) -> None:
+        """`fn(item)` for each item on the executor; `spread`: locally on --workers processes
+        side by side (else one at a time, each task using them itself)."""
+        run_tasks(fn, items, label=label, executor=self.executor, ray=self.ray,
+                  workers=self.workers if spread else 1, work_dir=work_dir)
 
 
-def ray_field():
-    return field(default_factory=RayConfig, metadata=RUN_OPTION)
+def run_option():
+    """A config field that says where or how a stage runs, not what it computes."""
+    return field(default_factory=RunsOn, metadata=RUN_OPTION)
 
 
 def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
@@ -72,8 +114,6 @@ def run_tasks(fn: Callable, items: list, *, label: str, executor: str = "local",
     local: in this process, or on `workers` processes (the tasks' order of completion does not
     matter: each writes its own files). ray: one Ray task per item; `work_dir` is where the
     driver leaves the token that proves a worker sees the workspace."""
-    from llmkit.progress import Progress
-
     if executor == "ray":
         require_ray()  # even with nothing to run: the setting is wrong here either way
     with Progress(label, total=len(items), unit="tasks") as bar:
@@ -123,8 +163,6 @@ def require_ray():
 
 
 def _run_on_ray(fn, items, cfg: RayConfig, work_dir: Path | None, bar, check=None) -> None:
-    from llmkit.workspace import kill_point
-
     ray = require_ray()
     connect(ray, cfg)
     if work_dir is not None:

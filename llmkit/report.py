@@ -9,6 +9,8 @@ from pathlib import Path
 from llmkit.errors import UserError
 from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
+from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
+from llmkit.workspace import MANIFEST, Artifact
 
 # metric -> plot title; a plot is drawn when at least one run logged the metric
 PLOTS = {
@@ -38,8 +40,6 @@ class ReportConfig:
 
 
 def read_metrics(run: Path) -> list[dict]:
-    from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
-
     if not (run / METRICS_FILE).is_file():
         raise UserError(f"{run} has no {METRICS_FILE}; is it a checkpoint run?")
     return read_run_metrics(run)
@@ -47,8 +47,6 @@ def read_metrics(run: Path) -> list[dict]:
 
 def read_manifest(run: Path) -> dict:
     """The run's manifest, or {} for a run still training (it is written last)."""
-    from llmkit.workspace import MANIFEST, Artifact
-
     return Artifact.open(run).manifest if (run / MANIFEST).is_file() else {}
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from llmkit.config import load_recipe, parse_overrides, resolve_config
 from llmkit.errors import UserError
+from llmkit.executor import RunsOn
 from llmkit.recipes import check_recipe, check_section_names, section_for, section_settings
 from llmkit.stages import TRAINING, config_class
 from llmkit.workspace import Artifact, Workspace
@@ -22,25 +23,26 @@ class StageContext:
     inputs: list[str] = field(default_factory=list)  # --in values, names or paths
     out: str | None = None                         # --out
     force: bool = False                            # --force
-    workers: int = 1                               # --workers
-    rank: int | None = None                        # --rank (one task of many)
-    world_size: int | None = None                  # --world-size
+    # config values that common options gave: --allow-empty, and a data stage's `run` section
+    # (--executor, --workers, --rank, --world-size); the flags layer of `config()`
+    flags: dict = field(default_factory=dict)
     recipe_path: str = "recipe"                    # --recipe, for messages
 
     @classmethod
     def create(cls, workspace=None, recipe=None, set_=None, inputs=None, out=None,
-               force=False, workers=1, rank=None, world_size=None, stage=None) -> "StageContext":
+               force=False, stage=None, flags=None) -> "StageContext":
         root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
-        if workers is not None and workers < 1:
-            raise UserError(f"--workers must be ≥ 1, got {workers}")
-        if (rank is None) != (world_size is None):
-            raise UserError("--rank and --world-size go together")
-        if rank is not None and not 0 <= rank < world_size:
-            raise UserError(f"--rank must be in [0, {world_size}), got {rank}")
+        flags = flags or {}
+        resolve_config(RunsOn, flags.get("run"))  # a wrong flag fails before anything is read
         recipe_data = load_recipe(recipe)
         check_section_names(recipe_data, str(recipe))
         return cls(Workspace(Path(root)), stage, recipe_data, parse_overrides(set_),
-                   list(inputs or []), out, force, workers or 1, rank, world_size, str(recipe))
+                   list(inputs or []), out, force, flags, str(recipe))
+
+    @property
+    def workers(self) -> int:
+        """--workers, for a stage without a `run` section (the tokenizer's threads)."""
+        return self.flags.get("run", {}).get("workers", 1)
 
     def config(self, cls=None, stage: str | None = None, **flags):
         """The config of `stage` (default: the running command's, of class `cls` from the stage
@@ -49,9 +51,11 @@ class StageContext:
         stage), else the stage's. A training stage first checks the whole recipe, so that a
         setting that would stop a later stage is found before hours of training, not after."""
         stage = stage or self.stage
+        cls = cls or config_class(stage)
         if stage in TRAINING and self.recipe:
             check_recipe(self.recipe, self.recipe_path)
-        return resolve_config(cls or config_class(stage), self.recipe_section(stage), flags,
+        given = {k: v for k, v in self.flags.items() if k in {f.name for f in fields(cls)}}
+        return resolve_config(cls, self.recipe_section(stage), {**given, **flags},
                               self.overrides)
 
     def recipe_section(self, stage: str) -> dict | None:

@@ -4,8 +4,9 @@ Each stage's command, its CLI function, its config class, its kind and the artif
 writes without `--out`. The CLI builds its commands from it (and each stage's `--help` from the
 config's source), the recipe checker reads a section against it, the workspace and `llmkit
 status` say from it which command builds a missing artifact and in which order. Only names live
-here: a module is imported when a caller asks for it (`config_class`, the CLI's `build_app`), so
-reading the table costs nothing and `llmkit --help` stays free of torch.
+here: a module is imported when a caller asks for it (`config_class`, the CLI's `build_app`, a
+command's `deferred` library function), so reading the table costs nothing and `llmkit --help`
+stays free of torch.
 
 A stage's recipe section is its command name; a section for one artifact of a stage (the demo's
 `scorer:`, a second pretrain run) names its stage instead (`stage: pretrain`, llmkit.recipes).
@@ -91,6 +92,23 @@ def config_class(command: str) -> type:
     """The config dataclass of a stage (imports its module)."""
     module, name = BY_COMMAND[command].config.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def deferred(target: str):
+    """The library function `"module:function"`, imported when it is first called.
+
+    A command module names the library function it runs this way instead of importing it,
+    because `llmkit --help` imports every command module (`build_app`) and a stage's library
+    module loads numpy, pyarrow or torch: the import waits until the command runs. This is the
+    one place a command's library function is resolved by name; its header still names it."""
+    module, name = target.split(":")
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.target = target
+    return call
 
 
 def stage_of_function(target: str) -> Stage | None:

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmkit.checkpoints import is_complete, step_dirs, step_of
+from llmkit.data.ingest import file_fingerprint
+from llmkit.progress import is_tty
 from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
 from llmkit.train.checkpoint import RUN_RECORD
 from llmkit.train.lora import PINNED_BASE  # a LoRA run holds its base input itself
-from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed
+from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed, shown
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
 NEEDS_REBUILD = ("stale", "incomplete", "missing")
@@ -36,7 +38,6 @@ class ArtifactStatus:
 
 def _current_fingerprint(path: Path) -> str | None:
     if path.is_file():  # a raw input file of ingest
-        from llmkit.data.ingest import file_fingerprint
 
         return file_fingerprint(path)
     try:
@@ -204,3 +205,37 @@ def human_age(seconds: float | None) -> str:
         if seconds >= span:
             return f"{seconds / span:.0f}{unit} ago"
     return f"{seconds:.0f}s ago"
+
+
+def print_status(ws) -> None:
+    """The table `llmkit status` prints (a rich one on a terminal), then the commands that
+    rebuild what is stale or missing, in the order to run them."""
+    rows = workspace_status(ws)
+    if not rows:
+        print(f"workspace {shown(ws.root)} has no artifacts yet")
+        return
+    if is_tty():
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table("artifact", "stage", "state", "size", "age", title=shown(ws.root))
+        colour = {"done": "green", "stale": "yellow", "incomplete": "red", "partial": "yellow",
+                  "damaged": "red", "missing": "red"}
+        for r in rows:
+            t.add_row(r.name, r.stage, f"[{colour[r.state]}]{r.state}", r.size, human_age(r.age_s))
+        Console().print(t)
+    else:
+        print(f"{'artifact':<20} {'stage':<12} {'state':<11} {'size':<26} age")
+        for r in rows:
+            print(f"{r.name:<20} {r.stage:<12} {r.state:<11} {r.size:<26} {human_age(r.age_s)}")
+    for r in rows:
+        if r.state == "damaged":
+            print(f"{r.name}: some finished tasks lost files since; rerun `llmkit {r.stage}` "
+                  "(same config and inputs) and it redoes them")
+    todo = [r for r in rows if r.state in NEEDS_REBUILD]
+    if todo:
+        print("\nto rebuild, run in this order:")
+        for r in todo:
+            why = f"{r.state}: {r.why}" if r.why else r.state
+            print(f"  {r.rebuild}  # {r.name} {why}" if r.rebuild else
+                  f"  # {r.name} {why}: rerun the stage that built it")

@@ -29,7 +29,9 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from llmkit.chunk_cache import ChunkCacheEncoder
 from llmkit.errors import UserError
+from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.tokenizer_base import (CHAT_TEMPLATE, CONFIG_FILE, END_OF_TURN, JSON_FILE, MODEL_FILE,
                                    ROLE_TOKENS, ChatEncoding, read_config)
 
@@ -61,7 +63,6 @@ def open_tokenizer(directory: str | Path):
                         "`llmkit tokenizer` or give a model's tokenizer folder")
     if found.name == MODEL_FILE:
         return Tokenizer(directory)
-    from llmkit.hf_tokenizer import HFTokenizer
 
     return HFTokenizer(directory)
 
@@ -106,8 +107,6 @@ class Tokenizer(ChatEncoding):
         """The chunk-cache encoder (llmkit.chunk_cache), built on first use: its tables take
         a moment (and the first use on a machine compiles its passes)."""
         if self._chunk_encoder is None:
-            from llmkit.chunk_cache import ChunkCacheEncoder
-
             self._chunk_encoder = ChunkCacheEncoder(self.sp, jieba=self.jieba)
         return self._chunk_encoder
 

@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from llmkit.cjk import count_words, language_of, mark_jieba_boundaries
+from llmkit.data.io import dataset_files
 from llmkit.errors import ConfigError, UserError
+from llmkit.progress import Progress, print_summary
 from llmkit.tokenizer import (BOS, CHAT_TEMPLATE, CONFIG_FILE, END_OF_TURN, EOS, MODEL_FILE, PAD,
                               ROLE_TOKENS, UNK, WS_MARK, Tokenizer)
+from llmkit.workspace import write_atomic
 
 UNK_MARK = "\u2585"       # sentencepiece skips training sentences that contain it
 TAB = "\t"                # never inside a trained piece: marks pretokenisation boundaries
@@ -339,8 +342,6 @@ def _documents(datasets) -> Iterator[tuple[str, str, str | None]]:
     """(id, text, lang) of every row of the input datasets."""
     import pyarrow.parquet as pq
 
-    from llmkit.data.io import dataset_files
-
     for art in datasets:
         for f in dataset_files(art.path):
             names = pq.ParquetFile(f).schema_arrow.names
@@ -370,9 +371,6 @@ def _why_no_heldout(cfg: TokenizerConfig, docs: int) -> str:
 
 def run_tokenizer(ctx, cfg: TokenizerConfig):
     """`llmkit tokenizer`: train on the input dataset(s) and write the tokenizer artifact."""
-    from llmkit.progress import Progress, print_summary
-    from llmkit.workspace import write_atomic
-
     datasets = ctx.input_list("dedup")
     b = ctx.workspace.builder(ctx.out_name("tokenizer"), stage="tokenizer", config=cfg,
                               inputs=datasets, force=ctx.force)

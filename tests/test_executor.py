@@ -11,18 +11,18 @@ from typer.testing import CliRunner
 from llmkit.cli.app import build_app
 from llmkit.data.clean import CleanConfig
 from llmkit.errors import UserError
-from llmkit.executor import (RayConfig, run_tasks, see_workspace, worker_slot,
+from llmkit.executor import (RayConfig, RunsOn, run_tasks, see_workspace, worker_slot,
                              write_visibility_token)
 from llmkit.workspace import Workspace
 from tests.conftest import write_jsonl
 
 
-@pytest.mark.parametrize("how", [["--executor", "ray"], ["--set", "executor=ray"], "recipe"])
+@pytest.mark.parametrize("how", [["--executor", "ray"], ["--set", "run.executor=ray"], "recipe"])
 def test_executor_ray_without_ray_exits_2_with_the_install_line(tmp_path, monkeypatch, how):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
     if how == "recipe":
-        (tmp_path / "recipe.yaml").write_text("ingest:\n  executor: ray\n  ray: {address: auto}\n")
+        (tmp_path / "recipe.yaml").write_text("ingest:\n  run: {executor: ray, ray: {address: auto}}\n")
         how = ["--recipe", str(tmp_path / "recipe.yaml")]
     r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"), *how])
     assert r.exit_code == 2 and "pip install 'llmkit[ray]'" in r.output, r.output
@@ -37,11 +37,11 @@ def test_an_unknown_executor_is_refused_naming_the_choices(tmp_path):
 def test_where_a_stage_runs_is_recorded_but_not_fingerprinted(tmp_path):
     ws = Workspace(tmp_path)
     here = ws.builder("clean", stage="clean", config=CleanConfig(), quiet=True)
-    there = ws.builder("clean", stage="clean", quiet=True, config=CleanConfig(
-        executor="ray", ray=RayConfig(address="auto", cpus_per_task=2)))
+    there = ws.builder("clean", stage="clean", quiet=True, config=CleanConfig(run=RunsOn(
+        executor="ray", workers=4, ray=RayConfig(address="auto", cpus_per_task=2))))
     other = ws.builder("clean", stage="clean", config=CleanConfig(min_words=3), quiet=True)
     assert here.fingerprint == there.fingerprint != other.fingerprint
-    assert there.config["executor"] == "ray" and there.config["ray"]["address"] == "auto"
+    assert there.config["run"]["executor"] == "ray" and there.config["run"]["ray"]["address"] == "auto"
 
 
 def test_the_work_area_is_checked_at_the_very_path_tasks_use(tmp_path, monkeypatch):
@@ -61,7 +61,7 @@ def test_a_cluster_that_cannot_be_joined_is_an_error_naming_the_setting(tmp_path
         sys.modules["ray"].shutdown()  # a cluster an earlier test of this process left: llmkit would use it
     docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
     r = CliRunner().invoke(build_app(), ["ingest", str(docs), "-w", str(tmp_path / "ws"),
-                                         "--executor", "ray", "--set", "ray.address=nohost"])
+                                         "--executor", "ray", "--set", "run.ray.address=nohost"])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "cannot join the Ray cluster at ray.address='nohost' (Invalid address format" in r.output
 
@@ -107,3 +107,24 @@ def test_ray_settings_are_checked(bad):
 
     with pytest.raises(ConfigError, match="ray."):
         RayConfig(**bad)
+
+
+def test_the_run_flags_fill_the_run_section_and_switching_them_rebuilds_nothing(tmp_path):
+    """--executor/--workers are the flags of a data stage's `run` section (no --set rewriting):
+    config.yaml records them, `llmkit config` shows the section, and a finished artifact stays
+    up to date whatever they say next."""
+    import yaml
+
+    docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words of text"}])
+    ws, app = str(tmp_path / "ws"), build_app()
+    r = CliRunner().invoke(app, ["ingest", str(docs), "-w", ws, "--workers", "2"])
+    assert r.exit_code == 0, r.output
+    run = yaml.safe_load((tmp_path / "ws" / "raw" / "config.yaml").read_text())["run"]
+    assert (run["executor"], run["workers"], run["rank"]) == ("local", 2, None)
+    again = CliRunner().invoke(app, ["ingest", str(docs), "-w", ws, "--executor", "ray",
+                                     "--set", "run.ray.num_cpus=1"])
+    assert again.exit_code == 0 and "raw: up to date" in again.output, again.output
+    (tmp_path / "recipe.yaml").write_text("ingest:\n  run: {workers: 4}\n")
+    shown = CliRunner().invoke(app, ["config", "ingest", "--recipe", str(tmp_path / "recipe.yaml"),
+                                     "--set", "run.executor=ray"]).output.splitlines()
+    assert {"  run:", "    executor: ray  # set", "    workers: 4  # recipe"} <= set(shown), shown

@@ -7,7 +7,7 @@ import transformers
 from safetensors.torch import save_file
 
 import llmkit.model
-from llmkit.decoding import KVCache, generate, generate_replies, sample_next_token
+from llmkit.decoding import KVCache, generate, generate_replies, left_pad, sample_next_token
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config, to_hf_state_dict
 from llmkit.model import ConfigError, Transformer
 from llmkit.model_config import ModelConfig, model_config
@@ -324,6 +324,44 @@ def test_a_row_that_emits_eos_keeps_emitting_it():
         first_eos = (free[row, 5:] == eos).nonzero()
         stop = 5 + (int(first_eos[0]) if len(first_eos) else 6)
         assert torch.equal(out[row, :stop], free[row, :stop])
+
+
+def rows_per_forward(model, monkeypatch) -> list[tuple[int, int]]:
+    """(rows, new positions) of every forward `generate` makes from now on."""
+    calls, forward = [], model.hidden_states
+    monkeypatch.setattr(model, "hidden_states",
+                        lambda ids, *a, **k: calls.append(tuple(ids.shape)) or forward(ids, *a, **k))
+    return calls
+
+
+def test_a_shared_prefix_and_repeated_prompts_are_prefilled_once_with_the_same_tokens(monkeypatch):
+    model = build()
+    prefix = tokens(1, 5)[0].tolist()
+    own = [[11, 12], [13], [11, 12], [14, 15, 16]]  # rows 0 and 2 repeat one prompt
+    prompts = [prefix + r for r in own]
+    ids, mask = left_pad(prompts, pad_id=0)
+    calls = rows_per_forward(model, monkeypatch)
+    out = generate(model, ids, max_new_tokens=4, greedy=True, attention_mask=mask)
+    # the prefix once (1 row), then the three distinct rests (3 rows, up to 3 tokens), then one token a step
+    assert calls[:2] == [(1, 5), (3, 3)] and calls[2:] == [(4, 1)] * 3
+    for row, prompt in enumerate(prompts):
+        expected = greedy_without_cache(model, torch.tensor([prompt]), 4)[0, len(prompt):]
+        assert torch.equal(out[row, ids.shape[1]:], expected)
+
+
+def test_rows_that_stopped_leave_the_batch_and_sampling_draws_the_same_tokens(monkeypatch):
+    model = build()
+    prompts = tokens(4, 3, seed=2)
+    free = generate(model, prompts, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    eos = int(free[1, 4])  # row 1 stops after two tokens
+    calls = rows_per_forward(model, monkeypatch)
+    out = generate(model, prompts, max_new_tokens=6, temperature=1.0, eos_id=eos,
+                   generator=torch.Generator().manual_seed(5))
+    assert min(rows for rows, _ in calls[1:]) < 4  # a finished row is not computed any more
+    for row in range(4):  # the seed draws each row's tokens as if every row had computed to the end
+        stop = (free[row, 3:] == eos).nonzero()
+        end = 3 + (int(stop[0]) + 1 if len(stop) else 6)
+        assert torch.equal(out[row, :end], free[row, :end]) and (out[row, end:] == eos).all()
 
 
 def test_sampling_filters_and_generator_make_it_deterministic():

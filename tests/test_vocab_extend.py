@@ -182,3 +182,97 @@ def test_a_sentencepiece_model_is_refused_with_exit_2(extended, tmp_path):
     (tokenizer / "tokenizer.model").write_bytes(b"a sentencepiece model")
     out = run("extend-vocab", "--from", "spm", "--in", "zh_text", "--out", "x", "-w", ws, code=2)
     assert "sentencepiece" in out and "byte-level BPE" in out.replace("\n", " ")
+
+
+def lora_pretrain(ws, out: str, *sets: str, kill_at: str | None = None) -> int:
+    """`llmkit pretrain --from zh` with LoRA on the Chinese tokens, in its own process (a kill is real)."""
+    import os
+    import subprocess
+    import sys
+
+    if not (ws / "tokens-zh/manifest.json").is_file():
+        run("tokenize", "--in", "zh_text", "--tokenizer", "zh", "--out", "tokens-zh", "-w", ws,
+            "--set", "val_fraction=0")
+    args = [a for p in ["lora.r=4", "lora.alpha=8", "micro_batch_size=2", "seq_len=32", "lr=5e-2", "min_lr=5e-3",
+                        "warmup_steps=0", "eval_every=0", "save_every=2", *sets] for a in ("--set", p)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LLMKIT_KILL_AT")}
+    env.update(OMP_NUM_THREADS="1", **({"LLMKIT_KILL_AT": kill_at} if kill_at else {}))
+    return subprocess.run([sys.executable, "-c", "from llmkit.cli.app import main; main()", "pretrain", "--from",
+                           "zh", "--in", "tokens-zh", "--out", out, "-w", str(ws), *args],
+                          env=env, capture_output=True, text=True, timeout=600).returncode
+
+
+def test_lora_trains_the_new_rows_only_saves_resumes_and_merges_them(extended):
+    """Under LoRA the new pieces' embedding rows (and an untied head's) train beside the adapters and
+    every old row stays the base's; the adapter file holds them as peft does, a killed run resumes to
+    the same rows, and the merged model exports and imports back with them."""
+    from safetensors.torch import load_file
+
+    family, ws = extended
+    old, new = tokenizers_of(ws)
+    assert lora_pretrain(ws, "cpt", "max_steps=4") == 0
+    assert lora_pretrain(ws, "killed", "max_steps=4", kill_at="checkpoint@2") == -9
+    assert lora_pretrain(ws, "killed", "max_steps=4") == 0
+    step = ws / "cpt/step-00000004"
+    saved = load_file(str(step / "adapter_model.safetensors"))
+    resumed = load_file(str(ws / "killed/step-00000004/adapter_model.safetensors"))
+    assert saved.keys() == resumed.keys() and all(torch.equal(saved[k], resumed[k]) for k in saved)
+    heads = ["model.embed_tokens"] + (["lm_head"] if family == "qwen3" else [])  # a tied head reads the embedding's
+    rows = {f"base_model.model.{h}.token_adapter.trainable_tokens_delta": h for h in heads}
+    assert {k for k in saved if "trainable_tokens" in k} == set(rows)
+    new_ids = list(range(old.vocab_size, new.vocab_size))
+    assert all(saved[k].shape == (len(new_ids), SHAPE["hidden_size"]) for k in rows)
+    config = json.loads((step / "adapter_config.json").read_text())
+    assert config["trainable_token_indices"] == {h.split(".")[-1]: new_ids for h in heads}
+
+    base, _ = llmkit.load(ws / "zh")
+    merged, _ = llmkit.load(ws / "cpt")
+    for module in heads:
+        before, after = base.get_submodule(module).weight, merged.get_submodule(module).weight
+        assert torch.equal(after[:old.vocab_size], before[:old.vocab_size])
+        assert torch.equal(after[new_ids], saved[f"base_model.model.{module}.token_adapter.trainable_tokens_delta"])
+        assert not torch.allclose(after[new_ids], before[new_ids])
+    assert (merged.lm_head.weight is merged.model.embed_tokens.weight) == (family == "qwen2")
+
+    run("export", "--from", "cpt", "--to", ws / "cpt-hf", "-w", ws, "--set", "probe_tokens=16",
+        "--set", "probe_new_tokens=2")
+    assert json.loads((ws / "cpt-hf/llmkit_export.json").read_text())["max_abs_logit_diff"] <= 1e-4
+    run("import", "--from", ws / "cpt-hf", "--out", "cpt-back", "-w", ws)
+    back = read_weights(ws / "cpt-back/step-00000000/model.safetensors")
+    for module in heads:
+        assert torch.equal(back[f"{module}.weight"], merged.get_submodule(module).weight.detach())
+
+
+def test_peft_reads_the_adapters_on_the_exported_base(extended):
+    """adapter_model.safetensors + adapter_config.json (trainable_token_indices) load with
+    `PeftModel.from_pretrained` onto transformers' copy of the extended model: its logits are llmkit's."""
+    import peft
+
+    family, ws = extended
+    if not (ws / "cpt/manifest.json").is_file():
+        assert lora_pretrain(ws, "cpt", "max_steps=4") == 0
+    run("export", "--from", "zh", "--to", ws / "zh-hf", "-w", ws, "--set", "probe_tokens=8",
+        "--set", "probe_new_tokens=1")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ws / "zh-hf", dtype=torch.float32)
+    adapted = peft.PeftModel.from_pretrained(hf, ws / "cpt/step-00000004").eval()
+    merged, tokenizer = llmkit.load(ws / "cpt")
+    ids = torch.tensor([tokenizer.encode(chinese(1, seed=5)[0])])
+    assert ids.max() >= tokenizers_of(ws)[0].vocab_size  # the text uses new pieces
+    with torch.no_grad():
+        assert torch.allclose(adapted(ids).logits, merged.eval()(ids), atol=1e-4)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}},
+     "not byte-level"),  # Llama 2 / Mistral's tokenizer.json: sentencepiece-style BPE with byte fallback
+    ({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}}}, "not BPE")])
+def test_a_tokenizer_json_that_is_not_byte_level_bpe_is_refused_with_exit_2(extended, change, says):
+    import shutil
+
+    _, ws = extended
+    shutil.rmtree(ws / "other", ignore_errors=True)
+    shutil.copytree(ws / "base", ws / "other")
+    path = ws / "other/step-00000000/tokenizer/tokenizer.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    out = run("extend-vocab", "--from", "other", "--in", "zh_text", "--out", "y", "-w", ws, code=2)
+    assert says in out and "tokenizer.json" in out and not (ws / "y").exists()

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
+from llmkit.keydocs import documented_keys
 from llmkit.stages import BY_COMMAND, STAGES
 from llmkit.version import __version__
 
@@ -27,8 +28,6 @@ class StageHelp(TyperCommand):
 def config_keys_help(section: str, longest_default: int = 40) -> str:
     """The keys of a stage's config, one a line: `key: type = default  # comment`, nested
     sections as `model.n_layers`. Read from the config class's source, so torch is not imported."""
-    from llmkit.keydocs import documented_keys
-
     rows = []
     for doc in documented_keys(BY_COMMAND[section].config):
         default = doc.default

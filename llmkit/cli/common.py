@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.errors import UserError
+from llmkit.stage import StageContext
 from llmkit.stages import stage_of_function
 from llmkit.workspace import Workspace
 
@@ -44,7 +45,9 @@ WRITES = [
      False),
 ]
 WORKERS = [
-    ("workers", Annotated[int, typer.Option("--workers", help="Local worker processes.")], 1),
+    ("workers", Annotated[Optional[int], typer.Option(
+        "--workers", show_default="1", help="Local worker processes (--set run.workers=…).")],
+     None),
 ]
 EMPTY = [
     ("allow_empty", Annotated[bool, typer.Option(
@@ -58,9 +61,10 @@ SHARDING = [
     ("world_size", Annotated[Optional[int], typer.Option(
         "--world-size", help="Number of tasks the stage is split into (Slurm array…).")], None),
     ("executor", Annotated[Optional[str], typer.Option(
-        "--executor", help="Where the tasks run: local | ray (--set executor=…; Ray's "
-                           "settings: --set ray.address=auto …).")], None),
+        "--executor", help="Where the tasks run: local | ray (--set run.executor=…; Ray's "
+                           "settings: --set run.ray.address=auto …).")], None),
 ]
+RUN_OPTIONS = ("executor", "workers", "rank", "world_size")  # a data stage's `run` section
 
 
 def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes: bool = False,
@@ -87,22 +91,24 @@ def stage_command(fn=None, *, config: bool = False, inputs: bool = False, writes
     def command(**kwargs):
         common = {name: kwargs.pop(name) for name, _, _ in extra}
         with user_errors():
-            from llmkit.stage import StageContext
-
-            sets = [*(common.get("set_") or []),
-                    *(["allow_empty=true"] if common.get("allow_empty") else []),
-                    *([f"executor={common['executor']}"] if common.get("executor") else [])]
             ctx = StageContext.create(
-                workspace=common["workspace"], recipe=common.get("recipe"), set_=sets,
-                inputs=common.get("in_"), out=common.get("out"), force=common.get("force", False),
-                workers=common.get("workers", 1), rank=common.get("rank"),
-                world_size=common.get("world_size"), stage=stage)
+                workspace=common["workspace"], recipe=common.get("recipe"),
+                set_=common.get("set_"), inputs=common.get("in_"), out=common.get("out"),
+                force=common.get("force", False), stage=stage, flags=config_flags(common))
             return fn(absolute_paths(ctx) if sharded else ctx, **kwargs)
 
     del command.__wrapped__  # typer must see the new signature, not fn's
     command.__signature__ = inspect.Signature(own + added)
     command.__annotations__ = {p.name: p.annotation for p in own + added}
     return command
+
+
+def config_flags(common: dict) -> dict:
+    """The config values the common options gave, as the flags layer of the stage's config:
+    --allow-empty, and --executor/--workers/--rank/--world-size as the `run` section."""
+    run = {name: common[name] for name in RUN_OPTIONS if common.get(name) is not None}
+    return {**({"allow_empty": True} if common.get("allow_empty") else {}),
+            **({"run": run} if run else {})}
 
 
 def absolute_paths(ctx):

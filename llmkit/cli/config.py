@@ -1,8 +1,14 @@
+import dataclasses
+import difflib
 from typing import Annotated
 
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.config import config_yaml, value_sources
+from llmkit.errors import UserError
+from llmkit.recipes import section_stage
+from llmkit.stages import CONFIGURED, config_class
 
 
 @stage_command(config=True)
@@ -16,14 +22,6 @@ def config(
 ):
     """Print a stage's resolved config (defaults < recipe < --set) as a recipe section, each value
     marked `# default`, `# recipe` or `# set`."""
-    import dataclasses
-    import difflib
-
-    from llmkit.config import config_yaml, value_sources
-    from llmkit.errors import UserError
-    from llmkit.recipes import section_stage
-    from llmkit.stages import CONFIGURED, config_class
-
     if section not in CONFIGURED and section not in ctx.recipe:
         close = difflib.get_close_matches(section, CONFIGURED, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(CONFIGURED)}"

@@ -3,6 +3,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_dedup = deferred("llmkit.data.dedup.stage:run_dedup")
 
 
 @stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True, rows=True)
@@ -15,7 +18,5 @@ def dedup(
              "tasks of it). A plain run afterwards assembles the artifact.")] = None,
 ):
     """Remove exact / SimHash / MinHash duplicates, keeping the first of each cluster -> `dedup`."""
-    from llmkit.data.dedup.stage import run_dedup
-
     cfg = ctx.config(**({"method": method} if method else {}))
     run_dedup(ctx, cfg, phase=phase)

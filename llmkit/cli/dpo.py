@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_dpo = deferred("llmkit.train.dpo:plan_dpo")
+run_dpo = deferred("llmkit.train.dpo:run_dpo")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -19,8 +23,6 @@ def dpo(
     dry_run: DryRun = False,
 ):
     """Direct preference optimisation (sigmoid/ipo/cdpo/robust/reference_free; orpo/simpo without a reference model) on pairs (--in, default pref_train) -> `dpo`."""
-    from llmkit.train.dpo import plan_dpo, run_dpo
-
     cfg = ctx.config()
     if dry_run:
         return plan_dpo(ctx, cfg, from_, ref, eval_)

@@ -3,6 +3,10 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_eval = deferred("llmkit.eval.stage:run_eval")
+split_task_names = deferred("llmkit.eval.stage:split_task_names")
 
 
 @stage_command(config=True, writes=True)
@@ -17,6 +21,4 @@ def eval_(
                         "harness.include_path task, any lm-eval task whose data is local).")] = None,
 ):
     """Evaluate a checkpoint: perplexity, multiple choice, BLEU/ROUGE, reward accuracy / win rate, speed, lm-eval tasks -> `eval/<name>`."""
-    from llmkit.eval.stage import run_eval, split_task_names
-
     run_eval(ctx, ctx.config(**(split_task_names(tasks) if tasks else {})), run=from_)

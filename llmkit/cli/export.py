@@ -3,6 +3,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_export = deferred("llmkit.hf.export:run_export")
 
 
 @stage_command(config=True, writes=True)
@@ -17,7 +20,5 @@ def export(
         "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0 or q4_1 (default f16).")] = None,
 ):
     """Write a checkpoint as a Hugging Face transformers folder or a GGUF file and record its logit parity."""
-    from llmkit.hf.export import run_export
-
     flags = {k: v for k, v in (("format", format_), ("quant", quant)) if v is not None}
     run_export(ctx, ctx.config(**flags), from_, to)

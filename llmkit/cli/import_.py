@@ -3,6 +3,10 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+find_in_workspace = deferred("llmkit.train.loading:find_in_workspace")
+run_import = deferred("llmkit.hf.import_:run_import")
 
 
 @stage_command(config=True, writes=True)
@@ -16,9 +20,6 @@ def import_(
              "tokenizer.json.")] = None,
 ):
     """Turn a transformers folder into a checkpoint run (--out NAME, default imported) to fine-tune."""
-    from llmkit.train.loading import find_in_workspace
-    from llmkit.hf.import_ import run_import
-
     cfg = ctx.config()  # settings first: a wrong key is named before anything is read
     source = find_in_workspace(ctx.workspace, from_, "transformers folder",
                                "give the folder save_pretrained wrote, or the name `llmkit export` wrote")

@@ -3,6 +3,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_ingest = deferred("llmkit.data.ingest:run_ingest")
 
 
 @stage_command(config=True, writes=True, workers=True, sharded=True, rows=True)
@@ -16,8 +19,6 @@ def ingest(
     per_line: Annotated[bool, typer.Option("--per-line", help="txt: a document per line.")] = False,
 ):
     """Read jsonl/json/txt/csv/parquet and WARC/WET/HTML (.gz/.zst) into dataset `raw`; bad records quarantined."""
-    from llmkit.data.ingest import run_ingest
-
     flags = {"kind": kind, "text_field": text_field, "id_field": id_field, "source": source,
              "per_line": per_line or None}
     cfg = ctx.config(**{k: v for k, v in flags.items() if v is not None})

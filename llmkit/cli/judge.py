@@ -4,6 +4,11 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.errors import UserError
+from llmkit.stages import deferred
+
+run_serve = deferred("llmkit.judge.server:run_serve")
+run_export = deferred("llmkit.judge.export:run_export")
+prepare_session = deferred("llmkit.judge.session:prepare_session")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -31,13 +36,7 @@ def judge(
         raise UserError("--export reads the judgements of an existing session (--in NAME); it takes no "
                         "--prepare, --from or --prompts: run those first, then `llmkit judge --export`")
     if export:
-        from llmkit.judge.export import run_export
-
         return run_export(ctx, cfg)
     if prepare:
-        from llmkit.judge.session import prepare_session
-
         return prepare_session(ctx, cfg, from_, prompts)
-    from llmkit.judge.server import run_serve
-
     run_serve(ctx, cfg, from_, prompts, host, port, token)

@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_kto = deferred("llmkit.train.kto:plan_kto")
+run_kto = deferred("llmkit.train.kto:run_kto")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -19,8 +23,6 @@ def kto(
     dry_run: DryRun = False,
 ):
     """Kahneman-Tversky optimisation on unpaired feedback: prompt, completion, label true/false (--in, default feedback_train) -> `kto`."""
-    from llmkit.train.kto import plan_kto, run_kto
-
     cfg = ctx.config()
     if dry_run:
         return plan_kto(ctx, cfg, from_, ref, eval_)

@@ -3,6 +3,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_ppl_filter = deferred("llmkit.data.ppl_filter:run_ppl_filter")
 
 
 @stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True, rows=True)
@@ -13,6 +16,4 @@ def ppl_filter(
                         "(not needed with --set backend=kenlm).")] = None,
 ):
     """Score documents (--in, default dedup) with a reference LM; drop the least natural (CCNet buckets or max_ppl) -> `filtered`."""
-    from llmkit.data.ppl_filter import run_ppl_filter
-
     run_ppl_filter(ctx, ctx.config(), model=model)

@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_ppo = deferred("llmkit.train.ppo:plan_ppo")
+run_ppo = deferred("llmkit.train.ppo:run_ppo")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -20,8 +24,6 @@ def ppo(
     dry_run: DryRun = False,
 ):
     """PPO / GRPO / RLOO (--set algo=) of a policy on prompts (--in, default prompts_train), rewarded by --reward or exact match -> `ppo`."""
-    from llmkit.train.ppo import plan_ppo, run_ppo
-
     cfg = ctx.config()
     if dry_run:
         return plan_ppo(ctx, cfg, from_, reward, eval_)

@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_pretrain = deferred("llmkit.train.pretrain:plan_pretrain")
+run_pretrain = deferred("llmkit.train.pretrain:run_pretrain")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -15,8 +19,6 @@ def pretrain(
     dry_run: DryRun = False,
 ):
     """Pretrain a causal LM on token shards (--in, default tokens) -> checkpoint run `pretrain`."""
-    from llmkit.train.pretrain import plan_pretrain, run_pretrain
-
     cfg = ctx.config()
     if dry_run:
         return plan_pretrain(ctx, cfg, from_)

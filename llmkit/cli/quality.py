@@ -3,6 +3,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_quality = deferred("llmkit.data.quality:run_quality")
 
 
 def _specs(values: Optional[list[str]]) -> list[str]:
@@ -30,7 +33,5 @@ def quality(
         "--train-only", help="Train the classifier (--model) and stop.")] = False,
 ):
     """Train a document-quality classifier offline from labelled examples; score --in (default dedup), keep the best -> `quality`."""
-    from llmkit.data.quality import run_quality
-
     run_quality(ctx, ctx.config(), good=_specs(good), bad=_specs(bad), labels=_specs(labels),
                 model=model, encoder=encoder, train_only=train_only)

@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_rm = deferred("llmkit.train.rm:plan_rm")
+run_rm = deferred("llmkit.train.rm:run_rm")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -18,8 +22,6 @@ def rm(
     dry_run: DryRun = False,
 ):
     """Reward model on preference pairs (--in, default pref_train), Bradley-Terry loss -> `rm`."""
-    from llmkit.train.rm import plan_rm, run_rm
-
     cfg = ctx.config()
     if dry_run:
         return plan_rm(ctx, cfg, from_, eval_)

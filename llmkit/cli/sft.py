@@ -4,6 +4,10 @@ import typer
 
 from llmkit.cli.common import stage_command
 from llmkit.cli.dry_run import DryRun
+from llmkit.stages import deferred
+
+plan_sft = deferred("llmkit.train.sft:plan_sft")
+run_sft = deferred("llmkit.train.sft:run_sft")
 
 
 @stage_command(config=True, inputs=True, writes=True)
@@ -17,8 +21,6 @@ def sft(
     dry_run: DryRun = False,
 ):
     """Supervised fine-tuning on chats (--in, default sft_train), loss on assistant turns -> `sft`."""
-    from llmkit.train.sft import plan_sft, run_sft
-
     cfg = ctx.config()
     if dry_run:
         return plan_sft(ctx, cfg, from_, eval_)

@@ -3,6 +3,9 @@ from typing import Annotated
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.stages import deferred
+
+run_tokenize = deferred("llmkit.data.tokenize:run_tokenize")
 
 
 @stage_command(config=True, inputs=True, writes=True, workers=True, sharded=True, rows=True)
@@ -11,6 +14,4 @@ def tokenize(
     tokenizer: Annotated[str, typer.Option(help="Tokenizer artifact name or path.")] = "tokenizer",
 ):
     """Tokenize dataset(s) (--in, default dedup) into token shards with a val split -> `tokens`."""
-    from llmkit.data.tokenize import run_tokenize
-
     run_tokenize(ctx, ctx.config(), tokenizer)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmkit.data.io import dataset_files
+from llmkit.data.loader import LengthBucketSampler
 from llmkit.errors import UserError
 
 IGNORE_INDEX = -100
@@ -223,8 +225,6 @@ class BatchStream:
 
     def __init__(self, items: list, collate, *, micro_batch_size: int, seq_len: int, seed: int,
                  rank: int = 0, world_size: int = 1):
-        from llmkit.data.loader import LengthBucketSampler
-
         if not items:
             raise UserError("no training examples: the dataset is empty after tokenisation")
         self.items, self.collate = items, collate
@@ -393,8 +393,6 @@ KIND_COLUMNS = {"preference": ("prompt", "chosen", "rejected"), "feedback": ("co
 def require_dataset_kind(artifacts, kind: str, stage: str) -> None:
     """`require_kind` on each dataset artifact given (None entries skipped), from its schema."""
     import pyarrow.parquet as pq
-
-    from llmkit.data.io import dataset_files
 
     for artifact in filter(None, artifacts):
         files = dataset_files(artifact.path)

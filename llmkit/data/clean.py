@@ -29,20 +29,17 @@ import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
-from llmkit.data.document import (GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, measure_texts,
-                                  word_hash)
-from llmkit.data.langid import known_languages, language_columns
+from llmkit.data.document import GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION, Doc, measure_texts
+from llmkit.data.driver import DataConfig
+from llmkit.data.langid import known_languages
 from llmkit.data.line_dedup import drop_frequent_lines
 from llmkit.data.normalize import BLANK_LINE_RUNS, normalize_text, scan_texts
 from llmkit.data.pii import PII_TYPES, redact
-from llmkit.data.rules import RULE_NAMES, ROW_RULES, RULES, first_failed_rule
+from llmkit.data.rule_state import RuleState, read_url_blocklist, rule_state
+from llmkit.data.rules import RULE_NAMES, ROW_RULES, Row, first_failed_rule
 from llmkit.errors import ConfigError
-from llmkit.executor import RayConfig, executor_field, ray_field
 
 # C4 drops lines containing "javascript" and these policy phrases. A bare "javascript" also
 # cuts "JSON is a subset of JavaScript syntax" out of real text, so only the browser warnings
@@ -60,7 +57,7 @@ BOILERPLATE_PHRASES = [
 
 
 @dataclass
-class CleanConfig:
+class CleanConfig(DataConfig):
     # --- normalisation
     strip_html: bool = True  # drop tags, comments, <script>/<style>; decode &entities;
     strip_control: bool = True  # drop control chars (NUL, ESC…) and invisible ones (zero-width, BOM)
@@ -111,9 +108,6 @@ class CleanConfig:
     pii: list[str] = field(default_factory=list)  # PII types to redact: email, ip, cn_id, bank_card, phone
     # --- switches
     disabled_rules: list[str] = field(default_factory=list)  # rule names to skip
-    allow_empty: bool = False  # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         for name in self.disabled_rules:
@@ -149,14 +143,9 @@ class CleanConfig:
         if self.line_dedup_min_docs == 1 or self.line_dedup_min_docs < 0:
             raise ConfigError("clean.line_dedup_min_docs must be 0 (off) or ≥ 2 (1 would cut "
                               f"every line), got {self.line_dedup_min_docs}")
-        # Derived once per config; not fields, so not in config.yaml or the fingerprint.
-        anchors = _phrases_by_anchor(self.boilerplate_phrases)
-        self._ascii_anchors = [(a, ps) for a, ps in anchors if a.isascii()]
-        self._other_anchors = [(a, ps) for a, ps in anchors if not a.isascii()]
-        self._rules = tuple(r for r in RULES if r.__name__ not in self.disabled_rules)
-        self._stop_words = frozenset(self.stop_words)
-        self._stop_hashes = np.array(sorted({word_hash(w) for w in self.stop_words}), np.uint64)
-        self._url_blocklist = read_url_blocklist(self.url_blocklist)
+        # read to refuse a missing or unreadable list now; what the rules use of it is
+        # built per process (llmkit.data.rule_state), never kept here
+        read_url_blocklist(self.url_blocklist)
 
 
 def _check_names(key: str, names: list[str], valid) -> None:
@@ -165,43 +154,6 @@ def _check_names(key: str, names: list[str], valid) -> None:
             close = difflib.get_close_matches(name, list(valid), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(valid)}"
             raise ConfigError(f"clean.{key}: unknown {name!r}; {hint}")
-
-
-def read_url_blocklist(path: str | None) -> tuple[frozenset, tuple]:
-    """(domains, URL substrings) of a block list file: one entry a line, `#` comments. An
-    entry that is a bare host name (`ads.example.com`, `*.example.com`) blocks that domain and
-    its subdomains; any other (`example.org/tracking`, `utm_source=`) blocks URLs holding it."""
-    if path is None:
-        return frozenset(), ()
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"clean.url_blocklist: cannot read {path} ({e}); give a UTF-8 text "
-                          "file with a domain or URL substring per line") from None
-    entries = [line.split("#", 1)[0].strip().lower() for line in lines]
-    domains = {e.removeprefix("*.").strip(".") for e in entries if _HOST.fullmatch(e)}
-    pieces = tuple(e for e in entries if e and not _HOST.fullmatch(e))
-    return frozenset(domains), pieces
-
-
-_HOST = re.compile(r"(?:\*\.)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.?")
-
-
-def _phrases_by_anchor(phrases: list[str]) -> list[tuple[str, list[str]]]:
-    """Lower-cased phrases grouped under their longest word, so that one search for "cookie"
-    stands in for "use cookies", "uses cookies" and "cookie policy" in the common case of a
-    document that has none of them."""
-    groups: dict[str, list[str]] = {}
-    for phrase in (p.lower() for p in phrases):
-        anchor = max(phrase.split(), key=len)
-        groups.setdefault(anchor, []).append(phrase)
-    for anchor in sorted(groups, key=len):  # "cookie" also covers the phrases of "cookies"
-        if anchor not in groups:
-            continue
-        for longer in [a for a in groups if a != anchor and anchor in a]:
-            groups[anchor] += groups.pop(longer)
-    return [(a, ps) for a, ps in groups.items()]
-
 
 
 # ---------------------------------------------------------------- line filter
@@ -229,7 +181,8 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
     phrases = []
     if boilerplate:
         low = text.lower()
-        anchors = cfg._ascii_anchors if text.isascii() else cfg._ascii_anchors + cfg._other_anchors
+        state = rule_state(cfg)
+        anchors = state.ascii_anchors if text.isascii() else state.ascii_anchors + state.other_anchors
         for anchor, group in anchors:
             if anchor in low:
                 phrases += [p for p in group if p in low]
@@ -257,9 +210,10 @@ def drop_boilerplate_lines(text: str, cfg: CleanConfig) -> tuple[str, int]:
 def clean_text(text: str, cfg: CleanConfig) -> tuple[str, str | None]:
     """(normalised text, None) to keep a document, or (normalised text, reason) to remove it.
     (Quality rules only: the row rules need the row's columns, line dedup the corpus.)"""
+    state = rule_state(cfg)
     text = normalize_text(text, cfg)
     text, dropped = drop_boilerplate_lines(text, cfg)
-    return text, first_failed_rule(Doc(text, cfg, dropped_lines=dropped), cfg, cfg._rules)
+    return text, first_failed_rule(Doc(text, state, dropped_lines=dropped), cfg, state.rules)
 
 
 def clean_batch(batch, config: CleanConfig, frequent_lines: frozenset = frozenset()):
@@ -276,20 +230,20 @@ def clean_batch_counted(batch, config: CleanConfig, frequent_lines: frozenset = 
 
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     # The compiled passes (scan, measure) are made once for the batch.
+    state = rule_state(config)  # built once per process; a pool worker meets it again here
     texts = [text or "" for text in table.column("text").to_pylist()]
-    rows = _row_columns(table, config)
+    rows = _row_columns(table, state)
     cleaned, dropped, reasons, edits = [], [], [], []
     for text, found, row in zip(texts, scan_texts(texts, config), rows):
-        text, n, reason, edited = _clean_row(text, found, row, config, frequent_lines)
+        text, n, reason, edited = _clean_row(text, found, row, state, frequent_lines)
         cleaned.append(text)
         dropped.append(n)
         reasons.append(reason)
         edits.append(edited)
-    rules = config._rules
-    for i, measured in enumerate(measure_texts(cleaned, config)):
+    for i, measured in enumerate(measure_texts(cleaned, state)):
         if reasons[i] is None:
-            reasons[i] = first_failed_rule(Doc(cleaned[i], config, dropped_lines=dropped[i],
-                                               measured=measured), config, rules)
+            reasons[i] = first_failed_rule(Doc(cleaned[i], state, dropped_lines=dropped[i],
+                                               measured=measured), config, state.rules)
     counted = sum((e for e, r in zip(edits, reasons) if r is None), Counter())
     keep = pa.array([r is None for r in reasons], pa.bool_())
     index = table.schema.get_field_index("text")
@@ -305,26 +259,27 @@ def clean_batch_counted(batch, config: CleanConfig, frequent_lines: frozenset = 
 ROW_COLUMNS = ("url", "lang_id", "lang_score", "script")  # what the row rules read
 
 
-def _row_columns(table, config: CleanConfig) -> list[dict | None]:
+def _row_columns(table, state: RuleState) -> list[dict | None]:
     """Per row, the columns the row rules read (None everywhere when no row rule is on)."""
     n = table.num_rows
-    if not (config.keep_langs or any(config._url_blocklist)):
+    if not (state.cfg.keep_langs or any(state.url_blocklist)):
         return [None] * n
     cols = [table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ROW_COLUMNS]
     return [dict(zip(ROW_COLUMNS, values)) for values in zip(*cols)]
 
 
-def _clean_row(text: str, found: int, row: dict | None, cfg: CleanConfig,
+def _clean_row(text: str, found: int, row: dict | None, state: RuleState,
                frequent_lines: frozenset) -> tuple[str, int, str | None, Counter]:
     """(cleaned text, boilerplate lines dropped, reason to remove it or None (the quality
     rules still to come), what was edited) of one row."""
+    cfg = state.cfg
     edits: Counter = Counter()
     text = normalize_text(text, cfg, found)
     if row is not None:
         if cfg.keep_langs and row["lang_id"] is None:  # not identified at ingest: here
-            row.update(language_columns(text))
-        reason = first_failed_rule(row, cfg, ROW_RULES)
+            row.update(state.languages.columns(text))
+        reason = first_failed_rule(Row(row, state), cfg, ROW_RULES)
         if reason is not None:
             return text, 0, reason, edits
     text, dropped = drop_boilerplate_lines(text, cfg)

@@ -14,25 +14,26 @@ when given, is an input of the artifact: a changed list makes it stale.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from llmkit.data.clean import CleanConfig, clean_batch_counted, drop_boilerplate_lines
+from llmkit.data.driver import Assembled, DataStage, Phase, SealedTasks, Work, run_data_stage
+from llmkit.data.ingest import file_fingerprint
 from llmkit.data.io import dataset_files, open_parquet
 from llmkit.data.line_dedup import (count_line_keys, frequent_line_keys, load_frequent,
                                     save_counts, save_frequent)
 from llmkit.data.normalize import normalize_text, scan_texts
-from llmkit.data.pipeline import (BATCH_ROWS, FolderTasks, SplitTasks, SplitWriter, _mapper,
-                                  require_rows, run_rank_tasks, run_tasks_with)
-from llmkit.progress import data_stage_summary
-from llmkit.workspace import kill_point
+from llmkit.data.pipeline import BATCH_ROWS, SplitTasks, SplitWriter, _mapper
+from llmkit.workspace import Artifact, kill_point
+
+FREQUENT = "frequent_lines.npy"  # in the work area: the lines cut, from every part's counts
 
 
 @dataclass(frozen=True)
-class LineCountTasks(FolderTasks):
+class LineCountTasks(SealedTasks):
     """Task K counts the lines of part K into `root/part-K/counts.npz`."""
     root: Path
     parts: list
@@ -94,62 +95,40 @@ def _clean_batch(batch, config: CleanConfig, frequent: str | None):
 
 def run_clean(ctx, cfg: CleanConfig):
     """Run (or resume) `llmkit clean`; the Builder, or None for a --rank run."""
-    from llmkit.data.ingest import file_fingerprint
-    from llmkit.workspace import Artifact
-
     src = ctx.input("raw")
-    inputs = [src]
-    if cfg.url_blocklist:
-        blocklist = Path(cfg.url_blocklist)
-        inputs.append(Artifact(blocklist, {"fingerprint": file_fingerprint(blocklist)}))
-    b = ctx.workspace.builder(ctx.out_name("clean"), stage="clean", config=cfg, inputs=inputs,
-                              force=ctx.force)
-    if b.up_to_date:
-        return b
     parts = dataset_files(src.path)
-    counting = LineCountTasks(b.work_dir / "line_counts", parts, cfg)
-    frequent = b.work_dir / "frequent_lines.npy"
-    workers = ctx.workers if cfg.executor == "local" else 1
-    cleaning = CleanTasks("clean", b.work_dir / "split", parts, partial(
-        clean_part, config=cfg, frequent=str(frequent) if cfg.line_dedup_min_docs else None,
-        workers=workers))
-    b.start_work(len(cleaning) * (2 if cfg.line_dedup_min_docs else 1), "tasks")
-    if ctx.rank is not None:
-        if cfg.line_dedup_min_docs and not _count_lines(ctx, cfg, counting, frequent, b):
-            return None
-        run_rank_tasks(ctx, cfg, "clean", cleaning, cleaning.pending(), work_dir=b.work_dir)
-        return None
-    with b:
-        if cfg.line_dedup_min_docs:
-            _count_lines(ctx, cfg, counting, frequent, b)
-        run_tasks_with(cfg, "clean", cleaning, cleaning.pending(), work_dir=b.work_dir,
-                       total=len(cleaning))
-        counts = cleaning.assemble(b.dir)
-        b.stats.update(counts.stats())
-        edits = cleaning.edits()
-        b.stats["pii_redacted"] = {k.removeprefix("pii_"): n for k, n in sorted(edits.items())
-                                   if k.startswith("pii_")}
-        if cfg.line_dedup_min_docs:
-            b.stats["line_dedup"] = {"frequent_lines": len(load_frequent(frequent)),
-                                     "lines_cut": edits.get("line_dedup_lines", 0)}
-        require_rows("clean", b.stats, cfg.allow_empty, source=str(src.path),
-                     first_removed=counts.first_removed)
-    data_stage_summary(b.name, b.stats, time.time() - b.started)
-    return b
+    blocklist = [Artifact(Path(cfg.url_blocklist), {"fingerprint": file_fingerprint(
+        Path(cfg.url_blocklist))})] if cfg.url_blocklist else []
+    phases = [Phase("line_counts", len(parts), lambda work: LineCountTasks(
+        work.dir / "line_counts", parts, cfg), spread=True)] if cfg.line_dedup_min_docs else []
+    phases.append(Phase("clean", len(parts), partial(cleaning, parts=parts, cfg=cfg)))
+    return run_data_stage(ctx, DataStage("clean", cfg, [src, *blocklist], "clean", phases,
+                                         partial(assemble, cfg=cfg), source=str(src.path)))
 
 
-def _count_lines(ctx, cfg: CleanConfig, counting: LineCountTasks, frequent: Path, b) -> bool:
-    """The `line_counts` phase (this rank's share with --rank), then the frequent lines once
-    every part is counted; False while other ranks still have parts to count."""
-    if ctx.rank is not None:
-        run_rank_tasks(ctx, cfg, "clean line_counts", counting, counting.pending(),
-                       work_dir=b.work_dir, assemble="llmkit clean (same input and settings)")
-    else:
-        run_tasks_with(cfg, "clean line_counts", counting, counting.pending(),
-                       work_dir=b.work_dir, workers=ctx.workers, total=len(counting))
-    if counting.pending():
-        return False
-    if not frequent.exists():
-        save_frequent(frequent, frequent_line_keys(counting.count_files(),
-                                                   cfg.line_dedup_min_docs))
-    return True
+def cleaning(work: Work, *, parts: list, cfg: CleanConfig) -> CleanTasks:
+    """The `clean` phase's tasks; with line dedup, the frequent lines are first found from
+    every part's counts (once: the file stays in the work area)."""
+    frequent = None
+    if cfg.line_dedup_min_docs:
+        frequent = work.dir / FREQUENT
+        if not frequent.exists():
+            save_frequent(frequent, frequent_line_keys(work.done["line_counts"].count_files(),
+                                                       cfg.line_dedup_min_docs))
+    return CleanTasks("clean", work.dir / "split", parts, partial(
+        clean_part, config=cfg, frequent=str(frequent) if frequent else None,
+        workers=work.within_task))
+
+
+def assemble(out_dir: Path, done: dict, cfg: CleanConfig) -> Assembled:
+    cleaning = done["clean"]
+    counts = cleaning.assemble(out_dir)
+    stats = counts.stats()
+    edits = cleaning.edits()
+    stats["pii_redacted"] = {k.removeprefix("pii_"): n for k, n in sorted(edits.items())
+                             if k.startswith("pii_")}
+    if cfg.line_dedup_min_docs:
+        frequent = done["line_counts"].root.parent / FREQUENT
+        stats["line_dedup"] = {"frequent_lines": len(load_frequent(frequent)),
+                               "lines_cut": edits.get("line_dedup_lines", 0)}
+    return Assembled(stats, counts.first_removed)

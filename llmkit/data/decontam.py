@@ -15,7 +15,7 @@ one is:
   (`contaminated_too_many_splits`, `contaminated_nothing_left`); kept rows get a
   `contaminated_by` column (null where nothing was cut).
 
-One task per input part through the map-stage driver (llmkit.data.pipeline.run_map_stage):
+One task per input part (llmkit.data.pipeline.map_stage, through llmkit.data.driver):
 resumable, any --workers / --rank / executor gives the same artifact. The manifest's
 `against` stats say per evaluation file what was indexed (items, n-grams, rows skipped and
 why), its content hash (what `llmkit eval` checks a model's lineage against) and the rows
@@ -33,14 +33,17 @@ from typing import Literal
 import numpy as np
 
 from llmkit.data.decontam_index import index_for
+from llmkit.data.driver import DataConfig, run_data_stage
+from llmkit.data.io import dataset_files, open_parquet
+from llmkit.data.pipeline import map_stage
 from llmkit.errors import ConfigError, UserError
-from llmkit.executor import RayConfig, executor_field, ray_field
+from llmkit.eval_files import eval_input
 
 CONTAMINATED = "contaminated"
 
 
 @dataclass
-class DecontamConfig:
+class DecontamConfig(DataConfig):
     against: list[str] = field(default_factory=list)  # evaluation files or datasets (--against)
     mode: Literal["remove", "excise"] = "remove"  # drop a matching document, or cut the match out
     ngram_words: int = 13       # n-gram length in words (GPT-3, NeMo Curator, datatrove use 13)
@@ -55,9 +58,6 @@ class DecontamConfig:
     min_piece_chars: int = 200  # excise: a piece left shorter than this is dropped (NeMo: 200)
     text_column: str = "text"   # the column searched
     batch_rows: int = 2048      # documents per batch
-    allow_empty: bool = False   # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         for name in ("ngram_words", "ngram_chars", "min_words", "min_chars",
@@ -157,8 +157,6 @@ def split_rows(table, reasons: list, by: list, keep_column: bool = False):
 def against_inputs(ws, cfg: DecontamConfig, against: str | None) -> tuple[DecontamConfig, list]:
     """(config naming each evaluation input by absolute path, their artifacts for the
     fingerprint): --against FILE[,FILE…] replaces the config's list."""
-    from llmkit.eval.data import eval_input
-
     specs = [s.strip() for s in against.split(",") if s.strip()] if against else cfg.against
     if not specs:
         raise UserError("decontaminate needs evaluation files: --against FILE[,FILE…] (jsonl, "
@@ -171,14 +169,12 @@ def against_inputs(ws, cfg: DecontamConfig, against: str | None) -> tuple[Decont
 def run_decontaminate(ctx, cfg: DecontamConfig, against: str | None = None):
     """Remove (or excise) the documents of --in (default `filtered`) that contain evaluation
     items, into `decontaminated` (or --out)."""
-    from llmkit.data.pipeline import run_map_stage
-
     cfg, arts = against_inputs(ctx.workspace, cfg, against)
     index = index_for(cfg)  # built here first: a bad evaluation file fails before any task
-    return run_map_stage(ctx, stage="decontaminate", config=cfg,
-                         process_batch=decontaminate_batch, input_default="filtered",
-                         out_default="decontaminated", batch_rows=cfg.batch_rows,
-                         extra_inputs=arts, extra_stats=lambda out: against_stats(index, out))
+    return run_data_stage(ctx, map_stage(
+        "decontaminate", cfg, ctx.input("filtered"), out="decontaminated",
+        process_batch=decontaminate_batch, batch_rows=cfg.batch_rows, inputs=arts,
+        stats=lambda out: against_stats(index, out)))
 
 
 def against_stats(index, out_dir: Path) -> dict:
@@ -197,8 +193,6 @@ def against_stats(index, out_dir: Path) -> dict:
 
 def _labels(folder: Path) -> Counter:
     """Rows per evaluation file named in the `contaminated_by` column of a dataset folder."""
-    from llmkit.data.io import dataset_files, open_parquet
-
     counts: Counter = Counter()
     for part in dataset_files(folder) if folder.is_dir() else []:
         pf = open_parquet(part)

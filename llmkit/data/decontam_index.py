@@ -7,7 +7,7 @@ tokens. A token is a run of word characters, or one character of a script writte
 spaces (Han, kana, Thai, Lao, Khmer, Myanmar), so Chinese is compared character by
 character and English word by word, in the same pass, in mixed text too.
 
-An evaluation file is read as `llmkit eval` reads it (llmkit.eval.data.read_rows) and each row
+An evaluation file is read as `llmkit eval` reads it (llmkit.eval_files.read_rows) and each row
 becomes the texts a leak would show (`item_texts`): a question with its gold answer after
 it, its choices; a prompt with its references or replies; a plain `text`. Each text gives its
 n-grams (`segment_grams` in llmkit.data._decontam_kernels): 13 words, or 13 characters where
@@ -31,6 +31,7 @@ import numpy as np
 
 from llmkit import aot
 from llmkit.errors import UserError
+from llmkit.eval_files import eval_input, parse_question, read_rows
 
 TABLE_SIZE = 0x32400  # fold and class tables cover the BMP and planes 2–3 (CJK extensions)
 _TABLES_VERSION = 1  # bump when fold_tables changes: the cached tables are rebuilt
@@ -153,8 +154,6 @@ def item_texts(row: dict) -> dict[str, bool]:
     `text`. A question, prompt or choice alone counts only by its full n-grams:
     "《登鹳雀楼》的作者是" is in countless pages that never saw the benchmark; with its answer
     after it, it is the item."""
-    from llmkit.eval.choice import parse_question
-
     texts: dict[str, bool] = {}
     prompt, answers = _prompt(row), _answers(row)
     if isinstance(row.get("question"), str):
@@ -257,7 +256,6 @@ def file_identity(art) -> dict:
 def build_index(specs: list[str], cfg) -> EvalIndex:
     """The index of the evaluation files or datasets `specs` (absolute paths); `cfg` a
     DecontamConfig. A file none of whose rows can be indexed is a UserError."""
-    from llmkit.eval.data import eval_input, read_rows
     from llmkit.workspace import Workspace
 
     texts, owners, short_ok, items, files = [], [], [], [], {}

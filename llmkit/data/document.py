@@ -57,18 +57,21 @@ class _once:
 class Doc:
     """One normalised document and the measurements rules share, each computed at most once.
 
-    They come from the document's row of `measure_texts`: `measured`, where the caller
-    measured a whole batch, else the document is measured alone, here. Jieba's words, and
-    the n-grams of a document over `max_words` words, are taken on first use instead.
+    `state` is the rules' per-process holder of the config (llmkit.data.rule_state):
+    `doc.state` what is built from it, `doc.cfg` the config itself. The measurements come
+    from the document's row of `measure_texts`: `measured`, where the caller measured a whole
+    batch, else the document is measured alone, here. Jieba's words, and the n-grams of a
+    document over `max_words` words, are taken on first use instead.
     """
 
-    def __init__(self, text: str, cfg, *, dropped_lines: int = 0, measured: list | None = None):
+    def __init__(self, text: str, state, *, dropped_lines: int = 0, measured: list | None = None):
         self.text = text
-        self.cfg = cfg
+        self.state = state
+        self.cfg = cfg = state.cfg
         self.dropped_lines = dropped_lines  # boilerplate lines removed before the rules ran
         self.jieba = cfg.cjk_words == "jieba" and not text.isascii() and \
             CJK_CHAR.search(text) is not None
-        row = measure_texts([text], cfg)[0] if measured is None else measured
+        row = measure_texts([text], state)[0] if measured is None else measured
         # Set here rather than on first use: the rules read them all, and a first use costs
         # more than building them.
         self.layout = Layout._make(row[WORD_FIELDS:WORD_FIELDS + LAYOUT_FIELDS])
@@ -89,7 +92,8 @@ class Doc:
         """Word counts of jieba's words (theirs, with their hashes and lengths left in
         `word_hashes`, `word_lengths` for the n-gram rules); other documents have the
         compiled pass's from the start."""
-        self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words, self.cfg)
+        self.word_hashes, self.word_lengths, counts = _counts_of_words(self.text, self.words,
+                                                                       self.state.stop_words)
         return counts
 
     @property
@@ -131,7 +135,7 @@ class Doc:
             hashes, lengths = self.word_hashes, self.word_lengths
         else:  # over max_words words, so most likely removed by gopher_max_words first: the
             # compiled pass left these, the largest part of such a document's cost, to here
-            hashes, lengths, counts = word_stats(self.text, cfg._stop_hashes)
+            hashes, lengths, counts = word_stats(self.text, self.state.stop_hashes)
             scale = cfg.cjk_ngram_scale if self.is_cjk else 1.0
         top_ns, dup_ns = _ngram_sizes(n_top, n_dup, scale)
         if counts.words < cfg.ngram_min_words * scale:
@@ -171,7 +175,7 @@ class Layout(NamedTuple):
 WORD_FIELDS, LAYOUT_FIELDS = len(WordCounts._fields), len(Layout._fields)
 
 
-def _counts_of_words(text: str, words: list[str], cfg):
+def _counts_of_words(text: str, words: list[str], stop_words: frozenset):
     """The compiled pass's results, for words cut by jieba."""
     symbols = [w for w in words if not _HAS_WORD_CHAR.search(w)]
     cjk = CJK_CHAR.subn("", text)[1]
@@ -180,7 +184,7 @@ def _counts_of_words(text: str, words: list[str], cfg):
     counts = WordCounts(len(words), len(symbols), sum(map(len, symbols)),
                         sum(not _LETTER.search(w) for w in words), cjk, sum(map(len, words)),
                         by_char, len(han), sum(map(COMMON_HAN.__contains__, han)),
-                        len(cfg._stop_words.intersection(words)))
+                        len(stop_words.intersection(words)))
     # Python's string hash is salted per process, but only equality within a document
     # matters, so every worker gets the same result (barring a 2**-64 collision).
     hashes = np.fromiter(map(hash, words), np.int64, len(words)).view(np.uint64)
@@ -206,24 +210,18 @@ def _ngram_columns(cfg) -> tuple[int, int]:
     return max(1, len(cfg.max_top_ngram_chars)), max(1, len(cfg.max_dup_ngram_chars))
 
 
-_MEASURE_PARAMS: dict = {}
-
-
-def _measure_params(cfg):
-    """The n-gram arguments of the compiled `measure` for `cfg`: (params, top_ns, dup_ns)."""
+def measure_params(cfg):
+    """The n-gram arguments of the compiled `measure` for `cfg`: (params, top_ns, dup_ns),
+    built once per process with the rules' holder (RuleState.measure_params)."""
     ngrams = {"gopher_top_ngrams", "gopher_dup_ngrams"} - set(cfg.disabled_rules)
-    key = (len(cfg.max_top_ngram_chars), len(cfg.max_dup_ngram_chars), cfg.cjk_ngram_scale,
-           cfg.ngram_min_words, cfg.cjk_min_fraction, cfg.max_words, bool(ngrams))
-    if key not in _MEASURE_PARAMS:
-        n_top, n_dup = _ngram_columns(cfg)
-        plain, cjk = _ngram_sizes(n_top, n_dup, 1.0), _ngram_sizes(n_top, n_dup, cfg.cjk_ngram_scale)
-        # The fewest words that get n-gram measures, as Doc.ngram_stats compares them (none
-        # get them when both n-gram rules are off), and the most (see Doc.ngram_stats).
-        fewest = [cfg.ngram_min_words * 1.0, cfg.ngram_min_words * cfg.cjk_ngram_scale]
-        params = np.array([cfg.cjk_min_fraction] + (fewest if ngrams else [np.inf] * 2)
-                          + [cfg.max_words])
-        _MEASURE_PARAMS[key] = (params, np.stack([plain[0], cjk[0]]), np.stack([plain[1], cjk[1]]))
-    return _MEASURE_PARAMS[key]
+    n_top, n_dup = _ngram_columns(cfg)
+    plain, cjk = _ngram_sizes(n_top, n_dup, 1.0), _ngram_sizes(n_top, n_dup, cfg.cjk_ngram_scale)
+    # The fewest words that get n-gram measures, as Doc.ngram_stats compares them (none get
+    # them when both n-gram rules are off), and the most (see Doc.ngram_stats).
+    fewest = [cfg.ngram_min_words * 1.0, cfg.ngram_min_words * cfg.cjk_ngram_scale]
+    params = np.array([cfg.cjk_min_fraction] + (fewest if ngrams else [np.inf] * 2)
+                      + [cfg.max_words])
+    return params, np.stack([plain[0], cjk[0]]), np.stack([plain[1], cjk[1]])
 
 
 # Bits of a character's class. BULLET: one of BULLETS; TERMINAL: one of TERMINAL_PUNCTUATION.
@@ -298,17 +296,18 @@ def _first_call(module) -> None:
     module.repetition_stats(none, np.zeros(0, np.int64), *np.zeros((4, 1), np.int64))
 
 
-def measure_texts(texts: list[str], cfg) -> list[list[int]]:
+def measure_texts(texts: list[str], state) -> list[list[int]]:
     """Per text, the row Doc reads its measurements from: WordCounts, Layout, then the n-gram
     measures (see llmkit.data._rule_kernels.measure). One compiled call for all the texts:
     per text, a call would cost more than the measuring. (A lone surrogate, which no Arrow
-    string holds, is a symbol.)"""
+    string holds, is a symbol.) `state`: the config's RuleState."""
     codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
     ends = np.fromiter(accumulate(map(len, texts)), np.int64, len(texts))
-    params, top_ns, dup_ns = _measure_params(cfg)
+    params, top_ns, dup_ns = state.measure_params
     out = np.zeros((len(texts), WORD_FIELDS + LAYOUT_FIELDS + 1 + top_ns.shape[1] + dup_ns.shape[1]),
                    np.int64)
-    kernels().measure(codes, ends, _char_classes(), cfg._stop_hashes, params, top_ns, dup_ns, out)
+    kernels().measure(codes, ends, _char_classes(), state.stop_hashes, params, top_ns, dup_ns,
+                      out)
     return out.tolist()
 
 

@@ -36,19 +36,20 @@ from pathlib import Path
 from typing import Literal
 
 from llmkit.data.charset import check_encoding
-from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, DatasetWriter
-from llmkit.data.pipeline import FolderTasks
-from llmkit.data.langid import language_columns
-from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, format_of, read_records
-from llmkit.errors import ConfigError
-from llmkit.executor import RayConfig, executor_field, ray_field
 from llmkit.cjk import language_of
 from llmkit.data.chat import shape_hint
-from llmkit.workspace import kill_point
+from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks,
+                                run_data_stage)
+from llmkit.data.io import MAX_REMOVED_TEXT, BadRecord, DatasetWriter
+from llmkit.data.langid import language_columns
+from llmkit.data.pipeline import link_task_outputs
+from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, format_of, read_records
+from llmkit.errors import ConfigError
+from llmkit.workspace import Artifact, kill_point
 
 
 @dataclass
-class IngestConfig:
+class IngestConfig(DataConfig):
     kind: Literal["text", "sft", "preference", "prompt", "feedback"] = "text"  # schema of the records
     text_field: str = "text"        # field holding the document (kind=text)
     id_field: str = "id"            # field holding the id; generated stably when absent
@@ -58,12 +59,9 @@ class IngestConfig:
     encoding: str = "auto"          # text files' encoding: auto (detected per file: llmkit.data.charset) or a codec
     batch_rows: int = 4096          # rows per written batch (memory stays at one batch)
     task_bytes: int = 256 << 20     # file bytes per task: files are grouped in order up to this
-    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
     lang_id: bool = False           # identify every text row's language (web pages always are)
     max_page_bytes: int = 8 << 20   # web pages larger than this are quarantined (page_too_large)
     extract_timeout_s: float = 10.0  # a page whose main text takes longer is quarantined (extraction_timeout); 0: no limit
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
@@ -275,7 +273,7 @@ def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
 
 
 @dataclass(frozen=True)
-class IngestTasks(FolderTasks):
+class IngestTasks(SealedTasks):
     """Task K reads file group K into `root/part-K/` (kept/, removed/); its marker holds what
     it counted (`read_group`). Relative paths are read from the driver's directory `cwd`."""
     root: Path
@@ -345,55 +343,40 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Pat
 
 
 def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
-    """Run (or resume) ingest as one task per file group (`IngestTasks`). With --rank, only
-    this rank's tasks run and nothing is committed (returns None)."""
-    import time
-
-    from llmkit.data.pipeline import (link_task_outputs, require_rows, run_rank_tasks,
-                                      run_tasks_with)
-    from llmkit.progress import data_stage_summary
-    from llmkit.workspace import Artifact
-
+    """Run (or resume) ingest as one task per file group (`IngestTasks`); its Builder, or None
+    for a --rank run."""
     files = expand_inputs(patterns)
-    inputs = [Artifact(f, {"fingerprint": file_fingerprint(f)}) for f in files]
-    b = ctx.workspace.builder(ctx.out_name("raw"), stage="ingest", config=cfg, inputs=inputs,
-                              force=ctx.force)
-    if b.up_to_date:
-        return b
-    tasks = IngestTasks(b.work_dir / "files", file_groups(files, cfg.task_bytes), cfg,
-                        Path.cwd())
-    b.start_work(len(tasks), "tasks")
-    if ctx.rank is not None:
-        run_rank_tasks(ctx, cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
-                       assemble="llmkit ingest (same files and settings)")
-        return None
-    with b:
-        run_tasks_with(cfg, "ingest", tasks, tasks.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers, total=len(tasks))
-        infos = [tasks.info(k) for k in range(len(tasks))]
-        link_task_outputs([tasks.folder(k) for k in range(len(tasks))], b.dir, "ingest")
-        total = {key: Counter() for key in ("reasons", "per_source", "fields_seen")}
-        for info in infos:
-            for key, counter in total.items():
-                counter.update(info[key])  # update, not +: a field's count may be 0
-        records = sum(i["records"] for i in infos)
-        first_removed = next((i["first_removed"] for i in infos if i["first_removed"]), None)
-        b.stats.update(records_in=records, rows_in=records + sum(i["extra_rows"] for i in infos),
-                       rows_out=sum(i["rows_out"] for i in infos),
-                       rows_removed=sum(i["rows_removed"] for i in infos),
-                       removed_by_reason=dict(sorted(total["reasons"].items())),
-                       files=len(files), rows_by_source=dict(sorted(total["per_source"].items())))
-        if cfg.encoding in ("auto", "utf-8") and total["reasons"].get("invalid_utf8"):
-            print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
-                  "re-run with --set encoding=gb18030", flush=True)
-        require_rows("ingest", b.stats, cfg.allow_empty, source=_named(files),
-                     first_removed=first_removed, unit="records",
-                     explain={**shape_hint(cfg.kind, total["reasons"]),
-                              f"missing_{cfg.text_field}": _missing_field(cfg, total["fields_seen"]),
-                              "invalid_utf8": "invalid_utf8 (GBK/GB18030 files: --set "
-                                              "encoding=gb18030)"})
-    data_stage_summary(b.name, b.stats, time.time() - b.started)
-    return b
+    groups = file_groups(files, cfg.task_bytes)
+    cwd = Path.cwd()  # relative paths are read from here, wherever a task runs
+    return run_data_stage(ctx, DataStage(
+        "ingest", cfg, [Artifact(f, {"fingerprint": file_fingerprint(f)}) for f in files], "raw",
+        [Phase("files", len(groups), lambda work: IngestTasks(work.dir / "files", groups, cfg, cwd),
+               spread=True)],
+        lambda out, done: assemble(out, done["files"], cfg, len(files)),
+        source=_named(files), unit="records"))
+
+
+def assemble(out_dir: Path, tasks: IngestTasks, cfg: IngestConfig, n_files: int) -> Assembled:
+    """Link the tasks' parts into the dataset `out_dir`; their counts summed."""
+    infos = [tasks.info(k) for k in range(len(tasks))]
+    link_task_outputs([tasks.folder(k) for k in range(len(tasks))], out_dir, "ingest")
+    total = {key: Counter() for key in ("reasons", "per_source", "fields_seen")}
+    for info in infos:
+        for key, counter in total.items():
+            counter.update(info[key])  # update, not +: a field's count may be 0
+    records = sum(i["records"] for i in infos)
+    stats = dict(records_in=records, rows_in=records + sum(i["extra_rows"] for i in infos),
+                 rows_out=sum(i["rows_out"] for i in infos),
+                 rows_removed=sum(i["rows_removed"] for i in infos),
+                 removed_by_reason=dict(sorted(total["reasons"].items())),
+                 files=n_files, rows_by_source=dict(sorted(total["per_source"].items())))
+    if cfg.encoding in ("auto", "utf-8") and total["reasons"].get("invalid_utf8"):
+        print("warning: some records are not valid UTF-8; if the files are GBK/GB18030, "
+              "re-run with --set encoding=gb18030", flush=True)
+    return Assembled(stats, next((i["first_removed"] for i in infos if i["first_removed"]), None),
+                     {**shape_hint(cfg.kind, total["reasons"]),
+                      f"missing_{cfg.text_field}": _missing_field(cfg, total["fields_seen"]),
+                      "invalid_utf8": "invalid_utf8 (GBK/GB18030 files: --set encoding=gb18030)"})
 
 
 def _named(files: list[Path]) -> str:

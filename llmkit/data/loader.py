@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from llmkit.data.token_shards import SPLITS, read_index_codes, split_shards
 from llmkit.errors import ConfigError, UserError
 
 
@@ -58,8 +59,6 @@ def _open_split(tokens_dir: Path, split: str):
     """Memory-mapped shards of a split, and per document: shard, offset, length, source code;
     and the source names (sorted) that the codes index."""
     import numpy as np
-
-    from llmkit.data.token_shards import SPLITS, read_index_codes, split_shards
 
     try:
         manifest = json.loads((tokens_dir / "manifest.json").read_text())

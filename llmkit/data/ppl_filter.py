@@ -27,22 +27,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from llmkit.data.pipeline import FolderTasks
+from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks, Work,
+                                run_data_stage)
+from llmkit.data.io import dataset_files, open_parquet
+from llmkit.data.pipeline import SplitTasks
 from llmkit.errors import ConfigError, UserError
-from llmkit.executor import RayConfig, executor_field, ray_field
+from llmkit.executor import worker_slot
+from llmkit.eval_files import eval_input, resolve_checkpoint
+from llmkit.lm_scoring import LMScorer, text_documents
 
 BUCKETS = ("head", "middle", "tail")
 
 
 @dataclass
-class PplFilterConfig:
+class PplFilterConfig(DataConfig):
     backend: Literal["model", "kenlm"] = "model"  # model: the --model checkpoint; kenlm: kenlm_model
     max_ppl: float | None = None    # keep rows with ppl ≤ this; null = keep by percentile buckets
     keep_buckets: list[str] = field(default_factory=lambda: ["head", "middle"])  # buckets that stay
@@ -59,9 +64,6 @@ class PplFilterConfig:
     dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
     kenlm_model: str | None = None  # .arpa / .bin KenLM model (backend kenlm)
     kenlm_tokenizer: str | None = None  # sentencepiece .model the KenLM model was trained on (CCNet's lm_sp)
-    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.max_ppl is not None and self.max_ppl <= 0:
@@ -91,14 +93,10 @@ class ModelScorer:
     """An llmkit causal LM and its tokenizer."""
 
     def __init__(self, model, tokenizer, cfg: PplFilterConfig):
-        from llmkit.eval.scoring import LMScorer
-
         self.lm = LMScorer(model, device=cfg.device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
         self.tokenizer, self.cfg = tokenizer, cfg
 
     def score(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        from llmkit.eval.perplexity import text_documents
-
         window = min(self.cfg.window or self.lm.max_len, self.lm.max_len)
         # a filter needs a ranking, not the best estimate: less overlap, less compute
         stride = self.cfg.stride or max(1, window * 3 // 4)
@@ -161,7 +159,7 @@ def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
 # -- pass 1: scores, a task per input part -----------------------------------------------------
 
 @dataclass(frozen=True)
-class ScoreTasks(FolderTasks):
+class ScoreTasks(SealedTasks):
     """Task K scores input part K: `root/part-K/scores.npz` holds each row's perplexity and
     its group's index into the part's own list of `group_by` values. Each batch's scores are
     kept as they are done (`root/part-K.batches/`), so a killed task resumes at its first
@@ -219,8 +217,6 @@ _SCORERS: dict = {}
 def task_config(cfg: PplFilterConfig) -> PplFilterConfig:
     """The config a scoring process uses: in a local pool of --workers processes each takes a
     GPU of its own (`cuda:<slot % GPUs>`), or its share of the CPU's threads."""
-    from llmkit.executor import worker_slot
-
     slot = worker_slot()
     if slot is None or cfg.backend != "model":
         return cfg
@@ -238,8 +234,6 @@ def score_part(part: Path, scorer, cfg: PplFilterConfig, scratch: Path
     """Perplexity of every row of one parquet part, each row's group (an index into the
     returned `group_by` values; all 0 without group_by), and those values. `scorer()` gives
     the scorer, asked for only when a batch is not scored yet in `scratch`."""
-    from llmkit.data.io import open_parquet
-
     columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
     names: dict = {}
     scores, codes = [], []
@@ -271,8 +265,6 @@ def filter_part(task: int, part: Path, writer, *, ppl: np.ndarray, codes: np.nda
                 edges: np.ndarray | None, cfg: PplFilterConfig) -> int:
     """A `SplitTasks` split: part `task`'s rows with their `ppl`, removed by `removal_reasons`
     (`ppl`, `codes`: the part's, from `ScoreTasks.collect`)."""
-    from llmkit.data.io import open_parquet
-
     start = 0
     for batch in open_parquet(part).iter_batches(batch_size=cfg.batch_rows, use_threads=False):
         end = start + batch.num_rows
@@ -327,8 +319,6 @@ def split_batch(batch, ppl: np.ndarray, reasons: list):
 
 def scoring_input(ws, cfg: PplFilterConfig, model: str | None):
     """(artifact of the scoring model, for the fingerprint; its step folder, or None for KenLM)."""
-    from llmkit.eval.data import eval_input, resolve_checkpoint
-
     if cfg.backend == "kenlm":
         return eval_input(ws, cfg.kenlm_model), None
     if not model:
@@ -350,44 +340,36 @@ def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
     """Score (a task per input part: `ScoreTasks`), then filter (`SplitTasks`: perplexity
-    buckets need every score first). With --rank only this rank's scoring tasks run; a plain
-    run scores what is left, filters and commits."""
-    from llmkit.data.io import dataset_files
-    from llmkit.data.pipeline import SplitTasks, require_rows, run_rank_tasks, run_tasks_with
-    from llmkit.progress import data_stage_summary
-
+    buckets need every score first). A --rank run does its share of the scoring, and of the
+    filtering once every part is scored; a plain run does what is left and commits."""
     src = ctx.input("dedup")
     model_art, step = scoring_input(ctx.workspace, cfg, model)
     cfg = dataclasses.replace(cfg, model_step=step)
-    b = ctx.workspace.builder(ctx.out_name("filtered"), stage="ppl-filter", config=cfg,
-                              inputs=[src, model_art], force=ctx.force)
-    if b.up_to_date:
-        return b
     parts = dataset_files(src.path)
-    scores = ScoreTasks(b.work_dir / "score", parts, cfg, model_art, step)
-    b.start_work(2 * len(parts), "tasks")
-    if ctx.rank is not None:
-        run_rank_tasks(ctx, cfg, "ppl-filter score", scores, scores.pending(),
-                       work_dir=b.work_dir, workers=ctx.workers, assemble="llmkit ppl-filter")
-        return None
-    with b:
-        run_tasks_with(cfg, "ppl-filter: score", scores, scores.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers, total=len(parts))
-        ppl, codes, groups = scores.collect()
-        edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
-        bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
-        filters = SplitTasks("ppl-filter", b.work_dir / "filter", parts, _PartFilter(
-            ppl, codes, bounds, edges, cfg))
-        run_tasks_with(cfg, "ppl-filter: filter", filters, filters.pending(),
-                       work_dir=b.work_dir, total=len(parts))
-        counts = filters.assemble(b.dir)
-        b.stats.update(**counts.stats(), ppl=_ppl_stats(ppl, edges, groups))
-        require_rows("ppl-filter", b.stats, cfg.allow_empty, source=str(src.path),
-                     first_removed=counts.first_removed)
     design = kept_by_design(cfg)
-    data_stage_summary(b.name, b.stats, time.time() - b.started,
-                       notes=[("policy", design)] if design else [])
-    return b
+    return run_data_stage(ctx, DataStage(
+        "ppl-filter", cfg, [src, model_art], "filtered",
+        [Phase("score", len(parts), lambda work: ScoreTasks(
+            work.dir / "score", parts, cfg, model_art, step), spread=True),
+         Phase("filter", len(parts), partial(filter_tasks, parts=parts, cfg=cfg))],
+        assemble, source=str(src.path), notes=[("policy", design)] if design else []))
+
+
+def filter_tasks(work: Work, *, parts: list, cfg: PplFilterConfig) -> SplitTasks:
+    """The filter's tasks, given every row's score (and the buckets' edges from all of them)."""
+    scores = work.done["score"]
+    ppl, codes, _ = scores.collect()
+    edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
+    bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
+    return SplitTasks("ppl-filter", work.dir / "filter", parts,
+                      _PartFilter(ppl, codes, bounds, edges, cfg))
+
+
+def assemble(out_dir: Path, done: dict) -> Assembled:
+    counts = done["filter"].assemble(out_dir)
+    ppl, _, groups = done["score"].collect()
+    return Assembled({**counts.stats(), "ppl": _ppl_stats(ppl, done["filter"].split.edges, groups)},
+                     counts.first_removed)
 
 
 @dataclass(frozen=True)

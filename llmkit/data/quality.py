@@ -22,16 +22,21 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from llmkit.data.pipeline import FolderTasks
+from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks, Work,
+                                run_data_stage)
+from llmkit.data.io import dataset_files, open_parquet
+from llmkit.data.pipeline import SplitTasks
 from llmkit.data.quality_classifier import (INFO, TEXT_FORMAT, FastTextConfig, HiddenConfig,
                                             fit_classifier, load_classifier)
 from llmkit.errors import ConfigError, UserError
-from llmkit.executor import RayConfig, executor_field, ray_field
+from llmkit.eval_files import eval_input, resolve_checkpoint
+from llmkit.progress import print_summary
 from llmkit.workspace import kill_point
 
 REASONS = (None, "quality_below_threshold", "quality_below_top_share", "quality_no_text")
@@ -39,7 +44,7 @@ TRAINING_KEYS = ("backend", "max_chars", "label_column", "label_threshold", "hol
 
 
 @dataclass
-class QualityConfig:
+class QualityConfig(DataConfig):
     backend: Literal["fasttext", "hidden"] = "fasttext"  # classifier to train; hidden needs --encoder
     min_quality: float | None = None  # keep rows with quality ≥ this; null = the top keep_top share
     keep_top: float = 0.6           # share of each group kept, best first (without min_quality)
@@ -53,9 +58,6 @@ class QualityConfig:
     fasttext: FastTextConfig = field(default_factory=FastTextConfig)  # backend fasttext's training
     hidden: HiddenConfig = field(default_factory=HiddenConfig)  # backend hidden's encoder and head
     batch_rows: int = 1024          # documents scored per step
-    allow_empty: bool = False       # write an output without rows instead of refusing it (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if self.min_quality is not None and not 0 <= self.min_quality <= 1:
@@ -84,8 +86,6 @@ def classifier_settings(cfg: QualityConfig, encoder_step: str | None) -> dict:
 def train_classifier(ctx, cfg: QualityConfig, name: str, *, good: list[str], bad: list[str],
                      labels: list[str], encoder: str | None):
     """The classifier artifact `name`, trained on the named examples (or up to date)."""
-    from llmkit.eval.data import eval_input, resolve_checkpoint
-
     if bool(good) != bool(bad):
         raise UserError("--good and --bad go together (or use --labels FILE with a label column)")
     ws = ctx.workspace
@@ -111,8 +111,6 @@ def train_classifier(ctx, cfg: QualityConfig, name: str, *, good: list[str], bad
 
 
 def print_classifier_summary(name: str, stats: dict, seconds: float) -> None:
-    from llmkit.progress import print_summary
-
     rows = [("good examples", stats["good"]), ("bad examples", stats["bad"])]
     rows += [(f"  skipped: {r}", n) for r, n in stats["skipped_by_reason"].items()]
     held = stats.get("holdout") or {}
@@ -138,7 +136,7 @@ _SCORERS: dict = {}
 
 
 @dataclass(frozen=True)
-class QualityScoreTasks(FolderTasks):
+class QualityScoreTasks(SealedTasks):
     """Task K scores input part K: `root/part-K/scores.npz` holds each row's quality and its
     group's index into the part's own list of `group_by` values. Each batch's scores are kept
     as they are done (`root/part-K.batches/`), so a killed task resumes at its first unscored
@@ -192,8 +190,6 @@ def score_part(part: Path, scorer, cfg: QualityConfig, scratch: Path
     """Quality of every row of one parquet part (NaN without text), each row's group and the
     `group_by` values. `scorer()` gives the classifier, asked for only when a batch is not
     scored yet in `scratch`."""
-    from llmkit.data.io import open_parquet
-
     columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
     pf = open_parquet(part)
     if cfg.group_by and cfg.group_by not in pf.schema_arrow.names:
@@ -262,8 +258,6 @@ class QualityFilter:
     batch_rows: int
 
     def __call__(self, task: int, part: Path, writer) -> int:
-        from llmkit.data.io import open_parquet
-
         start = first = int(self.bounds[task])
         for batch in open_parquet(part).iter_batches(batch_size=self.batch_rows, use_threads=False):
             end = start + batch.num_rows
@@ -295,51 +289,48 @@ def run_quality(ctx, cfg: QualityConfig, *, good=(), bad=(), labels=(), model: s
                 encoder: str | None = None, train_only: bool = False):
     """Train the classifier when examples are named, then score and filter --in (default
     dedup) -> `quality` (a task per input part for each pass)."""
-    from llmkit.data.io import dataset_files
-    from llmkit.data.pipeline import SplitTasks, require_rows, run_rank_tasks, run_tasks_with
-    from llmkit.progress import data_stage_summary
-
-    name = model or "quality_model"
-    if good or bad or labels:
-        classifier = train_classifier(ctx, cfg, name, good=list(good), bad=list(bad),
-                                      labels=list(labels), encoder=encoder)
-    elif train_only:
-        raise UserError("--train-only trains a classifier: name its examples with --good A "
-                        "--bad B, or --labels FILE")
-    else:
-        classifier = existing_classifier(ctx.workspace, name)
+    classifier = classifier_for(ctx, cfg, model or "quality_model", good=list(good), bad=list(bad),
+                                labels=list(labels), encoder=encoder, train_only=train_only)
     if train_only:
         return classifier
     src = ctx.input("dedup")
-    b = ctx.workspace.builder(ctx.out_name("quality"), stage="quality", config=cfg,
-                              inputs=[src, classifier], force=ctx.force)
-    if b.up_to_date:
-        return b
     parts = dataset_files(src.path)
-    scores = QualityScoreTasks(b.work_dir / "score", parts, cfg, Path(classifier.path))
-    b.start_work(2 * len(parts), "tasks")
-    if ctx.rank is not None:
-        run_rank_tasks(ctx, cfg, "quality score", scores, scores.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers, assemble="llmkit quality")
-        return None
-    with b:
-        run_tasks_with(cfg, "quality: score", scores, scores.pending(), work_dir=b.work_dir,
-                       workers=ctx.workers, total=len(parts))
-        quality, codes, groups = scores.collect()
-        reasons = removal_codes(quality, codes, cfg)
-        bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
-        filters = SplitTasks("quality", b.work_dir / "filter", parts,
-                             QualityFilter(quality, reasons, bounds, cfg.batch_rows))
-        run_tasks_with(cfg, "quality: filter", filters, filters.pending(), work_dir=b.work_dir,
-                       total=len(parts))
-        counts = filters.assemble(b.dir)
-        b.stats.update(**counts.stats(), quality=quality_stats(quality, codes, reasons, groups))
-        require_rows("quality", b.stats, cfg.allow_empty, source=str(src.path),
-                     first_removed=counts.first_removed)
     design = kept_by_design(cfg)
-    data_stage_summary(b.name, b.stats, time.time() - b.started,
-                       notes=[("policy", design)] if design else [])
-    return b
+    return run_data_stage(ctx, DataStage(
+        "quality", cfg, [src, classifier], "quality",
+        [Phase("score", len(parts), lambda work: QualityScoreTasks(
+            work.dir / "score", parts, cfg, Path(classifier.path)), spread=True),
+         Phase("filter", len(parts), partial(filter_tasks, parts=parts, cfg=cfg))],
+        assemble, source=str(src.path), notes=[("policy", design)] if design else []))
+
+
+def classifier_for(ctx, cfg: QualityConfig, name: str, *, good: list, bad: list, labels: list,
+                   encoder: str | None, train_only: bool):
+    """The classifier artifact: trained on the named examples, else one trained before."""
+    if good or bad or labels:
+        return train_classifier(ctx, cfg, name, good=good, bad=bad, labels=labels,
+                                encoder=encoder)
+    if train_only:
+        raise UserError("--train-only trains a classifier: name its examples with --good A "
+                        "--bad B, or --labels FILE")
+    return existing_classifier(ctx.workspace, name)
+
+
+def filter_tasks(work: Work, *, parts: list, cfg: QualityConfig) -> SplitTasks:
+    """The filter's tasks, given every row's quality (a top share needs all of them)."""
+    scores = work.done["score"]
+    quality, codes, _ = scores.collect()
+    bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
+    return SplitTasks("quality", work.dir / "filter", parts, QualityFilter(
+        quality, removal_codes(quality, codes, cfg), bounds, cfg.batch_rows))
+
+
+def assemble(out_dir: Path, done: dict) -> Assembled:
+    counts = done["filter"].assemble(out_dir)
+    quality, codes, groups = done["score"].collect()
+    reasons = done["filter"].split.reasons
+    return Assembled({**counts.stats(), "quality": quality_stats(quality, codes, reasons, groups)},
+                     counts.first_removed)
 
 
 def kept_by_design(cfg: QualityConfig) -> str | None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from llmkit.cjk import CJK_RANGES
 from llmkit.errors import ConfigError, UserError
+from llmkit.lm_scoring import LMScorer
 
 INFO = "classifier.json"
 FASTTEXT_MODEL = "model.bin"
@@ -162,8 +163,6 @@ class HiddenStates:
     """Mean-pooled final hidden states of a causal LM over each text's first tokens."""
 
     def __init__(self, model, tokenizer, cfg: HiddenConfig, max_chars: int):
-        from llmkit.eval.scoring import LMScorer
-
         self.lm = LMScorer(model, device=cfg.device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
         self.tokenizer, self.cfg, self.max_chars = tokenizer, cfg, max_chars
         self.max_tokens = min(cfg.max_tokens, self.lm.max_len)

@@ -23,6 +23,7 @@ import numpy as np
 
 from llmkit.cjk import language_of
 from llmkit.errors import UserError
+from llmkit.eval_files import FILE_STAGE, read_rows
 
 GOOD_WORDS = {"good", "1", "true", "yes", "pos", "positive", "__label__good"}
 BAD_WORDS = {"bad", "0", "false", "no", "neg", "negative", "__label__bad"}
@@ -90,8 +91,6 @@ def junk_label(where: str, column: str, value, threshold: float | None) -> UserE
 
 def iter_rows(art, columns: list[str]):
     """(where, row dict or None for an unreadable row) of a dataset artifact or file."""
-    from llmkit.eval.data import FILE_STAGE
-
     path = Path(art.path)
     if art.stage != FILE_STAGE or path.suffix == ".parquet":
         yield from _parquet_rows(path, columns)
@@ -103,8 +102,6 @@ def iter_rows(art, columns: list[str]):
             yield f"{path}:{n}", (None if bad else record), (
                 record.reason if isinstance(record, BadRecord) else "not_an_object")
     elif path.suffix == ".json":
-        from llmkit.eval.data import read_rows
-
         for n, record in enumerate(read_rows(art), 1):
             yield f"{path}: row {n}", record, None
     else:

@@ -3,7 +3,9 @@
 A rule is `rule(doc, cfg) -> str | None`: None keeps the document, a string is the reason it is
 removed, and the reason is always the rule's own name, so the manifest counts removals per rule
 and `disabled_rules` switches rules off by the same name. `RULES` is the order they run in
-(cheap, decisive checks first); the first rule that objects decides the reason.
+(cheap, decisive checks first); the first rule that objects decides the reason. `cfg` is the
+plain config (thresholds); what is built from it — tables, a block list, models — is on the
+per-process holder `doc.state` (llmkit.data.rule_state.RuleState), never on the config.
 
 Words. Text in Chinese or Japanese has no spaces, so counting whitespace-separated words would
 make a whole paragraph one "word". Here every CJK character (Han, kana) is one word and the rest
@@ -21,7 +23,7 @@ Speed: every number a rule reads is measured once per document (`llmkit.data.doc
 
 Row rules (`ROW_RULES`) read a row's columns rather than its text, and run before it is
 normalised: `language` (the row's `lang_id`/`script`, from ingest or identified in clean) and
-`url` (the row's `url` against a block list). `row` is a dict of those columns.
+`url` (the row's `url` against a block list). A `Row` holds those columns and the holder.
 
 Thresholds are the published ones unless a field's comment in `CleanConfig` says otherwise:
 Gopher = Rae et al. 2021, "Scaling Language Models", appendix A; C4 = Raffel et al. 2020;
@@ -30,9 +32,17 @@ FineWeb = Penedo et al. 2024 (datatrove's FineWebQualityFilter).
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from llmkit.data.document import Doc
+
+
+class Row(NamedTuple):
+    """What the row rules read: a row's columns (`url`, `lang_id`, `lang_score`, `script`)
+    and the rules' per-process holder (llmkit.data.rule_state.RuleState)."""
+    columns: dict
+    state: object
 
 
 # ---------------------------------------------------------------- the rules
@@ -193,23 +203,24 @@ def fineweb_line_punctuation(doc: Doc, cfg) -> str | None:
     return None
 
 
-def language(row: dict, cfg) -> str | None:
+def language(row: Row, cfg) -> str | None:
     """Not one of `keep_langs` (a `lang_id` such as `fr`, or `zh-Hans`/`zh-Hant` for one
     Chinese), or identified with a probability below `min_lang_score`."""
     if not cfg.keep_langs:
         return None
-    if row["lang_id"] not in cfg.keep_langs and row["script"] not in cfg.keep_langs:
+    columns = row.columns
+    if columns["lang_id"] not in cfg.keep_langs and columns["script"] not in cfg.keep_langs:
         return "language"
-    if row["lang_score"] < cfg.min_lang_score:
+    if columns["lang_score"] < cfg.min_lang_score:
         return "language"
     return None
 
 
-def url(row: dict, cfg) -> str | None:
+def url(row: Row, cfg) -> str | None:
     """The row's URL is on the block list: its host is a listed domain (or under one), or it
     holds a listed URL substring."""
-    domains, pieces = cfg._url_blocklist
-    link = row.get("url")
+    domains, pieces = row.state.url_blocklist
+    link = row.columns.get("url")
     if not link or not (domains or pieces):
         return None
     try:
@@ -249,7 +260,7 @@ RULES = (
 RULE_NAMES = tuple(rule.__name__ for rule in RULES)
 
 
-def first_failed_rule(doc: Doc, cfg, rules=RULES) -> str | None:
+def first_failed_rule(doc: Doc | Row, cfg, rules=RULES) -> str | None:
     """The reason of the first rule in `rules` that rejects `doc`, or None to keep it."""
     for rule in rules:
         reason = rule(doc, cfg)

@@ -16,9 +16,10 @@ falls below `val_fraction`. So the output is the same for any --workers, any
 folder; `llmkit tokenize` without --rank then adds whatever is missing and assembles the
 artifact.
 
-The scratch folder (`Builder.work_dir`) holds `shard-K/` and its `shard-K.done` marker,
-written last with the stats and the files' sizes. A shard without an intact marker (killed
-mid-write, a file lost or cut short) is tokenized again. Assembly hard-links (or copies) the
+The scratch folder (`Builder.work_dir`) holds `shard-K/` and its `shard-K.done` marker, which
+the driver (llmkit.data.driver) writes last with the stats and the files' sizes. A shard
+without an intact marker (killed mid-write, a file lost or cut short, stats that disagree with
+the sizes) is tokenized again. Assembly hard-links (or copies) the
 shards into the artifact, so a run killed while assembling loses nothing; the scratch folder
 goes once the artifact is in place.
 
@@ -36,31 +37,31 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Literal
 
 from llmkit.checkpoints import tokenizer_folder
 from llmkit.data.arrow import string_buffers, strings
-from llmkit.data.io import dataset_files, fresh_dir, replace_dir, temporary_path
+from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks,
+                                run_data_stage)
+from llmkit.data.io import dataset_files
 from llmkit.data.pipeline import ordered_imap
 from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
                                       token_dtype)
 from llmkit.errors import ConfigError, UserError
-from llmkit.executor import RayConfig, executor_field, ray_field
-from llmkit.workspace import kill_point, link_or_copy, seal, sealed
+from llmkit.progress import print_summary
+from llmkit.tokenizer import open_tokenizer
+from llmkit.workspace import kill_point, link_or_copy
 
 TOKENIZER_DIR = "tokenizer"
 
 
 @dataclass
-class TokenizeConfig:
+class TokenizeConfig(DataConfig):
     val_fraction: float = 0.005  # share of documents (chosen by a hash of the id) in val
     split_seed: int = 0          # salt of that hash: another value picks another val set
     batch_rows: int = 1024       # documents read from parquet at a time
     task_bytes: int = 1 << 20    # text per worker task (memory: a few tasks per worker)
-    allow_empty: bool = False    # write shards of no token instead of refusing them (exit 2)
-    executor: Literal["local", "ray"] = executor_field()  # where tasks run (not fingerprinted)
-    ray: RayConfig = ray_field()  # executor=ray: the cluster, what a task reserves
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:
@@ -187,8 +188,8 @@ class _OrderedPool:
 
 def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPool,
                    cfg: TokenizeConfig) -> dict:
-    """Tokenize one parquet part into `out/` (train.bin, val.bin, index.parquet), then seal
-    it with `out.done` (`finished_shard` reads it back); returns the shard's stats."""
+    """Tokenize one parquet part into the folder `out/` (train.bin, val.bin, index.parquet);
+    returns the shard's stats."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -197,8 +198,7 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
     if "text" not in names:
         raise UserError(f"{part} has no `text` column; tokenize reads datasets with text")
     columns = ["text"] + [c for c in ("id", "source") if c in names]
-    tmp = fresh_dir(temporary_path(out))
-    writer = ShardWriter(tmp)
+    writer = ShardWriter(out)
     try:
         batches = _with_ids(pf.iter_batches(batch_size=cfg.batch_rows, columns=columns), part)
         held = deque()  # the tasks' batches whose results are in flight (ids, sources)
@@ -219,34 +219,7 @@ def tokenize_shard(part: Path, default_source: str, out: Path, pool: _OrderedPoo
                        [s or default_source for s in names], lengths, in_val)
     finally:
         stats = writer.close()
-    marker = _marker(out)
-    marker.unlink(missing_ok=True)
-    try:
-        replace_dir(tmp, out)
-    except OSError as e:
-        raise UserError(f"cannot replace the damaged shard folder {out} ({e}); delete "
-                        f"{out.parent} and rerun `llmkit tokenize`") from None
-    seal(marker, [out / f for f in SHARD_FILES], {"stats": stats})
     return stats
-
-
-def _marker(shard_dir: Path) -> Path:
-    return shard_dir.with_name(f"{shard_dir.name}.done")
-
-
-def finished_shard(shard_dir: Path, itemsize: int) -> dict | None:
-    """The stats of a shard if its folder is complete and intact (marker, files of the
-    recorded sizes, .bin sizes matching the token counts), else None: tokenize it again."""
-    info = sealed(_marker(shard_dir))
-    try:
-        files = {f"{shard_dir.name}/{f}" for f in SHARD_FILES}
-        if info and set(info["files"]) == files and all(
-                info["stats"][s]["tokens"] * itemsize == info["files"][f"{shard_dir.name}/{s}.bin"]
-                for s in SPLITS):
-            return info["stats"]
-    except (KeyError, TypeError):
-        pass
-    return None
 
 
 def _grouped(batches, task_bytes: int):
@@ -287,27 +260,36 @@ def plan_shards(datasets) -> list[tuple[Path, str]]:
 
 
 @dataclass(frozen=True)
-class TokenizeTasks:
-    """Task K tokenizes input part K into `work/shard-K/` (`tokenize_shard`), with the
-    tokenizer in `tokenizer_dir` (opened once per process) on `workers` threads."""
-    work: Path
+class TokenizeTasks(SealedTasks):
+    """Task K tokenizes input part K into `root/shard-K/` (`tokenize_shard`), with the
+    tokenizer in `tokenizer_dir` (opened once per process) on `workers` threads; its marker
+    holds the shard's stats, which must agree with its files' sizes."""
+    root: Path
     shards: list  # (part file, source name for rows without one), as plan_shards gives them
     tokenizer_dir: Path
     cfg: TokenizeConfig
     workers: int
     itemsize: int
 
-    def pending(self) -> list[int]:
-        return [k for k in range(len(self.shards))
-                if finished_shard(self.work / SHARD.format(k), self.itemsize) is None]
+    def __len__(self) -> int:
+        return len(self.shards)
 
-    def __call__(self, k: int) -> None:
-        out = self.work / SHARD.format(k)
-        if finished_shard(out, self.itemsize) is not None:
-            return
+    def task_name(self, k: int) -> str:
+        return SHARD.format(k)
+
+    def accepts(self, k: int, info: dict) -> bool:
+        name = self.task_name(k)
+        try:
+            return set(info["files"]) == {f"{name}/{f}" for f in SHARD_FILES} and all(
+                info["stats"][s]["tokens"] * self.itemsize == info["files"][f"{name}/{s}.bin"]
+                for s in SPLITS)
+        except (KeyError, TypeError):
+            return False
+
+    def build(self, k: int, tmp: Path) -> dict:
         part, source = self.shards[k]
         with _OrderedPool(self.workers, tokenizer_in(self.tokenizer_dir)) as pool:
-            tokenize_shard(part, source, out, pool, self.cfg)
+            return {"stats": tokenize_shard(part, source, tmp, pool, self.cfg)}
 
 
 _TOKENIZERS: dict = {}
@@ -316,8 +298,6 @@ _TOKENIZERS: dict = {}
 def tokenizer_in(folder: Path):
     """The tokenizer of `folder`, opened once per process (its chunk cache stays warm from one
     shard to the next)."""
-    from llmkit.tokenizer import open_tokenizer
-
     key = str(folder)
     if key not in _TOKENIZERS:
         _TOKENIZERS[key] = open_tokenizer(folder)
@@ -325,34 +305,29 @@ def tokenizer_in(folder: Path):
 
 
 def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
-    from llmkit.data.pipeline import run_rank_tasks, run_tasks_with
-    from llmkit.progress import print_summary
-
+    """Run (or resume) tokenize, a task per input part; the Builder, or None for a --rank run."""
     tok_art = ctx.workspace.artifact(tokenizer)  # a tokenizer, or a checkpoint run carrying one
     folder = tokenizer_folder(tok_art.path)
     tok = tokenizer_in(folder)  # fails early on a folder that is not one
     datasets = ctx.input_list("dedup")
-    b = ctx.workspace.builder(ctx.out_name("tokens"), stage="tokenize", config=cfg,
-                              inputs=[tok_art, *datasets], force=ctx.force)
-    if b.up_to_date:
-        return b
     shards = plan_shards(datasets)
-    # a local task encodes on --workers threads; a Ray task is given its CPUs instead
-    workers = ctx.workers if cfg.executor == "local" else max(1, int(cfg.ray.cpus_per_task))
-    tasks = TokenizeTasks(b.start_work(len(shards), "shards"), shards, folder, cfg, workers,
-                          _itemsize(tok))
-    if ctx.rank is not None:
-        run_rank_tasks(ctx, cfg, "tokenize", tasks, tasks.pending(), work_dir=b.work_dir)
-        return b
-    with b:
-        run_tasks_with(cfg, "tokenize", tasks, tasks.pending(), work_dir=b.work_dir,
-                       total=len(shards))
-        b.stats.update(_assemble(b.work_dir, b.dir, len(shards), tok))
-        if not b.stats["tokens"] and not cfg.allow_empty:
-            raise UserError(f"tokenize: {', '.join(d.name for d in datasets)} gave no token "
-                            f"({b.stats['docs']} documents); nothing was written. Check the "
-                            "inputs, or accept empty shards with --allow-empty")
-        tok.save(b.dir / TOKENIZER_DIR)
+    return run_data_stage(ctx, DataStage(
+        "tokenize", cfg, [tok_art, *datasets], "tokens",
+        [Phase("shards", len(shards), lambda work: TokenizeTasks(
+            work.dir, shards, folder, cfg, work.within_task, _itemsize(tok)))],
+        lambda out, done: Assembled(_assemble(done["shards"], out, tok)),
+        source=", ".join(d.name for d in datasets), work_unit="shards",
+        refuse_empty=partial(_refuse_no_token, cfg, datasets), summary=partial(_summary, cfg)))
+
+
+def _refuse_no_token(cfg: TokenizeConfig, datasets: list, stats: dict) -> None:
+    if not stats["tokens"] and not cfg.allow_empty:
+        raise UserError(f"tokenize: {', '.join(d.name for d in datasets)} gave no token "
+                        f"({stats['docs']} documents); nothing was written. Check the "
+                        "inputs, or accept empty shards with --allow-empty")
+
+
+def _summary(cfg: TokenizeConfig, b) -> None:
     st = b.stats
     if cfg.val_fraction and st["tokens"] and not st["splits"]["val"]["tokens"]:
         print(f"warning: tokenize: the val split is empty (val_fraction={cfg.val_fraction} of "
@@ -363,7 +338,6 @@ def run_tokenize(ctx, cfg: TokenizeConfig, tokenizer: str = "tokenizer"):
         ("train tokens", st["splits"]["train"]["tokens"]),
         ("val tokens", st["splits"]["val"]["tokens"]), ("dtype", st["dtype"]),
         ("seconds", round(time.time() - b.started, 2))])
-    return b
 
 
 def _itemsize(tok) -> int:
@@ -372,17 +346,20 @@ def _itemsize(tok) -> int:
     return np.dtype(token_dtype(tok.vocab_size)).itemsize
 
 
-def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
-    """Link the finished shards into the artifact; return the manifest's stats."""
+def _assemble(tasks: TokenizeTasks, out: Path, tok) -> dict:
+    """Link the finished shards and a copy of the tokenizer into the artifact; return the
+    manifest's stats."""
     splits = {s: {"docs": 0, "tokens": 0, "tokens_by_source": Counter()} for s in SPLITS}
     for d in (*SPLITS, INDEX):
         (out / d).mkdir(parents=True, exist_ok=True)
+    n_shards = len(tasks)
     for k in range(n_shards):
-        src, name = work / SHARD.format(k), SHARD.format(k)
-        shard_stats = finished_shard(src, _itemsize(tok))
-        if shard_stats is None:  # damaged since this run tokenized it
+        src, name = tasks.folder(k), tasks.task_name(k)
+        info = tasks.info(k)
+        if info is None:  # damaged since this run tokenized it
             raise UserError(f"{src} changed while tokenize was assembling it; rerun "
                             "`llmkit tokenize`")
+        shard_stats = info["stats"]
         for s in SPLITS:
             for key in ("docs", "tokens"):
                 splits[s][key] += shard_stats[s][key]
@@ -394,6 +371,7 @@ def _assemble(work: Path, out: Path, n_shards: int, tok) -> dict:
     for s in SPLITS:
         by_source.update(splits[s]["tokens_by_source"])
         splits[s]["tokens_by_source"] = dict(sorted(splits[s]["tokens_by_source"].items()))
+    tok.save(out / TOKENIZER_DIR)
     return {
         "tokens": sum(splits[s]["tokens"] for s in SPLITS),
         "docs": sum(splits[s]["docs"] for s in SPLITS),

@@ -18,7 +18,6 @@ subject, which are then not scored. Prompts are English or Chinese by the questi
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,9 +25,7 @@ from typing import Literal
 import numpy as np
 
 from llmkit.errors import ConfigError, UserError
-
-LETTERS = "ABCDEFGHIJ"
-CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+from llmkit.eval_files import LETTERS, Question
 
 
 @dataclass
@@ -47,45 +44,6 @@ class ChoiceConfig:
                               f"({len(self.files)}), got {len(self.dev_files)}")
         if self.max_questions is not None and self.max_questions < 1:
             raise ConfigError(f"choice.max_questions must be ≥ 1, got {self.max_questions}")
-
-
-@dataclass
-class Question:
-    question: str
-    choices: list[str]
-    answer: int  # index into choices
-    subject: str = ""
-
-    @property
-    def chinese(self) -> bool:
-        return bool(CJK.search(self.question))
-
-
-def parse_question(row: dict, where: str) -> Question:
-    """A row of an MMLU (`choices` list, index answer) or C-Eval (`A`…`D` fields, letter) file."""
-    question = row.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise UserError(f"{where}: no `question` text")
-    choices = row.get("choices")
-    if choices is None:
-        choices = [row[k] for k in LETTERS if row.get(k) is not None]
-    if not isinstance(choices, list) or len(choices) < 2:
-        raise UserError(f"{where}: needs at least two choices, as a `choices` list or `A`, `B`, … fields")
-    choices = [str(c) for c in choices]
-    answer = row.get("answer")
-    if isinstance(answer, str) and answer.strip().upper() in LETTERS[:len(choices)]:
-        index = LETTERS.index(answer.strip().upper())
-    elif isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
-        index = answer
-    else:
-        raise UserError(f"{where}: `answer` must be a letter A–{LETTERS[len(choices) - 1]} or an "
-                        f"index 0–{len(choices) - 1}, got {answer!r}")
-    subject = row.get("subject") or row.get("category") or ""
-    return Question(question.strip(), choices, index, str(subject))
-
-
-def parse_questions(rows: list[dict], name: str) -> list[Question]:
-    return [parse_question(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
 
 
 # -- prompts ---------------------------------------------------------------------------------

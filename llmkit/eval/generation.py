@@ -23,7 +23,9 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmkit.data.chat import prompt_messages
 from llmkit.errors import ConfigError, UserError
+from llmkit.rewards import exact_match
 
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -106,8 +108,6 @@ def rouge(hypotheses: list[str], references: list[list[str]], chinese: bool,
 
 def exact_match_rate(hypotheses: list[str], references: list[list[str]]) -> float:
     """Share of hypotheses equal to one of their references, up to whitespace."""
-    from llmkit.rewards import exact_match
-
     hits = sum(any(exact_match(h, r) for r in refs) for h, refs in zip(hypotheses, references))
     return hits / max(len(hypotheses), 1)
 
@@ -163,8 +163,6 @@ def language_of(row: dict, refs: list[str]) -> str:
 def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
     """The tokens a reply follows: the chat template with the assistant's turn opened, or the
     plain prompt after `Tokenizer.document_start_ids()` (`</s>`, a document start)."""
-    from llmkit.data.chat import prompt_messages
-
     if row.get("prompt") is None and not row.get("messages"):
         raise UserError(f"{where}: no `prompt` (or `messages`) to generate from")
     messages = prompt_messages(row)

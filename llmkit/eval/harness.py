@@ -11,7 +11,9 @@ task at files: a file's suffix picks the reader; a relative `data_files` path in
 llmkit's folder is relative to that folder.
 
 lm-eval's results are kept as it reports them: `results[task]["acc,none"]`,
-`["acc_stderr,none"]`, … plus the groups' aggregates, the shots and sample counts per task.
+`["acc_stderr,none"]`, … plus the groups' aggregates, the shots and sample counts per task, and
+`scored_files[task]`: the files of the split each task is scored on, which
+llmkit.eval.provenance checks against the decontamination inputs of the run's training data.
 """
 
 from __future__ import annotations
@@ -297,8 +299,10 @@ def _first_line(e: Exception) -> str:
 
 # -- running ---------------------------------------------------------------------------------
 
-def run_harness(lm, cfg: HarnessConfig) -> dict:
-    """lm-eval's results of cfg.tasks on `lm` (an lm-eval LM), the network shut."""
+def run_harness(lm, cfg: HarnessConfig) -> dict | None:
+    """lm-eval's results of cfg.tasks on `lm` (an lm-eval LM), the network shut. Under several
+    ranks (torch.distributed initialised) each scores its share of the documents and rank 0
+    returns the gathered results; the other ranks return None."""
     shut_the_network()
     import logging
 
@@ -310,14 +314,31 @@ def run_harness(lm, cfg: HarnessConfig) -> dict:
     logging.getLogger("lm_eval.api.task").setLevel(logging.ERROR)  # says custom_dataset takes --metadata
     datasets.disable_progress_bars()
     manager = task_manager(cfg)
-    build_tasks(manager, cfg)
+    leaves = build_tasks(manager, cfg)
     out = evaluator.simple_evaluate(
         model=lm, tasks=list(cfg.tasks), task_manager=manager, num_fewshot=cfg.num_fewshot,
         limit=cfg.limit, bootstrap_iters=cfg.bootstrap_iters, log_samples=False,
         apply_chat_template=cfg.chat_template, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
         random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
         fewshot_random_seed=cfg.seed)
-    return {k: out[k] for k in KEPT if k in out}
+    if out is None:
+        return None
+    return {**{k: out[k] for k in KEPT if k in out}, "scored_files": scored_files(leaves)}
+
+
+def scored_files(tasks: list) -> dict[str, list[str] | None]:
+    """Each leaf task's files of the split it is scored on (lm-eval's: test when the task has one,
+    else validation), absolute; None where its data is not local files (a cache, a folder)."""
+    out = {}
+    for task in tasks:
+        config = task.config
+        split = config.test_split if task.has_test_docs() else config.validation_split
+        files = (config.dataset_kwargs or {}).get("data_files") or {}
+        chosen = files.get(split) if isinstance(files, dict) else files
+        paths = [chosen] if isinstance(chosen, str) else list(chosen or [])
+        out[config.task] = ([str(Path(p).resolve()) for p in paths]
+                            if paths and all(Path(p).is_file() for p in paths) else None)
+    return out
 
 
 def headline(harness: dict) -> dict:

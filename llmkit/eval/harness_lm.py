@@ -25,14 +25,14 @@ import json
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.samplers import ContextSampler
 
+from llmkit.errors import UserError
 from llmkit.eval.harness_scoring import PrefixScorer, request_ids
+from llmkit.hf_tokenizer import HFTokenizer
 
 
 def hf_special_ids(tokenizer) -> tuple[list[int], int, int]:
     """(ids transformers' `tokenizer(text)` puts before a text, its prefix token id (bos, else
     eos), its eos_token_id) for the tokenizer folder `llmkit export` writes from `tokenizer`."""
-    from llmkit.hf_tokenizer import HFTokenizer
-
     if isinstance(tokenizer, HFTokenizer):  # its own files are exported as they are
         named = tokenizer._named_ids
         eos = named.get("eos_token", tokenizer.eos_id)
@@ -175,8 +175,6 @@ class LlmkitLM(TemplateLM):
             max_new = kwargs.pop("max_gen_toks")
             room = self.max_length - max_new
             if room < 1:
-                from llmkit.errors import UserError
-
                 raise UserError(f"a task asks for {max_new} generated tokens, as many as the model's "
                                 f"max_seq_len={self.max_length}; lower its max_gen_toks")
             prompts = {i: self.tok_encode(requests[i].args[0])[-room:] for i in members}

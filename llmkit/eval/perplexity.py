@@ -2,7 +2,8 @@
 
 A document is scored as it appears in the token shards: after the `</s>` that ends the one
 before, and followed by its own `</s>`. So its first token is predicted too, and every text
-token plus the final `</s>` counts. Long documents use the sliding window of `LMScorer`.
+token plus the final `</s>` counts. Long documents use the sliding window of `LMScorer`
+(llmkit.lm_scoring, with `text_documents`).
 `ppl` is the corpus perplexity exp(Σ nll / Σ tokens); `bits_per_byte` (texts only) divides the
 same log-likelihood by UTF-8 bytes instead, which compares across tokenizers.
 """
@@ -16,7 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from llmkit.data.token_shards import read_index
 from llmkit.errors import ConfigError, UserError
+from llmkit.lm_scoring import text_documents
+from llmkit.tokenizer import same_tokenizer, tokenizer_file
+from llmkit.workspace import Artifact
 
 
 @dataclass
@@ -41,9 +46,6 @@ class PerplexityConfig:
 def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, list[str], int]:
     """The first `limit` documents of a token artifact's split as `[</s>] + tokens` (their own
     `</s>` included), their sources, and the `</s>` id."""
-    from llmkit.data.token_shards import read_index
-    from llmkit.workspace import Artifact
-
     stats = Artifact.open(tokens_dir).stats
     dtype, eos = np.dtype(stats["dtype"]), int(stats["eos_id"])
     docs, sources = [], []
@@ -58,16 +60,6 @@ def split_documents(tokens_dir: Path, split: str, limit: int) -> tuple[list, lis
             if len(docs) == limit:
                 return docs, sources, eos
     return docs, sources, eos
-
-
-def text_documents(tokenizer, texts: list[str]) -> list[list[int]]:
-    """`document_start_ids() + tokens + [</s>]` of each text (ppl-filter scores these too),
-    encoded as `llmkit tokenize` writes documents into token shards: a special token's string
-    inside a text is plain text there, so a document is scored as it would be trained on."""
-    start, eos = tokenizer.document_start_ids(), tokenizer.eos_id
-    ids, lengths = tokenizer.encode_flat(texts)
-    ends = np.cumsum(lengths)
-    return [[*start, *ids[end - n:end].tolist(), eos] for end, n in zip(ends, lengths)]
 
 
 def perplexity_summary(nll: np.ndarray, counts: np.ndarray, sources: list[str] | None = None,
@@ -96,8 +88,6 @@ def _summary(nll, counts, n_bytes) -> dict:
 
 def require_same_tokenizer(tokens_dir: Path, tokenizer) -> None:
     """Token ids mean nothing to a model with another tokenizer: refuse to score them."""
-    from llmkit.tokenizer import same_tokenizer, tokenizer_file
-
     made_with = Path(tokens_dir) / "tokenizer"
     if tokenizer_file(made_with) is not None and not same_tokenizer(made_with, tokenizer.path):
         raise UserError(f"{tokens_dir} was tokenized with another tokenizer than the model's "

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmkit.data.chat import prompt_messages
 from llmkit.errors import ConfigError
+from llmkit.eval.generation import prompt_ids
 
 
 @dataclass
@@ -63,8 +65,6 @@ def reward_scores(reward_model, tokenizer, conversations: list[list[dict]], *, b
 
 
 def _with_reply(row: dict, reply: str) -> list[dict]:
-    from llmkit.data.chat import prompt_messages
-
     return prompt_messages(row) + [{"role": "assistant", "content": reply}]
 
 
@@ -87,7 +87,6 @@ def win_rate(policy_rewards: np.ndarray, reference_rewards: np.ndarray) -> dict:
 
 def policy_replies(model, tokenizer, rows: list[dict], cfg: RewardConfig, *, chat: bool, device,
                    seed: int = 0) -> list[str]:
-    from llmkit.eval.generation import prompt_ids
     from llmkit.decoding import generate_replies
 
     prompts = [prompt_ids(tokenizer, r, chat, f"prompt row {i + 1}") for i, r in enumerate(rows)]

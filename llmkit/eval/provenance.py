@@ -12,6 +12,11 @@ What a model learned from: a training run, from the run it started from and the 
 (not its reference or reward model, tokenizer or held-out set: the first run and the first
 dataset among its inputs, as the trainers list them); a dataset or token artifact, from its
 dataset inputs (not a scoring model, nor a tokenizer).
+
+lm-evaluation-harness tasks (`llmkit eval --tasks`) get a note each, covered or not
+(`harness_notes`): the file(s) of the split a task is scored on, and either the decontaminate
+artifacts that indexed them on every route or a route that none did. Few-shot files are not
+checked: an example seen in training shows the format, it does not answer the question scored.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from llmkit.data.decontam_index import file_identity
 from llmkit.errors import UserError
-from llmkit.eval.data import FILE_STAGE, input_name
+from llmkit.eval_files import FILE_STAGE, input_name
 from llmkit.stages import TRAINING
 from llmkit.workspace import Artifact
 
@@ -43,6 +48,31 @@ def contamination_warnings(run: Artifact, evaluated: list[Artifact]) -> dict:
             "items: run `llmkit decontaminate --against FILE` before tokenize"}
 
 
+def harness_notes(run: Artifact, task_files: dict[str, list[str] | None]) -> dict:
+    """{"harness/<task>/decontaminated": "yes — …" | "no — …" | "unknown — …"} for each lm-eval
+    task, given the files of the split it is scored on (None: data llmkit cannot trace)."""
+    lineage = Lineage(run.path.parent)
+    return {f"harness/{task}/decontaminated": _task_note(lineage, run, files)
+            for task, files in task_files.items()}
+
+
+def _task_note(lineage: Lineage, run: Artifact, files: list[str] | None) -> str:
+    if not files:
+        return "unknown — the task reads no local file llmkit can trace (a datasets cache or folder)"
+    missed, by = [], set()
+    for path in files:
+        identity = _identity(Artifact(Path(path), {"stage": FILE_STAGE}))
+        route = lineage.uncovered_route(run, identity)
+        if route is None:
+            by |= lineage.covered_by(run, identity)
+        else:
+            missed.append(f"{Path(path).name} ({' <- '.join(route)})")
+    if missed:
+        return (f"no — {'; '.join(missed)}: not among the decontamination inputs of the training "
+                "data; scores may count leaked items")
+    return f"yes — {', '.join(Path(p).name for p in files)} checked by {', '.join(sorted(by))}"
+
+
 def _identity(art: Artifact) -> tuple:
     return tuple(file_identity(art).items())[0]
 
@@ -61,13 +91,21 @@ class Lineage:
             return None
         sources = self.learned_from(art)
         if not sources:
-            return [art.name]
+            return [f"{art.name} (imported: trained outside the workspace)" if art.stage == "import"
+                    else art.name]
         for source in sources:
             route = (self.uncovered_route(source, identity) if isinstance(source, Artifact)
                      else [source])
             if route is not None:
                 return [art.name, *route]
         return None
+
+    def covered_by(self, art: Artifact, identity: tuple) -> set[str]:
+        """The decontaminate artifacts that indexed `identity` on the routes back from `art`."""
+        if art.stage == "decontaminate" and identity in _decontaminated(art):
+            return {art.name}
+        return set().union(*(self.covered_by(source, identity) for source in self.learned_from(art)
+                             if isinstance(source, Artifact)))
 
     def learned_from(self, art: Artifact) -> list:
         """The artifacts `art`'s content was made from (a str: one that could not be opened)."""

@@ -34,9 +34,22 @@ def eval_rows(path: Path) -> list[tuple[str, str, str, float, float | None]]:
     return rows
 
 
+def decontamination_notes(path: Path) -> list[tuple[str, str]]:
+    """(task, note) of each lm-eval task of one eval artifact: were the files it is scored on
+    among the decontamination inputs of the run's training data (llmkit.eval.provenance)."""
+    manifest = path / "manifest.json"
+    stats = json.loads(manifest.read_text(encoding="utf-8")).get("stats", {}) if manifest.is_file() else {}
+    return [(key.removeprefix("harness/").removesuffix("/decontaminated"), note) for key, note in stats.items()
+            if key.startswith("harness/") and key.endswith("/decontaminated")]
+
+
 def eval_markdown(paths: list[Path]) -> str:
     lines = ["## Evaluations", "", "| eval | task | metric | value | ± stderr |", "|---|---|---|---|---|"]
     for path in paths:
         for name, task, metric, value, stderr in eval_rows(path):
             lines.append(f"| {name} | {task} | {metric} | {value:.4g} | {'' if stderr is None else f'{stderr:.3g}'} |")
+    notes = [(path.name, task, note) for path in paths for task, note in decontamination_notes(path)]
+    if notes:
+        lines += ["", "Decontaminated against each task's scored file(s), upstream of the run's training data:", ""]
+        lines += [f"- {name} / {task}: {note}" for name, task, note in notes]
     return "\n".join(lines) + "\n"

@@ -23,14 +23,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.checkpoints import checkpoint_step_dir
 from llmkit.errors import ConfigError, UserError
-from llmkit.eval.choice import ChoiceConfig
-from llmkit.eval.efficiency import EfficiencyConfig
-from llmkit.eval.generation import GenerationConfig
-from llmkit.eval.harness import HarnessConfig, harness_files, headline as harness_headline
-from llmkit.eval.perplexity import PerplexityConfig
-from llmkit.eval.preference import RewardConfig
-from llmkit.eval.provenance import contamination_warnings
+from llmkit.eval.choice import ChoiceConfig, evaluate_choice
+from llmkit.eval.efficiency import EfficiencyConfig, evaluate_efficiency
+from llmkit.eval.generation import GenerationConfig, evaluate_generation
+from llmkit.eval.harness import HarnessConfig, harness_files, headline as harness_headline, run_harness
+from llmkit.eval.perplexity import PerplexityConfig, text_perplexity, token_split_perplexity
+from llmkit.eval.preference import RewardConfig, judge_policies, pairwise_accuracy, policy_replies
+from llmkit.eval.provenance import contamination_warnings, harness_notes
+from llmkit.eval_files import (eval_input, input_name, parse_questions, read_rows, require_columns,
+                               resolve_checkpoint)
+from llmkit.lm_scoring import LMScorer, resolve_device
+from llmkit.progress import print_summary
+from llmkit.train.loading import load, load_reward_model, load_tokenizer
 
 TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "harness")
 RESULTS = "results.json"
@@ -113,16 +119,15 @@ class Inputs:
         self.prompts = _open_all(ws, [r.prompts] if r.prompts else [])
         self.reference = ws.artifact(r.reference) if r.reference else None
         self.harness = _open_all(ws, harness_files(cfg.harness) if "harness" in tasks else [])
+        self.efficiency = _open_all(ws, cfg.efficiency.models if "efficiency" in tasks else [])
 
     def all(self) -> list:
         singles = [a for a in (self.run, self.tokens, self.reward_model, self.reference) if a is not None]
         return singles + self.ppl + self.choice + self.choice_dev + self.generation + \
-            self.preferences + self.prompts + self.harness
+            self.preferences + self.prompts + self.harness + self.efficiency
 
 
 def _open_all(ws, specs: list[str]) -> list:
-    from llmkit.eval.data import eval_input
-
     return [eval_input(ws, s) for s in specs]
 
 
@@ -143,9 +148,6 @@ class EvalRun:
 
 
 def eval_perplexity(run: EvalRun) -> dict:
-    from llmkit.eval.data import input_name, read_rows, require_columns
-    from llmkit.eval.perplexity import text_perplexity, token_split_perplexity
-
     cfg, out = run.cfg.ppl, {}
     if run.inputs.tokens is not None:
         out[f"{run.inputs.tokens.name}:{cfg.split}"] = token_split_perplexity(
@@ -158,9 +160,6 @@ def eval_perplexity(run: EvalRun) -> dict:
 
 
 def eval_choice(run: EvalRun) -> dict:
-    from llmkit.eval.choice import evaluate_choice, parse_questions
-    from llmkit.eval.data import input_name, read_rows
-
     out = {}
     for k, art in enumerate(run.inputs.choice):
         name = input_name(art)
@@ -174,9 +173,6 @@ def eval_choice(run: EvalRun) -> dict:
 
 
 def eval_generation(run: EvalRun) -> dict:
-    from llmkit.eval.data import input_name, read_rows
-    from llmkit.eval.generation import evaluate_generation
-
     out = {}
     for art in run.inputs.generation:
         name = input_name(art)
@@ -189,17 +185,10 @@ def eval_generation(run: EvalRun) -> dict:
 
 def load_judge(reward_run):
     """(reward model, its tokenizer) of a reward-model run."""
-    from llmkit.checkpoints import checkpoint_step_dir
-    from llmkit.train.loading import load_reward_model, load_tokenizer
-
     return load_reward_model(reward_run.path), load_tokenizer(checkpoint_step_dir(reward_run.path))
 
 
 def eval_reward(run: EvalRun) -> dict:
-    import llmkit
-    from llmkit.eval.data import read_rows, require_columns
-    from llmkit.eval.preference import judge_policies, pairwise_accuracy, policy_replies
-
     rc, inputs = run.cfg.reward, run.inputs
     judge = load_judge(inputs.reward_model)
     out: dict = {"reward_model": str(inputs.reward_model.path)}
@@ -211,7 +200,7 @@ def eval_reward(run: EvalRun) -> dict:
         rows = read_rows(art, rc.max_rows)
         policy = policy_replies(run.model, run.tokenizer, rows, rc, chat=run.chat, device=run.device,
                                 seed=run.cfg.seed)
-        ref_model, ref_tokenizer = llmkit.load(inputs.reference.path)
+        ref_model, ref_tokenizer = load(inputs.reference.path)
         reference = policy_replies(ref_model, ref_tokenizer, rows, rc, device=run.device,
                                    seed=run.cfg.seed, chat=ref_model.trained_on_chats)
         del ref_model  # before the judge runs: three models need not share the memory
@@ -223,13 +212,12 @@ def eval_reward(run: EvalRun) -> dict:
 
 
 def eval_efficiency(run: EvalRun) -> dict:
-    from llmkit.eval.efficiency import evaluate_efficiency
-
-    return evaluate_efficiency(run.model, run.cfg.efficiency, device=run.device)
+    return evaluate_efficiency(run.model, run.cfg.efficiency, device=run.device,
+                               weights=run.inputs.run.path / run.cfg.step,
+                               models=[art.path for art in run.inputs.efficiency])
 
 
 def eval_harness(run: EvalRun) -> dict:
-    from llmkit.eval.harness import run_harness
     from llmkit.eval.harness_lm import LlmkitLM
 
     hc = run.cfg.harness
@@ -278,11 +266,6 @@ def headline(results: dict) -> dict:
 
 def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     """Evaluate `run` (a checkpoint run, or one of its step folders) into `eval/<--out or run name>`."""
-    import llmkit
-    from llmkit.eval.data import resolve_checkpoint
-    from llmkit.eval.scoring import LMScorer, resolve_device
-    from llmkit.progress import print_summary
-
     run_art, step = resolve_checkpoint(ctx.workspace, run, cfg.step)
     cfg = dataclasses.replace(cfg, step=step)  # the report names the step it measured
     inputs = Inputs(ctx.workspace, cfg, run_art)
@@ -291,7 +274,7 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     if b.up_to_date:
         return b
     device = resolve_device(cfg.device)
-    model, tokenizer = llmkit.load(run_art.path / step)
+    model, tokenizer = load(run_art.path / step)
     chat = cfg.generation.prompt_format == "chat" or (
         cfg.generation.prompt_format == "auto" and model.trained_on_chats)  # as `generate` decides
     scorer = LMScorer(model, device=device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
@@ -307,5 +290,6 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
         b.stats.update(headline(results))
         b.stats.update(contamination_warnings(
             run_art, inputs.choice + inputs.generation + inputs.ppl))
+        b.stats.update(harness_notes(run_art, results.get("harness", {}).get("scored_files", {})))
     print_summary(f"{b.name} ({run_art.name}/{step})", list(b.stats.items()))
     return b

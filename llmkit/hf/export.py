@@ -13,12 +13,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.checkpoints import ADAPTER_CONFIG, ADAPTER_WEIGHTS, checkpoint_step_dir, step_of, weights_file
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.gguf_export import GGUF_QUANTS, export_gguf
 from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CONFIG, HF_WEIGHTS,
                               write_json)
+from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
 from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
+from llmkit.progress import print_summary
+from llmkit.train.loading import find_checkpoint, load
+from llmkit.train.lora import base_of, holds_adapters
+from llmkit.workspace import Artifact
 
 
 @dataclass
@@ -53,11 +59,6 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     """`llmkit export`: the checkpoint `source` (run or step folder, name or path) -> a transformers
     folder (or a folder holding the GGUF file) at `to` (default: workspace/export/<format>), an
     artifact with manifest.json."""
-    from llmkit.checkpoints import checkpoint_step_dir, weights_file
-    from llmkit.train.loading import find_checkpoint
-    from llmkit.progress import print_summary
-    from llmkit.workspace import Artifact
-
     run_or_step = find_checkpoint(ctx.workspace, source)
     step_dir = checkpoint_step_dir(run_or_step)
     run_dir = step_dir.parent if (step_dir.parent / "latest").is_file() else step_dir
@@ -90,10 +91,6 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
     """Write the transformers folder for a step folder into `out_dir`; returns the export record."""
     import torch
     from safetensors.torch import save_file
-
-    from llmkit.train.loading import load
-    from llmkit.checkpoints import step_of, weights_file
-    from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 
     step_dir, out_dir = Path(step_dir), Path(out_dir)
     source = exported_weights(step_dir, cfg)
@@ -133,8 +130,6 @@ def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
 def exported_weights(step_dir: Path, cfg: ExportConfig) -> Path:
     """The step folder whose model is written: `step_dir` (a LoRA one is merged when loaded), or
     with merge=false a LoRA checkpoint's base, its adapters going beside it."""
-    from llmkit.train.lora import base_of, holds_adapters
-
     return step_dir if cfg.merge or not holds_adapters(step_dir) else base_of(step_dir)
 
 
@@ -143,8 +138,6 @@ def write_peft_adapters(step_dir: Path, out_dir: Path) -> str:
     being `out_dir`: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out_dir),
     out_dir / "adapter")`. Returns the folder's name."""
     import shutil
-
-    from llmkit.checkpoints import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
     folder = out_dir / "adapter"
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,11 +11,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import read_weights, weights_problem
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
+from llmkit.hf.gguf_read import load_gguf_with_transformers
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
 from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
 from llmkit.model_config import ModelConfig
+from llmkit.progress import print_summary
+from llmkit.tokenizer import MODEL_FILE
 
 
 @dataclass
@@ -40,8 +45,6 @@ class SourceModel:
 def run_import(ctx, cfg: ImportConfig, source: str, tokenizer: str | None = None):
     """`llmkit import`: a transformers folder -> checkpoint run `ctx.out` (default "imported")."""
     import tempfile
-
-    from llmkit.progress import print_summary
 
     src = Path(source)
     if src.suffix != ".gguf" and not (src / HF_CONFIG).is_file():
@@ -81,7 +84,6 @@ def read_gguf(path: Path, scratch: Path) -> SourceModel:
     missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"{path}: reading GGUF needs {', '.join(missing)}: pip install 'llmkit[gguf]'")
-    from llmkit.hf.gguf_read import load_gguf_with_transformers
 
     try:  # transformers, with what its GGUF reader leaves out put back
         model, hf_tokenizer, _ = load_gguf_with_transformers(path)
@@ -127,8 +129,6 @@ def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: P
     `run_dir/latest`; returns counts for the manifest."""
     import torch
 
-    from llmkit import checkpoints as ckpt
-
     state_dict = model.state_dict
     if cfg.dtype != "auto":
         state_dict = {k: v.to(getattr(torch, cfg.dtype)) for k, v in state_dict.items()}
@@ -150,8 +150,6 @@ def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: P
 def read_hf_weights(src: Path) -> dict:
     """Every tensor of a transformers folder's safetensors files (one file, or shards listed in
     model.safetensors.index.json). Pickled .bin weights are refused: loading them runs code."""
-    from llmkit.checkpoints import read_weights, weights_problem
-
     src = Path(src)
     if (src / SHARD_INDEX).is_file():
         index = read_json(src / SHARD_INDEX)
@@ -174,8 +172,6 @@ def read_hf_weights(src: Path) -> dict:
 
 def _tokenizer_source(workspace, name_or_path: str) -> Path:
     """A tokenizer folder: a workspace artifact name, or a path."""
-    from llmkit.tokenizer import MODEL_FILE
-
     candidates = [workspace.root / name_or_path, Path(name_or_path)]
     for c in candidates:
         if (c / MODEL_FILE).is_file() or (c / HF_TOKENIZER).is_file():

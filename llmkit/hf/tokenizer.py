@@ -13,7 +13,10 @@ from pathlib import Path
 
 from llmkit.errors import UserError
 from llmkit.hf.folder import HF_TOKENIZER, HF_TOKENIZER_CONFIG, LLMKIT_TOKENIZER_KEY, write_json
+from llmkit.hf_tokenizer import FILES as HF_TOKENIZER_FILES, HFTokenizer
+from llmkit.tokenizer import END_OF_TURN, ROLE_TOKENS
 from llmkit.tokenizer_base import CONFIG_FILE, MODEL_FILE, read_config
+from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json
 
 # -- export ---------------------------------------------------------------------------------
 
@@ -102,8 +105,6 @@ def hf_tokenizer_config(tokenizer, max_length: int) -> dict:
 
 
 def _chat_special_tokens(tokenizer) -> list[str]:
-    from llmkit.tokenizer import END_OF_TURN, ROLE_TOKENS
-
     return [*ROLE_TOKENS.values(), END_OF_TURN]
 
 
@@ -126,9 +127,6 @@ def model_tokenizer(src: Path, vocab_size: int) -> ModelTokenizer:
     llmkit made (its own tokenizer, or an export: tokenizer.json built from its tokenizer.model)
     keeps its sentencepiece model. A tokenizer with fewer ids than the model's embedding is fine
     (Qwen2.5 pads its embedding), more is an error."""
-    from llmkit.hf_tokenizer import FILES as HF_TOKENIZER_FILES
-    from llmkit.hf_tokenizer import HFTokenizer
-
     src = Path(src)
     own = _llmkit_config(src)
     if (src / MODEL_FILE).is_file() and (own is not None or not (src / HF_TOKENIZER).is_file()):
@@ -182,8 +180,6 @@ def _sentencepiece_proto(path: Path):
 def _derived_llmkit_config(path: Path, proto) -> dict:
     """llmkit's tokenizer config for a sentencepiece tokenizer.model that llmkit can encode with
     exactly (identity normalisation, whitespace kept, no dummy prefix, byte fallback)."""
-    from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json
-
     spec = proto.normalizer_spec
     problems = [p for p, bad in [("a dummy prefix", spec.add_dummy_prefix),
                                  (f"'{spec.name}' normalisation", spec.name != "identity"),

@@ -27,6 +27,7 @@ from llmkit.hf.bpe_extend import (SCRIPTS, byte_level_problem, extended_tokenize
                                   train_extension)
 from llmkit.hf.folder import write_json
 from llmkit.tokenizer_base import JSON_FILE, MODEL_FILE
+from llmkit.train.new_rows import write_extension
 
 INITS = ("mean", "noisy_mean")
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -136,6 +137,7 @@ def write_extended_run(step_dir: Path, original, extension, heldout, run_dir: Pa
     original.save(tokenizer_dir)
     data, ids = extended_tokenizer_json(json.loads(original.backend.to_str()), extension)
     (tokenizer_dir / JSON_FILE).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    write_extension(tokenizer_dir, ids, script=cfg.script, vocab_before=original.vocab_size)  # for LoRA runs
     extended = HFTokenizer(tokenizer_dir)
     measured = compare_tokenizers(original, extended, heldout, cfg.script)
     parts = [[t.id for t in original.backend.model.tokenize(token)] for token in extension.tokens]

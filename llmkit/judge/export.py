@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from llmkit.data.io import DatasetWriter
 from llmkit.errors import UserError
 from llmkit.judge.journal import JOURNAL_FILE, read_journal
 from llmkit.judge.ranking import RANKING_FILE, ranking_markdown, summarize
@@ -83,8 +84,6 @@ def write_jsonl(path, records: list[dict]) -> None:
 
 def write_preferences(directory, rows: list[dict]) -> None:
     import pyarrow as pa
-
-    from llmkit.data.io import DatasetWriter
 
     writer = DatasetWriter(directory)
     writer.write(pa.Table.from_pylist(rows))

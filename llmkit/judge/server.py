@@ -29,7 +29,7 @@ from llmkit.errors import UserError
 from llmkit.judge.journal import CHOICES, JOURNAL_FILE, Journal
 from llmkit.judge.page import APP_CSS, APP_JS, PAGE_HTML
 from llmkit.judge.ratings import clean_scores
-from llmkit.judge.session import read_items
+from llmkit.judge.session import prepare_session, read_items
 
 MAX_BODY = 1 << 20  # bytes of a POST body; a judgement is well under 1 KB
 MAX_RATER = 64  # characters of a rater's name
@@ -238,8 +238,6 @@ def run_serve(ctx, cfg, models: str | None, prompts: str | None, host: str, port
               token: str | None) -> None:
     """`llmkit judge`: the session --from × --prompts (prepared into --out when not up to
     date), or without them the existing session --in (default `judge`), served until Ctrl-C."""
-    from llmkit.judge.session import prepare_session
-
     check_bind(host, token)  # before minutes of generation, not after
     session = prepare_session(ctx, cfg, models, prompts) if models or prompts else ctx.input(default="judge")
     serve(session.path, host, port, token)

@@ -18,9 +18,12 @@ from itertools import combinations
 from pathlib import Path
 
 from llmkit.config import config_to_dict
+from llmkit.data.chat import prompt_messages
+from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
-from llmkit.generation import GenerateConfig, read_prompts
+from llmkit.generation import GenerateConfig, generate_texts, read_prompts, uses_chat_template, warn_if_empty
 from llmkit.judge.journal import JOURNAL_FILE, read_journal
+from llmkit.train.loading import load
 from llmkit.workspace import Artifact
 
 ITEMS_FILE = "items.jsonl"
@@ -57,9 +60,6 @@ def load_prompts(ctx, prompts: str) -> tuple[list[tuple[str, object]], Artifact 
     prompt dataset of the workspace (`prompt` or `messages` column), or a file `llmkit generate`
     reads (.jsonl with `prompt`/`messages`, else one prompt a line). A chat prompt is a list of
     messages."""
-    from llmkit.data.chat import prompt_messages
-    from llmkit.data.io import read_table
-
     path = Path(prompts)
     if path.is_file():
         texts = read_prompts(path)
@@ -108,9 +108,6 @@ def read_items(session: Path) -> list[dict]:
 
 def generate_replies(ctx, cfg: ReplyConfig, model: str, prompts: list) -> list[str]:
     import torch
-
-    from llmkit.generation import generate_texts, uses_chat_template, warn_if_empty
-    from llmkit.train.loading import load
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     net, tokenizer = load(model, device=device, workspace=ctx.workspace.root)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from llmkit.checkpoints import LATEST, is_complete, step_dir_name, step_dirs, step_of
 from llmkit.errors import ConfigError
+from llmkit.train.distributed import barrier, setup_distributed
+from llmkit.train.metrics import METRICS_FILE
 from llmkit.workspace import write_atomic
 
 # -- the run folder as a workspace artifact ----------------------------------------------------
@@ -104,8 +106,6 @@ def plan_run(b, resume_from: str | None, continuable: frozenset, force: bool,
 def start_run(b, plan: RunPlan) -> None:
     """Inside `with b:` — clear the run dir for a fresh run, or record a restart's changed
     settings (run.json, the manifest, and a `config_change` event in metrics.jsonl)."""
-    from llmkit.train.metrics import METRICS_FILE
-
     history = plan.history
     if not plan.resume:
         for p in b.dir.iterdir():
@@ -163,8 +163,6 @@ def training_run(b, plan: RunPlan):
     """Every process of a training run enters this: the main one holds the builder (lock,
     manifest written on success) and starts the run dir (`start_run`) before the others go on.
     Yields the process's DistEnv."""
-    from llmkit.train.distributed import barrier, setup_distributed
-
     dist = setup_distributed()
     if not dist.is_main:
         barrier()

@@ -49,7 +49,7 @@ class DistillConfig(GenerativeConfig):
     hard_label_weight: float = 0.0  # α: loss = (1 − α)·divergence + α·cross-entropy of the data's replies
     on_policy: float = 0.0  # λ: share of batches whose replies the student samples (GKD's lmbda)
     sample_temperature: float = 1.0  # sampling temperature of those replies (max_new_tokens long at most)
-    teacher_top_k: int = 0  # k > 0: both distributions renormalised over the teacher's k likeliest tokens
+    teacher_top_k: int = 0  # k > 0: both distributions on the teacher's k likeliest tokens + one bucket for the rest
     precompute_teacher: bool = False  # the teacher's top-k logits computed once (stored in the run folder), the
     #                                   teacher then freed; needs teacher_top_k > 0 and on_policy = 0
 
@@ -114,13 +114,15 @@ class DistillTask(Task):
         """(student, teacher) logits of the distributions the divergence compares."""
         from llmkit.train.distill_losses import teacher_top_k
 
+        temperature = self.cfg.temperature
         if "top_logits" in batch:
-            return restricted_to_top_k(student, batch["top_logits"], batch["top_ids"].long())
+            return restricted_to_top_k(student, batch["top_logits"], batch["top_ids"].long(), temperature)
         teacher = self.teacher_logits(model, args, at)
         vocab = min(student.shape[-1], teacher.shape[-1])  # an embedding padded past the tokenizer's
         student, teacher = student[:, :vocab], teacher[:, :vocab]
         if self.cfg.teacher_top_k:
-            return restricted_to_top_k(student, *teacher_top_k(teacher, self.cfg.teacher_top_k))
+            top = teacher_top_k(teacher, self.cfg.teacher_top_k, temperature)
+            return restricted_to_top_k(student, *top, temperature)
         return student, teacher
 
     def loss(self, model, batch):
@@ -188,9 +190,8 @@ def distill_inputs(ctx, cfg: DistillConfig, teacher: str, base: str, eval_data: 
 def ready_teacher(task: DistillTask, teacher_step: Path, data: DistillData, tokenizer, run_dir: Path,
                   dist) -> None:
     """Load the teacher, score it on the held-out rows (main process), and either keep it on the
-    task or give the data its top-k logits (computed once, or read back) and let it go."""
-    from llmkit.train.distributed import barrier
-
+    task or give the data its top-k logits (computed once, or read back) and let it go;
+    `task.teacher_seconds` is what that cost."""
     cfg = task.cfg
     started = time.time()
     teacher, _ = load_model(teacher_step, dist.device)
@@ -199,18 +200,27 @@ def ready_teacher(task: DistillTask, teacher_step: Path, data: DistillData, toke
     if dist.is_main and data.scored:
         task.teacher_accuracy = round(evaluate_exact_match(teacher, tokenizer, data.scored,
                                                            cfg.max_new_tokens), 4)
-    if not cfg.precompute_teacher:
+    if cfg.precompute_teacher:
+        give_top_k(task, teacher, data, tokenizer, Path(run_dir) / TOP_K_DIR, dist)
+    else:
         task.teacher = teacher
-        return
-    items, folder = data.train + data.heldout, Path(run_dir) / TOP_K_DIR
+    task.teacher_seconds = time.time() - started
+
+
+def give_top_k(task: DistillTask, teacher, data: DistillData, tokenizer, folder: Path, dist) -> None:
+    """The teacher's top-k logits on every item, computed by the main process (or read back from
+    `folder`, where a resumed run finds them) and read by the others."""
+    from llmkit.train.distributed import barrier
+
+    cfg, items = task.cfg, data.train + data.heldout
     if dist.is_main and not load_top_k(folder, items):
         precompute_top_k(teacher, items, k=cfg.teacher_top_k, vocab=task.model.config.vocab_size,
-                         pad_id=tokenizer.pad_id, batch_size=2 * cfg.micro_batch_size, device=dist.device)
+                         pad_id=tokenizer.pad_id, batch_size=2 * cfg.micro_batch_size, device=dist.device,
+                         temperature=cfg.temperature)
         store_top_k(folder, items)
     barrier()
     if not dist.is_main:
         load_top_k(folder, items)
-    task.teacher_seconds = time.time() - started
 
 
 def distill_task(student, teacher_step, data: DistillData, cfg: DistillConfig, tokenizer, run_dir,

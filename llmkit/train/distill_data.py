@@ -28,7 +28,8 @@ class DistillItem:
     their token ids at its labelled positions when they are precomputed."""
 
     sequence: object
-    top_logits: np.ndarray | None = None  # [labelled positions, k] float32, largest first
+    top_logits: np.ndarray | None = None  # [labelled positions, k + 1] float32, largest first, the
+    #                                       rest's bucket last (`distill_losses.teacher_top_k`)
     top_ids: np.ndarray | None = None  # [labelled positions, k] int32
 
     def __len__(self) -> int:
@@ -136,9 +137,10 @@ def student_replies(module, batch: dict, *, max_new_tokens: int, seq_len: int, t
 # -- the teacher's top-k, computed once ------------------------------------------------------
 
 def precompute_top_k(teacher, items: list[DistillItem], *, k: int, vocab: int, pad_id: int,
-                     batch_size: int, device) -> None:
+                     batch_size: int, device, temperature: float = 1.0) -> None:
     """Give each item the teacher's k largest logits (over the first `vocab` tokens: the
-    student's) at its labelled positions, in one pass."""
+    student's) and its rest's bucket at `temperature` (`teacher_top_k`) at its labelled
+    positions, in one pass."""
     import torch
     import torch.nn.functional as F
 
@@ -153,7 +155,7 @@ def precompute_top_k(teacher, items: list[DistillItem], *, k: int, vocab: int, p
             mask = batch["labels"][:, 1:] != IGNORE_INDEX
             logits = teacher(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids"),
                              logits_at=F.pad(mask, (0, 1), value=False))
-            values, ids = teacher_top_k(logits[:, :vocab], k)
+            values, ids = teacher_top_k(logits[:, :vocab], k, temperature)
             for item, v, i in zip(chunk, values.split(mask.sum(1).tolist()),
                                   ids.split(mask.sum(1).tolist())):
                 item.top_logits = v.float().cpu().numpy()

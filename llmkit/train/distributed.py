@@ -16,6 +16,8 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
+from llmkit.errors import UserError
+
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT_VAR = "LLMKIT_DIST_TIMEOUT"
 
@@ -89,8 +91,6 @@ def collective_timeout_s() -> float:
     except ValueError:
         seconds = -1
     if not seconds > 0:
-        from llmkit.errors import UserError
-
         raise UserError(f"{TIMEOUT_VAR}={value!r}: give a number of seconds > 0")
     return seconds
 

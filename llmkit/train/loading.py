@@ -15,6 +15,10 @@ from llmkit.checkpoints import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, lo
                                 resolve_step_dir, weights_file)
 from llmkit.errors import ConfigError, UserError
 from llmkit.model_config import ModelConfig
+from llmkit.tokenizer import open_tokenizer
+from llmkit.train.lora import base_of, holds_adapters, load_adapters, pinned_start, read_config
+from llmkit.train.quant import block_linears
+from llmkit.workspace import MANIFEST, Artifact, Workspace
 
 CHAT_STAGES = ("sft", "dpo", "kto", "ppo", "distill")  # runs trained on conversations rendered by the chat template
 
@@ -26,8 +30,6 @@ def load(name_or_path, device=None, workspace=None):
     The model is float32 on `device` (default CPU); `model(input_ids)` returns logits
     [batch, seq, vocab] and `generate` completes prompts. `model.trained_on_chats` says whether
     it was trained on chats (`trained_on_chats`): `generate` then uses the chat template."""
-    from llmkit.workspace import Workspace
-
     root = workspace or os.environ.get("LLMKIT_WORKSPACE") or "workspace"
     model, step_dir = load_model(find_checkpoint(Workspace(root), name_or_path), device)
     tokenizer = load_tokenizer(step_dir)
@@ -43,8 +45,6 @@ def trained_on_chats(step_dir, tokenizer=None) -> bool:
     """Whether the run that wrote `step_dir` is a post-training run (CHAT_STAGES), per its
     manifest, or an imported model (its vocabulary extended or not) whose `tokenizer` has a chat
     template (an Instruct model; llama.cpp and Ollama chat with a model file that carries one, too)."""
-    from llmkit.workspace import MANIFEST, Artifact
-
     step_dir = Path(step_dir)
     run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
     stage = Artifact.open(run).stage if run is not None else None
@@ -58,7 +58,6 @@ def load_model(path, device=None, quantize=None):
     QLoRA run) turns the block linears into quantised layers as the checkpoint is read, so the
     float model is never resident whole beside the quantised one."""
     from llmkit.model import Transformer
-    from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
 
     step_dir = checkpoint_step_dir(path)
     if holds_adapters(step_dir):
@@ -91,7 +90,6 @@ def quantized_on_load(state_dict: dict, model_config, quantize):
     import torch
 
     from llmkit.model import Transformer, rope_tables
-    from llmkit.train.quant import block_linears
 
     with torch.device("meta"):
         model = Transformer(model_config)
@@ -136,8 +134,6 @@ def transformers_folder_message(path) -> str:
 
 def load_tokenizer(step_dir):
     """The tokenizer a step folder carries (its `tokenizer/` copy)."""
-    from llmkit.tokenizer import open_tokenizer
-
     folder = Path(step_dir) / TOKENIZER
     if not folder.is_dir():
         raise UserError(f"{step_dir} has no {TOKENIZER}/ folder; llmkit checkpoints carry their tokenizer "
@@ -166,8 +162,6 @@ def find_in_workspace(workspace, name_or_path, what: str, hint: str) -> Path:
 def starting_weights(workspace, from_: str):
     """(input artifact, step folder) for --from: a checkpoint run (its latest) or one of its
     step folders."""
-    from llmkit.workspace import Artifact
-
     path = Path(from_)
     if weights_file(path).is_file():
         if '"model_type"' in _text_or_empty(path / MODEL_CONFIG):  # a transformers folder: no run around it
@@ -187,8 +181,6 @@ def _text_or_empty(path: Path) -> str:
 def run_start(ctx, stage: str, cfg, from_: str):
     """`starting_weights` of run `stage` (or --out); a LoRA run that continues (not started over
     by --force) starts from the base it pinned (`lora.pinned_start`)."""
-    from llmkit.train.lora import pinned_start
-
     art, step_dir = starting_weights(ctx.workspace, from_)
     if cfg.lora.enabled and not (ctx.force and cfg.resume_from is None):
         return pinned_start(ctx.workspace.path(ctx.out_name(stage)), art, step_dir)
@@ -208,7 +200,6 @@ def load_reward_model(path):
     """The `RewardModel` of a checkpoint run (its latest step) or step folder, in eval mode (a LoRA
     one with its adapters merged)."""
     from llmkit.model import Transformer
-    from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
     from llmkit.train.reward_model import HEAD_KEY, REWARD_HEAD, RewardModel
 
     step_dir = resolve_step_dir(path)

@@ -43,6 +43,7 @@ from pathlib import Path
 from llmkit.checkpoints import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DEEPSPEED, MODEL_CONFIG, WEIGHTS,
                                 is_complete, step_dirs, weights_file)
 from llmkit.errors import ConfigError, UserError
+from llmkit.train import new_rows
 from llmkit.train import quant as quantization
 from llmkit.workspace import MANIFEST, Artifact, link_or_copy, write_atomic
 
@@ -161,14 +162,19 @@ def add_adapters(model, cfg: LoraConfig, base, seed: int = 0, compute_dtype=None
     full = tuple(getattr(model, "heads_trained_in_full", ()))
     peft_config = peft_lora_config(peft, cfg, target_modules(model, cfg), full,
                                    getattr(model, "peft_task_type", "CAUSAL_LM"))
+    # an extended model's new rows train too (llmkit.train.new_rows)
+    rows = new_rows.trainable_token_indices(model, new_rows.new_token_ids(base))
+    peft_config = dataclasses.replace(peft_config, trainable_token_indices=rows)
     model.requires_grad_(False)
     quantization.quantize_linears(model, cfg.quant, cfg.double_quant, compute_dtype)
-    injected = dataclasses.replace(peft_config, modules_to_save=None)  # trained whole by hand: their names stay
+    # trained whole by hand: their names stay; new rows wrapped by hand: llmkit's model is not transformers'
+    injected = dataclasses.replace(peft_config, modules_to_save=None, trainable_token_indices=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft.inject_adapter_in_model(injected, model, adapter_name=ADAPTER_NAME)
     for name in full:
         model.get_submodule(name).requires_grad_(True)
+    new_rows.add_new_rows(model, rows)
     model.llmkit_lora = Adapters(peft_config, Path(base).resolve(), weights_fingerprint(base), full,
                                  cfg.quant, cfg.double_quant)
     return model
@@ -209,6 +215,7 @@ def merge_adapters(model):
     dequantised: float32 layers holding what the 4/8-bit ones computed with."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    new_rows.merge_new_rows(model)
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):
             base = module.get_base_layer()
@@ -274,7 +281,7 @@ def peft_names(tensors: dict) -> dict:
     `<module>.lora_magnitude_vector`, its `.weight` dropped too, as peft writes it)."""
     def peft_name(name: str) -> str:
         name = name.replace(f".{DORA_MAGNITUDE}.{ADAPTER_NAME}.weight", f".{DORA_MAGNITUDE}")
-        return PEFT_PREFIX + re.sub(rf"\.(lora_\w+)\.{ADAPTER_NAME}(?=\.|$)", r".\1", name)
+        return PEFT_PREFIX + re.sub(rf"\.(lora_\w+|{new_rows.DELTA})\.{ADAPTER_NAME}(?=\.|$)", r".\1", name)
 
     return {peft_name(name): t for name, t in tensors.items()}
 
@@ -283,6 +290,7 @@ def llmkit_names(tensors: dict) -> dict:
     """The inverse of `peft_names`."""
     def llmkit_name(name: str) -> str:
         name = re.sub(rf"\.{DORA_MAGNITUDE}$", f".{DORA_MAGNITUDE}.{ADAPTER_NAME}.weight", name)
+        name = re.sub(rf"\.{new_rows.DELTA}$", f".{new_rows.DELTA}.{ADAPTER_NAME}", name)
         return re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", name.removeprefix(PEFT_PREFIX))
 
     return {llmkit_name(name): t for name, t in tensors.items()}
@@ -367,10 +375,12 @@ def load_adapters(model, step_dir, merge: bool = True):
     quantization.round_trip(model, entry.get("quant", "none"), entry.get("double_quant", True))
     peft_config = peft.LoraConfig.from_pretrained(str(step_dir))
     full = tuple(peft_config.modules_to_save or ())
-    peft.inject_adapter_in_model(dataclasses.replace(peft_config, modules_to_save=None, inference_mode=True),
-                                 model, adapter_name=ADAPTER_NAME)
+    peft.inject_adapter_in_model(dataclasses.replace(peft_config, modules_to_save=None, inference_mode=True,
+                                                     trainable_token_indices=None), model, adapter_name=ADAPTER_NAME)
+    new_rows.add_new_rows(model, peft_config.trainable_token_indices, inference_mode=True)
     tensors = llmkit_names(load_file(str(step_dir / ADAPTER_WEIGHTS)))
-    expected = {n for n, _ in model.named_parameters() if ".lora_" in n or n.split(".")[0] in full}
+    expected = {n for n, _ in model.named_parameters()
+                if ".lora_" in n or n.split(".")[0] in full or new_rows.is_new_rows_tensor(n)}
     missing, unexpected = expected - set(tensors), set(tensors) - expected
     if missing or unexpected:
         raise UserError(f"{step_dir / ADAPTER_WEIGHTS} does not fit its base model (missing "

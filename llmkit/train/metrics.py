@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from llmkit.errors import UserError
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -222,8 +224,6 @@ class MetricsLog:
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of a run's metrics.jsonl ([] before its first step); a line that is not JSON
     is a UserError naming it."""
-    from llmkit.errors import UserError
-
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []

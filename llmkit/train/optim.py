@@ -13,6 +13,7 @@ import math
 
 from llmkit.errors import ConfigError
 from llmkit.train.config import OPTIMIZERS, TrainConfig
+from llmkit.train.quant import import_bitsandbytes
 
 BITSANDBYTES_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW",
                            "paged_adamw8bit": "PagedAdamW8bit"}
@@ -37,7 +38,6 @@ def optimizer_class(name: str):
 
     if name == "adamw":
         return torch.optim.AdamW
-    from llmkit.train.quant import import_bitsandbytes
 
     return getattr(import_bitsandbytes().optim, BITSANDBYTES_OPTIMIZERS[name])
 

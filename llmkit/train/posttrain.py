@@ -8,10 +8,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from statistics import fmean
 from typing import ClassVar
 
+from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, prompt_messages, reference_answer
+from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
+from llmkit.rewards import verify_rewards
 from llmkit.train.config import TrainConfig
+from llmkit.train.loading import load_model, load_tokenizer, run_start
+from llmkit.train.quant import on_load
 
 # -- configuration -------------------------------------------------------------------------
 
@@ -62,8 +69,6 @@ def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None)
     """(start artifact, its step folder, data artifact, --eval artifact or None) of `stage`
     fine-tuning checkpoint `base` (a continued LoRA run: the base it pinned) on --in (default
     `DEFAULT_DATA[stage]`)."""
-    from llmkit.train.loading import run_start
-
     base_art, base_step = run_start(ctx, stage, cfg, base)
     data_art = ctx.input(default=DEFAULT_DATA[stage])
     return base_art, base_step, data_art, ctx.workspace.artifact(eval_data) if eval_data else None
@@ -71,9 +76,6 @@ def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None)
 
 def load_start(step_dir, cfg: PostTrainConfig):
     """(model, tokenizer) of the checkpoint a post-training run starts from; seq_len must fit."""
-    from llmkit.train.loading import load_model, load_tokenizer
-    from llmkit.train.quant import on_load
-
     model, step_dir = load_model(step_dir, quantize=on_load(cfg.lora, cfg.torch_dtype))
     check_seq_len(cfg, model)
     return model, load_tokenizer(step_dir)
@@ -88,8 +90,6 @@ def check_seq_len(cfg: PostTrainConfig, model) -> None:
 # -- data ----------------------------------------------------------------------------------
 
 def read_rows(artifact, required: tuple[str, ...]) -> list[dict]:
-    from llmkit.data.io import read_table
-
     table = read_table(artifact.path)
     missing = [c for c in required if c not in table.column_names]
     if missing:
@@ -115,10 +115,6 @@ class PreferenceData:
 def preference_data(tokenizer, data_art, eval_art, cfg: PostTrainConfig) -> PreferenceData:
     """Rows of `data_art`, held out as `split_rows` does (the --eval artifact when given),
     encoded as chat pairs that fit `cfg.seq_len`."""
-    from functools import partial
-
-    from llmkit.data.chat import collate_pairs, encode_pairs
-
     train_rows, heldout = heldout_split(data_art, eval_art, cfg, ("prompt", "chosen", "rejected"))
     pairs, counts = encode_pairs(tokenizer, train_rows, cfg.seq_len)
     eval_pairs, _ = encode_pairs(tokenizer, heldout, cfg.seq_len)
@@ -149,8 +145,6 @@ def heldout_split(data_art, eval_art, cfg: PostTrainConfig,
 
 def batch_stream(items: list, collate, cfg: PostTrainConfig, dist):
     """Shuffled micro-batches of `items` for this process (`llmkit.data.chat.BatchStream`)."""
-    from llmkit.data.chat import BatchStream
-
     return BatchStream(items, collate, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
                        seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
 
@@ -237,11 +231,6 @@ def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int 
     """`exact_match` (see `evaluate_exact_match`) and `similarity`, the mean
     `llmkit.rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
     credit, which also moves when a reply gets closer without becoming right."""
-    from statistics import fmean
-
-    from llmkit.data.chat import prompt_messages, reference_answer
-    from llmkit.rewards import verify_rewards
-
     if not records:  # nothing held out: no score (None in the manifest, not NaN, which JSON lacks)
         return {"exact_match": None, "similarity": None}
     replies = generate_replies(model, tokenizer, [prompt_messages(r) for r in records],

@@ -43,7 +43,7 @@ from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_
 from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
-                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss, clipped_value_loss, entropy_from_logits,
+                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss, clipped_value_loss,
                                  gae, group_relative_advantages, kl_estimate, kl_penalized_scores,
                                  leave_one_out_advantages, logprobs_of, masked_mean, penalize_missing_stop,
                                  sequence_clipped_policy_loss, token_rewards, whiten)
@@ -151,12 +151,17 @@ class PpoTask(Task):
         samples = self.sample(module.policy, self._next_prompts())
         ids, attn, P, mask = (samples.input_ids, samples.attention_mask, samples.prompt_len,
                               samples.response_mask)
-        logits, values = module(ids, attn, P)
-        # log-probs of the distribution the responses were sampled from (logits / temperature,
-        # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
-        logprobs = logprobs_of(logits / cfg.temperature, samples.responses)
-        ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
-        raw_scores = self.scorer(samples).to(logprobs.device, torch.float32)
+        rollout = {"input_ids": ids, "attention_mask": attn, "prompt_len": P, "response_mask": mask}
+        logprobs = values = ref_logprobs = None
+        if self.needs_sampling_logprobs():
+            logits, values = module(ids, attn, P)
+            # log-probs of the distribution the responses were sampled from (logits / temperature,
+            # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
+            rollout["logprobs"] = logprobs = logprobs_of(at_temperature(logits, cfg.temperature),
+                                                         samples.responses)
+        if self.kl_ctl.value:  # β = 0: the reference cannot change the rewards, the loss or β
+            rollout["ref_logprobs"] = ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
+        raw_scores = self.scorer(samples).to(ids.device, torch.float32)
         stopped = ends_with_stop(samples.responses, mask, self.stop_ids)
         scores = clip_scores(penalize_missing_stop(raw_scores, stopped, cfg.missing_eos_penalty),
                              cfg.reward_clip)
@@ -164,12 +169,9 @@ class PpoTask(Task):
             self.score_moments.update(scores)
             scores = self.score_moments.normalize(scores)
 
-        log_ratio = (logprobs - ref_logprobs) * mask
-        sequence_kl = log_ratio.sum(-1).mean().item()  # k1 summed over each response
-        rollout = {"input_ids": ids, "attention_mask": attn, "prompt_len": P,
-                   "response_mask": mask, "logprobs": logprobs, "ref_logprobs": ref_logprobs}
         if cfg.algo == "ppo":
-            kl = kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator)
+            kl = (kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) if ref_logprobs is not None
+                  else torch.zeros_like(logprobs))
             rewards = token_rewards(scores, kl, mask, self.kl_ctl.value)
             advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
             if cfg.whiten_advantages:
@@ -182,7 +184,8 @@ class PpoTask(Task):
         else:
             if cfg.mask_truncated_completions:  # as TRL's: scored, but out of the KL and the loss
                 mask = rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
-            rewards = kl_penalized_scores(scores, logprobs, ref_logprobs, mask, self.kl_ctl.value)
+            rewards = (kl_penalized_scores(scores, logprobs, ref_logprobs, mask, self.kl_ctl.value)
+                       if ref_logprobs is not None else scores)
             advantages = self.group_advantages(rewards)[:, None]  # one per response: [N, 1]
         rollout["advantages"] = advantages
 
@@ -190,17 +193,30 @@ class PpoTask(Task):
         self.reward_history.append(raw_scores.mean().item())
         self._rollout_kl_coef = self.kl_ctl.value
         self._rollout_metrics = {
-            "kl": sequence_kl,
             "kl_coef": self._rollout_kl_coef,
             "reward_mean": raw_scores.mean().item(),
             "reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
             "response_length": mask.sum(-1).float().mean().item(),
             "rollouts": float(self.rollouts_done),
         }
-        # every process's KL and sample count: β must stay the same on every GPU
-        pooled_kl, samples_everywhere = mean_over_processes(log_ratio.sum(-1))
-        self.kl_ctl.update(pooled_kl, n_steps=samples_everywhere)
+        if logprobs is not None and ref_logprobs is not None:
+            log_ratio = (logprobs - ref_logprobs) * mask
+            self._rollout_metrics["kl"] = log_ratio.sum(-1).mean().item()  # k1 summed over each response
+            # every process's KL and sample count: β must stay the same on every GPU
+            pooled_kl, samples_everywhere = mean_over_processes(log_ratio.sum(-1))
+            self.kl_ctl.update(pooled_kl, n_steps=samples_everywhere)
         return rollout
+
+    def needs_sampling_logprobs(self) -> bool:
+        """Whether a rollout needs its own no-grad pass for the sampling policy's log-probs (and
+        ppo's values). Not when the rollout makes one optimizer step (ppo_epochs 1, its
+        micro-batches one step's grad_accum): every loss then runs on the parameters that sampled,
+        so the old log-probs are the loss's own, detached (TRL's num_iterations=1) — unless RLOO's
+        reward or adaptive β reads the KL at rollout time."""
+        cfg = self.cfg
+        one_step = cfg.ppo_epochs == 1 and cfg.rollout_size == cfg.micro_batch_size * cfg.grad_accum
+        kl_at_rollout = bool(self.kl_ctl.value) and (cfg.algo == "rloo" or cfg.adaptive_kl)
+        return cfg.algo == "ppo" or not one_step or kl_at_rollout
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """GRPO's or RLOO's advantages of this process's samples. Groups never straddle processes,
@@ -227,19 +243,22 @@ class PpoTask(Task):
         cfg = self.cfg
         mask = batch["response_mask"]
         logits, values = model(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
-        logits = logits / cfg.temperature  # the sampling distribution, as in make_rollout
-        logprobs = logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:])
-        entropy = masked_mean(entropy_from_logits(logits if cfg.entropy_coef else logits.detach()),
-                              mask)
-        metrics = {"entropy": entropy.detach(),
-                   "approx_kl_old": masked_mean(batch["logprobs"] - logprobs.detach(), mask)}
+        logits = at_temperature(logits, cfg.temperature)  # the sampling distribution, as in make_rollout
+        logprobs, entropy = logprobs_and_entropy(logits, batch["input_ids"][:, batch["prompt_len"]:],
+                                                 with_entropy_grad=bool(cfg.entropy_coef))
+        entropy = masked_mean(entropy, mask)
+        # no sampling pass (one optimizer step per rollout): the old log-probs are these, detached
+        old = batch["logprobs"] if "logprobs" in batch else logprobs.detach()
+        metrics = {"entropy": entropy.detach(), "approx_kl_old": masked_mean(old - logprobs.detach(), mask)}
+        if "ref_logprobs" in batch and "logprobs" not in batch:  # the rollout could not log it
+            metrics["kl"] = ((logprobs.detach() - batch["ref_logprobs"]) * mask).sum(-1).mean()
         if cfg.algo == "rloo":  # no KL term: the KL is in the rewards
             policy_loss, was_clipped = sequence_clipped_policy_loss(
-                logprobs, batch["logprobs"], batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
+                logprobs, old, batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
             loss, metrics["clipfrac"] = policy_loss, was_clipped.float().mean()
         else:
             per_token, was_clipped = clipped_policy_token_loss(
-                logprobs, batch["logprobs"], batch["advantages"], cfg.clip_range, cfg.clip_range_high)
+                logprobs, old, batch["advantages"], cfg.clip_range, cfg.clip_range_high)
             metrics["clipfrac"] = masked_mean(was_clipped.float(), mask)
         if cfg.algo == "ppo":
             policy_loss = masked_mean(per_token, mask)
@@ -252,15 +271,16 @@ class PpoTask(Task):
                 aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
                 # a batch not served by next_batch is an optimizer step of its own
                 tokens_per_micro_batch=batch.get(ITEMS_PER_MICRO_BATCH, mask.sum()))
-            policy_loss = aggregate(per_token)
-            kl = kl_estimate(logprobs, batch["ref_logprobs"], "k3")
-            if cfg.kl_bias_correction:  # the ratio is differentiable: it changes the gradient at ρ = 1 too
-                kl = kl * torch.exp(logprobs - batch["logprobs"])
-            kl_loss = aggregate(kl)
-            # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
-            # with the β this rollout logged (adaptive_kl moves it between rollouts)
-            loss = policy_loss + self._rollout_kl_coef * kl_loss
-            metrics["kl_loss"] = kl_loss.detach()
+            policy_loss = loss = aggregate(per_token)
+            if "ref_logprobs" in batch:  # none at β = 0, where the term is 0
+                kl = kl_estimate(logprobs, batch["ref_logprobs"], "k3")
+                if cfg.kl_bias_correction:  # the ratio is differentiable: it changes the gradient at ρ = 1 too
+                    kl = kl * torch.exp(logprobs - old)
+                kl_loss = aggregate(kl)
+                # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
+                # with the β this rollout logged (adaptive_kl moves it between rollouts)
+                loss = policy_loss + self._rollout_kl_coef * kl_loss
+                metrics["kl_loss"] = kl_loss.detach()
         metrics["policy_loss"] = policy_loss.detach()
         # model.aux_loss: the MoE load-balancing loss of this forward (0 for a dense policy)
         loss = loss - cfg.entropy_coef * entropy + model.aux_loss
@@ -284,6 +304,21 @@ class PpoTask(Task):
         self.score_moments.load_state_dict(state["score_moments"])
         self.reward_history = list(state["reward_history"])
         self._rollout, self._pending = None, []
+
+
+def at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 1.0 else logits / temperature  # x / 1 is x: no pass over [N, R, V]
+
+
+def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, with_entropy_grad: bool):
+    """(`logprobs_of(logits, tokens)`, `entropy_from_logits(logits)`) [N, R] each, sharing one
+    logsumexp over the vocabulary; the entropy detached unless `with_entropy_grad`."""
+    logits = logits.float()
+    normalizer = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - normalizer
+    values = logits if with_entropy_grad else logits.detach()
+    entropy = (normalizer if with_entropy_grad else normalizer.detach()) - (values.softmax(-1) * values).sum(-1)
+    return logprobs, entropy
 
 
 # ---- the stage -----------------------------------------------------------------------------------

@@ -13,11 +13,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.checkpoints import TOKENIZER, tokenizer_folder
+from llmkit.data.loader import TokenLoader
 from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
 from llmkit.model_config import model_config
+from llmkit.tokenizer import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
-from llmkit.train.loading import run_start
+from llmkit.train.distributed import seed_everything, setup_distributed
+from llmkit.train.loading import load_model, run_start
 from llmkit.train.planning import check_seq_len, lora_split, model_shape, show, world_size
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.task import Task
@@ -117,9 +121,6 @@ class PretrainTask(Task):
 def tokenizer_of(tokens_art, workspace):
     """The tokenizer artifact the token shards were made with (an input in their manifest: a
     tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
-    from llmkit.tokenizer import tokenizer_file
-    from llmkit.checkpoints import tokenizer_folder
-
     for entry in tokens_art.manifest.get("inputs", []):
         path = Path(entry["path"])
         if path.is_dir() and tokenizer_file(tokenizer_folder(path)) is not None:
@@ -131,9 +132,6 @@ def tokenizer_of(tokens_art, workspace):
 def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:
     """Continued pretraining must read tokens made by the tokenizer the weights were trained
     with: ids from another vocabulary would train silently on garbage."""
-    from llmkit.tokenizer import same_tokenizer, tokenizer_file
-    from llmkit.checkpoints import TOKENIZER
-
     ours = step_dir / TOKENIZER
     if tokenizer_file(ours) is not None and not same_tokenizer(ours, tokenizer_dir):
         raise ConfigError(f"{tokens_dir} was tokenized with {tokenizer_dir}, but {step_dir} was trained "
@@ -145,8 +143,6 @@ def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_di
     """The model a run starts from: --from's weights and architecture, else a fresh one of
     cfg.model (the same initial weights on every process); checked against the data."""
     from llmkit.model import Transformer
-    from llmkit.train.distributed import seed_everything
-    from llmkit.train.loading import load_model
 
     seed_everything(cfg.seed)  # every rank builds the same initial weights
     if from_step is not None:
@@ -166,9 +162,6 @@ def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_di
 def token_loaders(tokens_art, cfg: PretrainConfig):
     """(train loader, validation loader or None when the val split holds less than one sequence)
     of this process."""
-    from llmkit.data.loader import TokenLoader
-    from llmkit.train.distributed import setup_distributed
-
     dist = setup_distributed()
     loader_args = dict(seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
                        temperature=cfg.mixture_temperature, weights=cfg.mixture_weights,

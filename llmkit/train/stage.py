@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmkit.errors import ConfigError
+from llmkit.progress import print_summary
+from llmkit.train.checkpoint import open_run, training_run
+from llmkit.train.engine import Engine
+from llmkit.train.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, trainable_share
 from llmkit.train.quant import unpool_large_allocations
 
 # the stats most stages take from the engine's last logged record: stat name -> record key
@@ -53,10 +58,6 @@ class Fit:
 def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
     """Train the checkpoint run `stage` (or ctx's --out) from `inputs` (None entries dropped, the
     rest in the order the run records them); returns its builder."""
-    from llmkit.progress import print_summary
-    from llmkit.train.checkpoint import open_run, training_run
-    from llmkit.train.engine import Engine
-
     b, plan = open_run(ctx, stage, cfg, [a for a in inputs if a is not None])
     if b.up_to_date:
         return b
@@ -88,9 +89,6 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
 
 def add_lora(fit: Fit, cfg) -> None:
     """Adapters on the start of the run (`lora.add_adapters`), their size in the stats."""
-    from llmkit.errors import ConfigError
-    from llmkit.train.lora import add_adapters, trainable_share
-
     if fit.model is None or fit.start is None:
         raise ConfigError("lora.r > 0 trains adapters on existing weights: start from a checkpoint "
                           "(--from), or set lora.r=0")
@@ -102,8 +100,6 @@ def add_lora(fit: Fit, cfg) -> None:
 def pin_lora_base(fit: Fit, run_dir: Path, is_main: bool) -> None:
     """The adapters name the run's pin of their base (`lora.pin_base`), made by the main process
     once the run folder is started."""
-    from llmkit.train.lora import PINNED_BASE, adapters_of, pin_base
-
     if is_main:
         pin_base(fit.start, run_dir)
     adapters_of(fit.model).base = (Path(run_dir) / PINNED_BASE).resolve()

@@ -1,18 +1,23 @@
 """Normalisation, boilerplate lines, `clean_batch` and the `clean` stage end to end, on small
 fixtures and on the real demo corpus."""
 
+import dataclasses
 import gzip
 import hashlib
 import json
+import multiprocessing
 import os
+import pickle
 import random
 import unicodedata
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from llmkit.data import normalize
+from llmkit.data import normalize, rule_state
 from llmkit.data.clean import (CleanConfig, clean_batch, clean_text, drop_boilerplate_lines,
                                is_navigation_line)
 from llmkit.data.normalize import ALL_STEPS, normalize_text, scan_texts
@@ -20,6 +25,7 @@ from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
 from llmkit.data.clean_stage import run_clean
 from llmkit.errors import UserError
+from llmkit.executor import RunsOn
 from tests.conftest import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,6 +249,48 @@ def test_clean_batch_gives_what_clean_text_gives_row_by_row():
         dict(zip(removed.column("id").to_pylist(), removed.column("reason").to_pylist()))
 
 
+def test_the_config_pickles_as_its_fields_alone():
+    cfg = CleanConfig(stop_words=["the", "of"], disabled_rules=["c4_lorem_ipsum"])
+    clean_text(GOOD_EN, cfg)  # the rules have run with it: nothing compiled was left on it
+    assert set(vars(cfg)) == {f.name for f in dataclasses.fields(cfg)}
+    blob = pickle.dumps(cfg)
+    assert b"stop_hashes" not in blob and b"numpy" not in blob
+    assert pickle.loads(blob) == cfg
+
+
+def demo_table(rows: list[dict]) -> pa.Table:
+    return pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]})
+
+
+def test_the_rule_holder_is_built_once_for_many_batches_of_unpickled_configs():
+    cfg = CleanConfig(min_words=47, pii=["email"])  # content no other test builds a holder for
+    before = rule_state.builds
+    for batch in demo_table(demo_sample()).to_batches(max_chunksize=5):
+        clean_batch(batch, config=pickle.loads(pickle.dumps(cfg)))  # as a pool worker gets it
+    assert rule_state.builds - before == 1
+    assert rule_state.rule_state(CleanConfig(min_words=46)) is not rule_state.rule_state(cfg)
+
+
+def _clean_in_worker(batch, config):
+    before = rule_state.builds
+    kept, removed = clean_batch(batch, config=config)
+    return os.getpid(), rule_state.builds - before, kept, removed
+
+
+def test_pool_workers_build_the_holder_once_each_and_clean_as_one_process_does():
+    cfg = CleanConfig(min_words=45, pii=["email"])  # no holder for it yet in this process
+    batches = demo_table(demo_sample()).to_batches(max_chunksize=4)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        results = list(pool.map(_clean_in_worker, batches, [cfg] * len(batches)))
+    builds = Counter()
+    for pid, built, _, _ in results:
+        builds[pid] += built
+    assert os.getpid() not in builds and set(builds.values()) == {1}
+    kept, removed = clean_batch(pa.Table.from_batches(batches), config=cfg)
+    assert pa.concat_tables([r[2] for r in results]).equals(kept)
+    assert pa.concat_tables([r[3] for r in results]).equals(removed)
+
+
 # ---------------------------------------------------------------- the pinned results
 
 PINNED = REPO / "tests" / "assets" / "clean_demo_pinned.json"
@@ -347,8 +395,8 @@ def test_clean_stage_conserves_rows_counts_reasons_and_matches_across_workers(ma
 
     outputs = []
     for workers in (1, 2):
-        ctx = make_ctx(workers=workers, out=f"clean{workers}")
-        b = run_clean(ctx, CFG)
+        ctx = make_ctx(out=f"clean{workers}")
+        b = run_clean(ctx, dataclasses.replace(CFG, run=RunsOn(workers=workers)))
         stats = json.loads((b.final / "manifest.json").read_text())["stats"]
         assert stats["rows_in"] == len(rows) == stats["rows_out"] + stats["rows_removed"]
         assert stats["removed_by_reason"] == dict(sorted(expected.items()))

@@ -11,6 +11,7 @@ from llmkit.data.clean import CleanConfig
 from llmkit.data.clean_stage import run_clean
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
+from llmkit.executor import RunsOn
 from llmkit.data.line_dedup import count_line_keys, drop_frequent_lines, line_key
 from llmkit.data.rules import RULE_NAMES
 from llmkit.errors import ConfigError
@@ -46,8 +47,9 @@ def corpus(n: int = 10_000, seed: int = 0) -> tuple[list[dict], set[str]]:
 def clean_corpus(make_ctx, tmp_path, rows, workers=1, out="clean"):
     src = write_jsonl(tmp_path / "docs.jsonl", rows)
     run_ingest(make_ctx(force=True), [str(src)], IngestConfig(task_bytes=200_000))
-    cfg = CleanConfig(line_dedup_min_docs=10, disabled_rules=list(RULE_NAMES))
-    b = run_clean(make_ctx(workers=workers, out=out), cfg)
+    cfg = CleanConfig(line_dedup_min_docs=10, disabled_rules=list(RULE_NAMES),
+                      run=RunsOn(workers=workers))
+    b = run_clean(make_ctx(out=out), cfg)
     stats = json.loads((b.final / "manifest.json").read_text())["stats"]
     return read_table(b.final), read_table(b.final / "removed"), stats
 

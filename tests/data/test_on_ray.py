@@ -29,7 +29,7 @@ from llmkit.errors import UserError
 from tests.data.stage_tasks import (INGEST, RAW, STAGES, assert_same_artifact, build_workspace,
                                     llmkit)
 
-ON_RAY = ["--executor", "ray", "--set", "ray.num_cpus=2"]
+ON_RAY = ["--executor", "ray", "--set", "run.ray.num_cpus=2"]
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_a_cluster_started_in_another_directory_runs_stages_given_relative_paths
     where, env = cluster_elsewhere
     here = tmp_path / "here"
     files = relative_inputs(here)
-    on_cluster = ["--executor", "ray", "--set", "ray.address=auto"]
+    on_cluster = ["--executor", "ray", "--set", "run.ray.address=auto"]
     for ws, extra in ((Path("ws_local"), []), (Path("ws"), on_cluster)):
         for args in (["ingest", *files], ["clean", "--in", "{ws}/raw"]):  # a relative --in path
             code, out = run(ws, *args, *extra, cwd=here, env={"RAY_TMPDIR": env["RAY_TMPDIR"]})
@@ -193,7 +193,7 @@ def test_a_cluster_started_in_another_directory_runs_stages_given_relative_paths
     assert list(where.iterdir()) == []  # nothing written where the cluster runs
 
 
-@pytest.mark.parametrize("settings", [[], ["--set", "ray.num_cpus=1"]])
+@pytest.mark.parametrize("settings", [[], ["--set", "run.ray.num_cpus=1"]])
 def test_without_an_address_a_run_starts_its_own_cluster_never_another_one(
         cluster_elsewhere, tmp_path, settings):
     """RAY_ADDRESS names the running cluster and it is the machine's last `ray start`: what

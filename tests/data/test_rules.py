@@ -13,6 +13,7 @@ from llmkit.cjk import COMMON_HAN
 from llmkit.data import document, rules
 from llmkit.data.clean import CleanConfig, clean_batch, clean_text
 from llmkit.data.document import Doc
+from llmkit.data.rule_state import rule_state
 from llmkit.data.rules import RULE_NAMES, RULES, first_failed_rule
 from llmkit.errors import ConfigError
 
@@ -48,7 +49,7 @@ VARIED = " ".join(f"alpha{i} beta{i} gamma{i}" for i in range(30))  # 90 distinc
 
 
 def doc(text, cfg=CFG, **kw):
-    return Doc(text, cfg, **kw)
+    return Doc(text, rule_state(cfg), **kw)
 
 
 # (rule, language, text that rule alone must reject, config overrides)
@@ -166,7 +167,7 @@ def test_config_rejects_unknown_rules_and_bad_thresholds():
     "ab，“cd” ef -- | 42 x_1 _ 3.14 Привет — 😀 𝐀bc"])
 def test_compiled_word_pass_agrees_with_python_string_methods(text):
     d = doc(text)
-    hashes, lengths, counts = document.word_stats(text, CFG._stop_hashes)  # the compiled pass
+    hashes, lengths, counts = document.word_stats(text, rule_state(CFG).stop_hashes)  # the compiled pass
     words = d.words
     assert lengths.tolist() == [len(w) for w in words]
     assert hashes.tolist() == [document.word_hash(w) for w in words]
@@ -215,7 +216,7 @@ def test_compiled_layout_agrees_with_python_string_methods(text):
 
 def test_compiled_layout_agrees_with_python_string_methods_on_random_texts():
     texts = random_texts(3000)
-    for text, row in zip(texts, document.measure_texts(texts, CFG)):
+    for text, row in zip(texts, document.measure_texts(texts, rule_state(CFG))):
         assert doc(text, measured=row).layout == python_layout(text), repr(text)
 
 
@@ -225,7 +226,7 @@ def per_text_ngram_stats(d, cfg=CFG):
     scale = cfg.cjk_ngram_scale if d.is_cjk else 1.0
     top_ns, dup_ns = document._ngram_sizes(len(cfg.max_top_ngram_chars), len(cfg.max_dup_ngram_chars),
                                         scale)
-    hashes, lengths, counts = document.word_stats(d.text, cfg._stop_hashes)
+    hashes, lengths, counts = document.word_stats(d.text, rule_state(cfg).stop_hashes)
     if counts.words < cfg.ngram_min_words * scale:
         return [0] * len(top_ns), [0] * len(dup_ns), 0
     top, dup = document.repetition_stats(hashes, lengths, top_ns, dup_ns)
@@ -236,7 +237,7 @@ def test_the_batch_pass_takes_the_ngram_stats_the_per_text_passes_take():
     texts = [GOOD_EN + " " + GOOD_EN, GOOD_ZH_PROSE * 3, GOOD_ZH_POEM * 4, VARIED + " " + VARIED[:200],
              " ".join(f"word{i} cheap shoes" for i in range(40)), "short text", ""]
     texts += [" ".join(["the river"] * n + GOOD_EN.split()[:k]) for n in (3, 10, 30) for k in (20, 45, 80)]
-    for text, row in zip(texts, document.measure_texts(texts, CFG)):
+    for text, row in zip(texts, document.measure_texts(texts, rule_state(CFG))):
         d = doc(text, measured=row)
         assert d.ngram_stats == per_text_ngram_stats(d), text[:40]
 

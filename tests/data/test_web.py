@@ -23,6 +23,7 @@ from warcio.warcwriter import WARCWriter
 
 from llmkit.cli.app import build_app
 from llmkit.data.ingest import IngestConfig, run_ingest
+from llmkit.executor import RunsOn
 from llmkit.data.io import read_table
 from llmkit.data.langid import language_columns
 from llmkit.data.readers import read_records
@@ -367,8 +368,9 @@ def artifact_bytes(path: Path) -> dict[str, bytes]:
 def test_the_crawl_gives_the_same_artifact_on_one_and_two_workers(make_ctx, tmp_path):
     folder = crawl(tmp_path / "crawl")[0]
     cfg = IngestConfig(task_bytes=1)  # a task per file
-    one = run_ingest(make_ctx(force=True, workers=1, out="one"), [str(folder)], cfg).final
-    two = run_ingest(make_ctx(force=True, workers=2, out="two"), [str(folder)], cfg).final
+    one = run_ingest(make_ctx(force=True, out="one"), [str(folder)], cfg).final
+    two = run_ingest(make_ctx(force=True, out="two"), [str(folder)],
+                     IngestConfig(task_bytes=1, run=RunsOn(workers=2))).final
     assert artifact_bytes(one) == artifact_bytes(two) and len(artifact_bytes(one)) >= 8
     assert read_table(one).num_rows == 220  # every page, past the broken records
 
@@ -383,7 +385,7 @@ def test_the_crawl_gives_the_same_artifact_on_ray(make_ctx, tmp_path):
                        IngestConfig(task_bytes=1)).final
     try:
         ray = run_ingest(make_ctx(force=True, out="ray"), [str(folder)],
-                         IngestConfig(task_bytes=1, executor="ray", ray=RayConfig(num_cpus=1))).final
+                         IngestConfig(task_bytes=1, run=RunsOn(executor="ray", ray=RayConfig(num_cpus=1)))).final
     finally:  # the local cluster started here: later tests of this process expect none
         sys.modules["ray"].shutdown()
     assert artifact_bytes(local) == artifact_bytes(ray)

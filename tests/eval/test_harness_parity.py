@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.eval.choice import ChoiceConfig, evaluate_choice, parse_questions
+from llmkit.eval.choice import ChoiceConfig, evaluate_choice
 from llmkit.eval.harness import HarnessConfig, run_harness, shut_the_network, task_manager
 from llmkit.eval.harness_lm import LlmkitLM
-from llmkit.eval.scoring import LMScorer
+from llmkit.eval_files import parse_questions
+from llmkit.lm_scoring import LMScorer
 from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 

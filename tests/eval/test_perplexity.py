@@ -8,7 +8,7 @@ from llmkit.data.tokenize import val_mask
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.perplexity import (PerplexityConfig, split_documents, text_perplexity,
                                     token_split_perplexity)
-from llmkit.eval.scoring import LMScorer
+from llmkit.lm_scoring import LMScorer
 from tests.eval.conftest import tokenize_rows
 from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_model
 

@@ -1,5 +1,6 @@
 """`llmkit eval` warns when the evaluated model's training data was never decontaminated against
-the file it is scored on, and not when it was (the content counts, not the file's name)."""
+the file it is scored on, and not when it was (the content counts, not the file's name); an
+lm-eval task (`--tasks`) gets a note either way, naming the decontaminate artifact or the route."""
 
 import json
 import shutil
@@ -11,13 +12,15 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.data.io import DatasetWriter
-from llmkit.eval.provenance import contamination_warnings
+from llmkit.eval.harness import SHIPPED
+from llmkit.eval.provenance import contamination_warnings, harness_notes
 from llmkit.workspace import Artifact, Workspace
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 EVAL_DATA = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "eval"
 MMLU, CEVAL = EVAL_DATA / "mmlu_en_test.jsonl", EVAL_DATA / "ceval_zh_test.jsonl"
 WARNING = "warning: not decontaminated"
+REVERSAL = SHIPPED / "data" / "mmlu_reversal_test.jsonl"  # what the shipped task mmlu_reversal scores
 
 
 def llmkit(*args):
@@ -46,7 +49,8 @@ def trained_on(root: Path, run: str, tok, *inputs: str) -> None:
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, tok):
-    """Two pretrained runs: one on tokens of a corpus decontaminated against MMLU's file, one on
+    """Two pretrained runs: one on tokens of a corpus decontaminated against MMLU's file and
+    mmlu_reversal's, one on
     tokens of the same corpus as it was; and an SFT run on top of the clean one."""
     root = tmp_path_factory.mktemp("provenance") / "ws"
     dataset(root, "docs", [f"Document {i} tells of rivers and gardens in spring." for i in range(40)])
@@ -55,7 +59,7 @@ def ws(tmp_path_factory, tok):
     b = Workspace(root).builder("tokenizer", stage="tokenizer", config={}, quiet=True)
     with b:
         tok.save(b.dir)
-    llmkit("decontaminate", "-w", root, "--in", "docs", "--against", MMLU)
+    llmkit("decontaminate", "-w", root, "--in", "docs", "--against", f"{MMLU},{REVERSAL}")
     for data, tokens in (("decontaminated", "tokens_clean"), ("docs", "tokens_raw")):
         llmkit("tokenize", "-w", root, "--in", data, "--out", tokens, "--set", "val_fraction=0.1")
     trained_on(root, "clean_model", tok, "tokens_clean", "tokenizer")
@@ -103,7 +107,34 @@ def test_fine_tuning_data_counts_but_a_held_out_set_does_not(ws):
     assert "sft_model <- sft_data" in warnings[WARNING] and "sft_heldout" not in warnings[WARNING]
 
 
+def test_each_harness_task_says_whether_its_scored_file_was_decontaminated(ws):
+    notes = {}
+    for run in ("clean_model", "raw_model"):
+        r = llmkit("eval", "-w", ws, "--from", run, "--out", f"{run}-harness", "--tasks",
+                   "mmlu_reversal,cmmlu_reversal", "--set", "harness.limit=2")
+        notes[run] = json.loads((ws / "eval" / f"{run}-harness" / "manifest.json").read_text())["stats"]
+        assert "harness/mmlu_reversal/decontaminated" in r.output  # the summary says it
+    assert notes["clean_model"]["harness/mmlu_reversal/decontaminated"] == \
+        "yes — mmlu_reversal_test.jsonl checked by decontaminated"
+    assert notes["raw_model"]["harness/mmlu_reversal/decontaminated"].startswith(
+        "no — mmlu_reversal_test.jsonl (raw_model <- tokens_raw <- docs)")
+    assert notes["clean_model"]["harness/cmmlu_reversal/decontaminated"].startswith(  # not an --against
+        "no — cmmlu_reversal_test.csv (clean_model <- tokens_clean <- decontaminated <- docs)")
+    llmkit("report", "-w", ws, "eval/clean_model-harness")
+    summary = (ws / "report" / "report" / "summary.md").read_text()
+    assert "- clean_model-harness / mmlu_reversal: yes — mmlu_reversal_test.jsonl checked by decontaminated" \
+        in summary
+
+
+def test_an_imported_model_or_untraceable_data_is_said_so(ws, tmp_path):
+    imported = Artifact(tmp_path / "smol", {"stage": "import", "fingerprint": "f", "inputs": []})
+    notes = harness_notes(imported, {"mmlu_reversal": [str(REVERSAL)], "from_cache": None})
+    assert notes["harness/mmlu_reversal/decontaminated"].startswith(
+        "no — mmlu_reversal_test.jsonl (smol (imported: trained outside the workspace))")
+    assert notes["harness/from_cache/decontaminated"].startswith("unknown — ")
+
+
 def _file(path: Path) -> Artifact:
-    from llmkit.eval.data import eval_input
+    from llmkit.eval_files import eval_input
 
     return eval_input(Workspace(path.parent), str(path))

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError
-from llmkit.eval import scoring
-from llmkit.eval.scoring import LMScorer, windows
+from llmkit import lm_scoring
+from llmkit.lm_scoring import LMScorer, windows
 from tests.train.posttrain_fixtures import tiny_model
 
 
@@ -18,7 +18,7 @@ def full_logprobs(model, ids) -> torch.Tensor:
 @pytest.mark.parametrize("head_rows", [None, 3])
 def test_batched_requests_equal_one_forward_pass_each(head_rows, monkeypatch):
     if head_rows:  # the LM head in slices of 3 positions
-        monkeypatch.setattr(scoring, "HEAD_ELEMENTS", 50 * head_rows)
+        monkeypatch.setattr(lm_scoring, "HEAD_ELEMENTS", 50 * head_rows)
     model = tiny_model(50, seed=1).eval()
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, 50, n).tolist() for n in (3, 17, 9, 30, 2, 12)]

@@ -123,15 +123,34 @@ def test_the_task_loss_is_trls_on_the_models_logits_plus_the_hard_label_mix(tok)
 
 # -- the top-k teacher --------------------------------------------------------------------------
 
-def test_top_k_restriction_is_trls_loss_on_the_gathered_logits():
+def test_top_k_restriction_is_trls_loss_on_the_top_k_and_the_rests_bucket():
+    """The k + 1 outcomes (the teacher's top k, then the rest) of both softened distributions,
+    written out as probabilities, through TRL's loss."""
     student, teacher, labels = logits_and_labels()
-    mask = labels != IGNORE_INDEX
-    s, t = restricted_to_top_k(student[mask], *teacher_top_k(teacher[mask].detach(), 5))
-    assert s.shape == t.shape == (mask.sum(), 5)
+    mask, T = labels != IGNORE_INDEX, 2.0
+    s, t = restricted_to_top_k(student[mask], *teacher_top_k(teacher[mask].detach(), 5, T), T)
+    assert s.shape == t.shape == (mask.sum(), 6)
     ids = teacher.detach().topk(5, -1).indices
-    trl = GKDTrainer.generalized_jsd_loss(student.gather(-1, ids), teacher.detach().gather(-1, ids),
-                                          labels, beta=0.5, temperature=2.0)
-    torch.testing.assert_close(generalized_jsd(s, t, 0.5, 2.0).sum() / mask.sum(), trl, rtol=REL, atol=0)
+
+    def coarse(logits):  # log-probabilities of the k tokens and of the rest, as TRL-ready logits
+        p = torch.softmax(logits / T, -1)
+        top = p.gather(-1, ids)
+        return T * torch.cat([top, 1 - top.sum(-1, keepdim=True)], -1).log()
+
+    trl = GKDTrainer.generalized_jsd_loss(coarse(student), coarse(teacher.detach()), labels, beta=0.5,
+                                          temperature=T)
+    torch.testing.assert_close(generalized_jsd(s, t, 0.5, T).sum() / mask.sum(), trl, rtol=1e-4, atol=1e-6)
+
+
+def test_a_students_mass_off_the_teachers_top_k_is_penalised():
+    """A student equal to the teacher but for a large logit on a token the teacher ranks last —
+    the token its greedy reply would pick — is far from the top-k teacher, not at it."""
+    teacher = torch.randn(4, 40, generator=torch.Generator().manual_seed(0))
+    student = teacher.clone()
+    top = teacher_top_k(teacher, 5)
+    assert (generalized_jsd(*restricted_to_top_k(student, *top), 0.0) < 1e-5).all()
+    student.scatter_(-1, teacher.argmin(-1, keepdim=True), 50.0)
+    assert (generalized_jsd(*restricted_to_top_k(student, *top), 0.0) > 1).all()
 
 
 def test_precomputed_top_k_gives_the_loss_of_the_teacher_restricted_on_the_fly(tok):
@@ -139,7 +158,7 @@ def test_precomputed_top_k_gives_the_loss_of_the_teacher_restricted_on_the_fly(t
     examples, _ = encode_sft_rows(tok, addition_rows(8), 64)
     items = [DistillItem(s) for s in sft_rows(examples, 64, packing=True)]
     precompute_top_k(teacher, items, k=8, vocab=tok.vocab_size, pad_id=tok.pad_id, batch_size=2,
-                     device="cpu")
+                     device="cpu", temperature=1.5)
     assert [len(it.top_ids) for it in items] == [it.labelled for it in items]
     stored = to_device(collate_distill(items, tok.pad_id), "cpu")
     whole = {k: v for k, v in stored.items() if not k.startswith("top_")}
@@ -173,6 +192,7 @@ def test_distill_brings_the_student_towards_the_teacher(make_ctx, ws):
     assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
     assert b.stats["steps"] == 10 and b.stats["eval_records"] == 4
     assert b.stats["teacher_accuracy"] is not None and b.stats["base_accuracy"] is not None
+    assert b.stats["teacher_seconds"] > 0  # loading and scoring the teacher, held beside the student
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
     assert json.loads((ws / "distill" / "manifest.json").read_text())["stage"] == "distill"
     assert distill(make_ctx, "loss_type=jsd", "beta=0.5", "max_steps=10").up_to_date

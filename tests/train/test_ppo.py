@@ -13,6 +13,7 @@ from llmkit.model import Transformer
 from llmkit.model_config import ModelConfig
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
+from llmkit.train.losses import logprobs_of
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, response_mask_of,
                                    select_rows)
@@ -102,6 +103,43 @@ def test_rollout_logprobs_are_those_of_the_sampling_temperature():
     assert torch.allclose(rollout["logprobs"][mask], expected[mask], atol=1e-5)
     # the reference is the starting policy: at the same temperature it gives the same log-probs
     assert torch.allclose(rollout["ref_logprobs"][mask], expected[mask], atol=1e-5)
+
+
+def test_grpo_at_beta_0_with_one_update_per_rollout_skips_both_no_grad_passes_and_loses_nothing(monkeypatch):
+    # TRL's defaults: β 0 (the reference cannot change anything) and one optimizer step per
+    # rollout (the loss runs on the sampling parameters: the old log-probs are its own, detached)
+    task, cfg = tiny_setup("grpo", kl_coef=0.0, ppo_epochs=1, micro_batch_size=16)
+    passes = []
+    forward = task.model.forward
+    monkeypatch.setattr(task.model, "forward", lambda *a: passes.append("policy") or forward(*a))
+    monkeypatch.setattr(task.reference, "forward", lambda *a, **k: passes.append("reference"))
+    monkeypatch.setattr(task.reference, "hidden_states", lambda *a, **k: passes.append("reference"))
+    rollout = task.make_rollout(task.model)
+    assert passes == [] and "logprobs" not in rollout and "ref_logprobs" not in rollout
+    task._start_rollout(rollout)
+    batch = task.next_batch(task.model)
+    with torch.no_grad():
+        logits, _ = forward(batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+    with_passes = {**batch, "logprobs": logprobs_of(logits, batch["input_ids"][:, batch["prompt_len"]:]),
+                   "ref_logprobs": torch.zeros_like(batch["response_mask"], dtype=torch.float32)}
+    losses, grads = [], []
+    for b in (batch, with_passes):
+        task.model.zero_grad()
+        loss, _ = task.loss(task.model, b)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in task.model.parameters()]))
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+
+
+def test_two_updates_or_a_kl_keep_the_passes_they_need():
+    task, _ = tiny_setup("grpo", kl_coef=0.04, ppo_epochs=1, micro_batch_size=16)
+    rollout = task.make_rollout(task.model)
+    assert "ref_logprobs" in rollout and "logprobs" not in rollout  # β > 0 reads the reference
+    task, _ = tiny_setup("grpo", kl_coef=0.0, ppo_epochs=2, micro_batch_size=16)
+    rollout = task.make_rollout(task.model)
+    assert "logprobs" in rollout and "ref_logprobs" not in rollout  # the 2nd update needs the old log-probs
 
 
 def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():

@@ -13,6 +13,7 @@ from llmkit.data.dedup.planted import pair_scores, planted_corpus
 from llmkit.data.dedup.stage import DedupConfig, run_dedup
 from llmkit.data.io import dataset_files, read_table
 from llmkit.errors import UserError
+from llmkit.executor import RunsOn
 from tests.data.dedup.conftest import make_dataset, predicted_clusters
 
 
@@ -89,7 +90,7 @@ def test_three_task_rank_run_equals_the_local_run(make_ctx, ws):
     local = dedup(make_ctx, out="local")
     for phase in ("signatures", "buckets", "clusters", "filter"):
         for rank in range(3):
-            assert run_dedup(make_ctx(out="ranked", rank=rank, world_size=3), DedupConfig(),
+            assert run_dedup(make_ctx(out="ranked"), DedupConfig(run=RunsOn(rank=rank, world_size=3)),
                              phase=phase) is None
     assert not (ws / "ranked").exists()  # tasks alone never commit
     ranked = dedup(make_ctx, out="ranked")  # finds every task done; only assembles
@@ -103,7 +104,7 @@ def test_worker_processes_give_the_same_artifact(make_ctx, ws):
     corpus = planted_corpus(20, unique=5, seed=17)
     make_dataset(ws, corpus.texts, parts=3)
     one = dedup(make_ctx, DedupConfig(method="simhash"), out="one")
-    two = dedup(make_ctx, DedupConfig(method="simhash"), out="two", workers=2)
+    two = dedup(make_ctx, DedupConfig(method="simhash", run=RunsOn(workers=2)), out="two")
     for sub in ("", "removed"):
         assert read_table(two.final / sub).equals(read_table(one.final / sub))
 
@@ -125,9 +126,9 @@ def test_a_rerun_skips_finished_tasks(make_ctx, ws, monkeypatch):
 def test_a_phase_before_its_predecessor_is_a_user_error(make_ctx, ws):
     make_dataset(ws, ["a b c", "a b c"])
     with pytest.raises(UserError, match="phase signatures finished first"):
-        run_dedup(make_ctx(rank=0, world_size=1), DedupConfig(), phase="buckets")
+        run_dedup(make_ctx(), DedupConfig(run=RunsOn(rank=0, world_size=1)), phase="buckets")
     with pytest.raises(UserError, match="--phase"):
-        run_dedup(make_ctx(rank=0, world_size=2), DedupConfig())
+        run_dedup(make_ctx(), DedupConfig(run=RunsOn(rank=0, world_size=2)))
 
 
 def test_cli_method_and_set_reach_the_config(ws):
@@ -153,7 +154,7 @@ def test_a_task_whose_files_were_damaged_is_redone(make_ctx, ws, monkeypatch, ph
     make_dataset(ws, corpus.texts, parts=2)
     straight = dedup(make_ctx, out="straight")
     for p in PHASES:  # every task done, nothing assembled
-        run_dedup(make_ctx(out="split", rank=0, world_size=1), DedupConfig(), phase=p)
+        run_dedup(make_ctx(out="split"), DedupConfig(run=RunsOn(rank=0, world_size=1)), phase=p)
     [work] = (ws / ".work").glob("split-*")
     damaged = work / file
     if how == "removed":

@@ -1,16 +1,18 @@
 """The four phases of a dedup run: signatures -> buckets -> clusters -> filter, each a small
-class of its own module (`Signatures`, `Buckets`, `Clusters`, `Filter`: its tasks, marker,
-files and `run(task)`), and the plan they share (`DedupPlan`: input shards, work area, config).
+class of its own module (`Signatures`, `Buckets`, `Clusters`, `Filter`: sealed tasks of
+llmkit.data.driver, each with its `run(task)`), and the plan they share (`DedupPlan`: input
+shards, work area, config).
 
 Each phase is a folder in the artifact's work area (`Builder.work_dir`, kept across killed
-runs) and is made of tasks; a task writes its files under a temporary name, renames them,
-then writes its `.done` marker with their sizes (`workspace.seal`), so a rerun skips exactly
-the finished tasks and redoes one whose files were lost or cut short since.
+runs) and is made of tasks; the driver seals each task's folder `<phase>/part-K/` once it is
+in place (`<phase>/part-K.done`, with its files' sizes), so a rerun skips exactly the
+finished tasks and redoes one whose files were lost or cut short since.
 
     signatures/part-00003/  keys.bin: per batch (blocks.npy: its rows) n_keys × rows keys;
                             values.bin + lengths.npy: verification payload
-    buckets/key-007.npz     documents sharing a value of key row 7 (members, offsets)
-    clusters/part-00003.parquet  (row, duplicate_of) of the rows to remove; stats.json
+    buckets/part-00007/     bucket.npz: documents sharing a value of key row 7 (members, offsets)
+    clusters/part-00000/    part-00003.parquet: (row, duplicate_of) of the rows of shard 3 to
+                            remove; stats.json
     filter/part-00003/      kept/ and removed/ parquet parts of input shard 3
 
 Tasks: one per input shard (parquet part file) for signatures and filter, one per key row
@@ -29,28 +31,26 @@ signatures or its payload.
 from __future__ import annotations
 
 import json
-import sys
-import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from llmkit.data.dedup.phases.buckets import Buckets
-from llmkit.data.dedup.phases.clusters import Clusters
+from llmkit.data.dedup.phases.buckets import BUCKET_FILE, Buckets
+from llmkit.data.dedup.phases.clusters import STATS_FILE, Clusters
 from llmkit.data.dedup.phases.filter import Filter
 from llmkit.data.dedup.phases.signatures import Signatures
 from llmkit.data.dedup.sketch import Sketcher
+from llmkit.data.driver import Assembled, Phase, Work
 from llmkit.data.io import dataset_files, part_path
 from llmkit.data.pipeline import RowCounts, link_task_outputs
-from llmkit.errors import UserError
-from llmkit.workspace import kill_point, seal, sealed
 
 PHASES = ("signatures", "buckets", "clusters", "filter")
 
 
 class DedupPlan:
-    """The tasks of one dedup run over `input_dir`, with state kept in `work_dir`."""
+    """The phases of one dedup run over `input_dir`, with state kept in `work_dir`."""
 
     def __init__(self, input_dir: Path, work_dir: Path, cfg):
         self.input_dir = Path(input_dir)
@@ -63,71 +63,34 @@ class DedupPlan:
 
     # -- files that more than one phase reads -------------------------------------------
     def bucket_file(self, key: int) -> Path:
-        return self.work / "buckets" / f"key-{key:03d}.npz"
+        return self.phases["buckets"].folder(key) / BUCKET_FILE
 
     def removals_file(self, shard: int) -> Path:
-        return part_path(self.work / "clusters", shard)
+        return part_path(self.phases["clusters"].folder(0), shard)
 
     @property
     def cluster_stats_file(self) -> Path:
-        return self.work / "clusters" / "stats.json"
-
-    # -- tasks and markers ---------------------------------------------------------------
-    def tasks(self, phase: str) -> list[int]:
-        return self.phases[phase].tasks()
-
-    def done(self, phase: str, task: int) -> bool:
-        return sealed(self.phases[phase].marker(task)) is not None
-
-    def pending(self, phase: str) -> list[int]:
-        return [t for t in self.tasks(phase) if not self.done(phase, t)]
-
-    def _info(self, phase: str, task: int) -> dict:
-        return json.loads(self.phases[phase].marker(task).read_text())
-
-    def run(self, phase: str, task: int) -> None:
-        """Run one task of a phase unless its marker says it is done."""
-        if self.done(phase, task):
-            return
-        index = PHASES.index(phase)
-        # each phase checked its own predecessor, so the one before is enough
-        if index and self.pending(PHASES[index - 1]):
-            p = PHASES[index - 1]
-            raise UserError(f"dedup --phase {phase} needs phase {p} finished first "
-                            f"({len(self.pending(p))} of its tasks are not done in "
-                            f"{self.work / p}); run `llmkit dedup --phase {p}` for every "
-                            "rank, then this one")
-        unit = self.phases[phase]
-        (self.work / phase).mkdir(parents=True, exist_ok=True)
-        unit.marker(task).unlink(missing_ok=True)  # a damaged task's: redone now
-        started = time.time()
-        info = unit.run(task)
-        kill_point(f"dedup:{phase}")  # the task's files written, not yet sealed
-        _release_freed_memory()
-        info["seconds"] = round(time.time() - started, 3)
-        seal(unit.marker(task), unit.outputs(task), info)
+        return self.phases["clusters"].folder(0) / STATS_FILE
 
     def shard_rows(self) -> np.ndarray:
-        return np.array([self._info("signatures", s)["rows"] for s in range(len(self.shards))],
+        signatures = self.phases["signatures"]
+        return np.array([signatures.info(s)["rows"] for s in range(len(self.shards))],
                         dtype=np.int64)
 
     # -- commit ---------------------------------------------------------------------------
-    def assemble(self, out_dir: Path) -> dict:
-        """Link every shard's filter output into `out_dir` (parts renumbered in shard order)
-        and return the stage's stats. Needs every filter task done."""
-        if self.pending("filter"):
-            raise UserError(f"dedup: {len(self.pending('filter'))} filter tasks are not done; "
-                            "run `llmkit dedup --phase filter` for every rank first")
+    def assemble(self, out_dir: Path) -> Assembled:
+        """Link every shard's filter output into `out_dir` (parts renumbered in shard order);
+        the stage's stats. Needs every task done."""
         shards = range(len(self.shards))
         link_task_outputs([self.phases["filter"].folder(s) for s in shards], out_dir, "dedup")
         counts = sum((self._filter_counts(s) for s in shards), RowCounts())
         counts.check("dedup")
         clusters = json.loads(self.cluster_stats_file.read_text())
-        return {**counts.stats(), "method": self.cfg.method, **self.method_stats(), **clusters,
-                "seconds_by_phase": self.phase_seconds()}
+        return Assembled({**counts.stats(), "method": self.cfg.method, **self.method_stats(),
+                          **clusters, "seconds_by_phase": self.phase_seconds()})
 
     def _filter_counts(self, shard: int) -> RowCounts:
-        info = self._info("filter", shard)
+        info = self.phases["filter"].info(shard)
         return RowCounts(info["rows_in"], info["rows_out"], info["rows_removed"],
                          Counter({self.reason: info["rows_removed"]}))
 
@@ -140,19 +103,18 @@ class DedupPlan:
 
     def phase_seconds(self) -> dict:
         """Task seconds summed per phase (the work done, whichever machines did it)."""
-        return {p: round(sum(self._info(p, t).get("seconds", 0.0) for t in self.tasks(p)
-                             if self.done(p, t)), 3) for p in PHASES}
+        return {p: round(sum(unit.info(t).get("seconds", 0.0) for t in range(len(unit))), 3)
+                for p, unit in self.phases.items()}
 
 
-def _release_freed_memory() -> None:
-    """Give back to the system what the allocators keep of the memory a task freed (Arrow's
-    pool and, on glibc, the C heap), so the next phase starts from the same size."""
-    import pyarrow as pa
+def dedup_phases(input_dir: Path, cfg) -> list[Phase]:
+    """The four phases as llmkit.data.driver runs them, their tasks spread over --workers."""
+    sizes = (len(dataset_files(input_dir)), Sketcher(cfg).n_keys, 1, len(dataset_files(input_dir)))
+    return [Phase(name, size, partial(_phase_of, name=name, input_dir=input_dir, cfg=cfg),
+                  spread=True) for name, size in zip(PHASES, sizes)]
 
-    pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
-        import ctypes
 
-        libc = ctypes.CDLL(None)
-        if hasattr(libc, "malloc_trim"):  # glibc, not musl
-            libc.malloc_trim(0)
+def _phase_of(work: Work, *, name: str, input_dir: Path, cfg):
+    """Phase `name` of the run's plan (made by the first phase, shared by the others)."""
+    first = work.done.get(PHASES[0])
+    return (first.plan if first else DedupPlan(input_dir, work.dir, cfg)).phases[name]

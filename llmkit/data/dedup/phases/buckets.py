@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 
 from llmkit.data.dedup import unionfind
-from llmkit.data.dedup.phases.base import Phase
+from llmkit.data.dedup.phases.base import DedupPhase
 from llmkit.data.dedup.phases.signatures import read_into
-from llmkit.data.io import temporary_path
+
+BUCKET_FILE = "bucket.npz"
 
 
-class Buckets(Phase):
-    """One task per key row K (a MinHash band, a SimHash table): `buckets/key-K.npz` holds
-    the documents sharing a value of that row (members, offsets; see unionfind.bucket_groups).
-    Memory: one key per document (8 bytes × documents, sorted)."""
+class Buckets(DedupPhase):
+    """One task per key row K (a MinHash band, a SimHash table): `buckets/part-K/bucket.npz`
+    holds the documents sharing a value of that row (members, offsets; see
+    unionfind.bucket_groups). Memory: one key per document (8 bytes × documents, sorted)."""
 
     name = "buckets"
 
-    def tasks(self) -> list[int]:
-        return list(range(self.plan.sketcher.n_keys))
-
-    def marker(self, key: int) -> Path:
-        return self.plan.work / self.name / f"key-{key:03d}.done"
-
-    def outputs(self, key: int) -> list[Path]:
-        return [self.plan.bucket_file(key)]
+    def __len__(self) -> int:
+        return self.plan.sketcher.n_keys
 
     def run(self, key: int) -> dict:
         plan = self.plan
@@ -43,11 +35,7 @@ class Buckets(Phase):
                     pos += rows
         members, offsets = unionfind.bucket_groups(column)
         del column
-        final = plan.bucket_file(key)
-        tmp = temporary_path(final)
-        tmp = tmp.with_name(tmp.name + ".npz")  # np.savez would add it anyway
-        np.savez(tmp, members=members, offsets=offsets)
-        os.replace(tmp, final)
+        np.savez(self.temporary(key) / BUCKET_FILE, members=members, offsets=offsets)
         return {"buckets": len(offsets) - 1, "members": len(members)}
 
 

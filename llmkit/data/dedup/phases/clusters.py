@@ -10,37 +10,30 @@ import numpy as np
 
 from llmkit.data.arrow import numbers, string_buffers
 from llmkit.data.dedup import unionfind
-from llmkit.data.dedup.phases.base import Phase
+from llmkit.data.dedup.phases.base import DedupPhase
 from llmkit.data.dedup.phases.buckets import bucket_groups
 from llmkit.data.dedup.phases.signatures import read_into
-from llmkit.data.io import open_parquet, temporary_path
+from llmkit.data.io import open_parquet, part_path
 from llmkit.errors import UserError
-from llmkit.workspace import write_atomic
 
+STATS_FILE = "stats.json"
 _MEMBERS_AT_ONCE = 128  # bucket members verified between two releases of the payload's
 #                         pages (each maps about 64 KB of it: a few MB in all)
 _DOCS_AT_ONCE = 4096    # documents whose payload is read at once to pick the candidates'
 
 
-class Clusters(Phase):
-    """One task in all: `clusters/part-S.parquet` holds (row, duplicate_of) of the rows of
-    input shard S to remove, `clusters/stats.json` the cluster statistics. Each cluster keeps
-    its smallest document index (the first in input order).
+class Clusters(DedupPhase):
+    """One task in all: `clusters/part-00000/part-S.parquet` holds (row, duplicate_of) of the
+    rows of input shard S to remove, `clusters/part-00000/stats.json` the cluster statistics.
+    Each cluster keeps its smallest document index (the first in input order).
 
     Memory: a few int64 per document; the payload of the documents that share a bucket is
     copied into one file, which is mapped and read a few MB at a time."""
 
     name = "clusters"
 
-    def tasks(self) -> list[int]:
-        return [0]
-
-    def marker(self, _task: int) -> Path:
-        return self.plan.work / self.name / "clusters.done"
-
-    def outputs(self, _task: int) -> list[Path]:
-        return [self.plan.cluster_stats_file,
-                *(self.plan.removals_file(s) for s in range(len(self.plan.shards)))]
+    def __len__(self) -> int:
+        return 1
 
     def run(self, _task: int) -> dict:
         plan = self.plan
@@ -49,7 +42,7 @@ class Clusters(Phase):
         candidate = np.zeros(n, bool)
         for members, _ in bucket_groups(plan):
             candidate[members] = True
-        payload = plan.work / self.name / f"payload.bin.tmp-{os.getpid()}"
+        payload = self.temporary(0) / "payload.bin"
         value_offsets = self._write_candidate_payload(candidate, rows, payload)
         del candidate
         parent = unionfind.new_parents(n)
@@ -70,7 +63,7 @@ class Clusters(Phase):
         self._write_removals(root, rows)
         stats = {"documents": n, "candidate_pairs_verified": verified,
                  "candidate_pairs_accepted": accepted, **cluster_stats(root)}
-        write_atomic(plan.cluster_stats_file, json.dumps(stats))
+        (self.temporary(0) / STATS_FILE).write_text(json.dumps(stats))
         return stats
 
     def _write_candidate_payload(self, candidate: np.ndarray, rows: np.ndarray,
@@ -123,10 +116,7 @@ class Clusters(Phase):
             kept_ids = take_strings(ids, np.searchsorted(needed, kept_of_removed[lo:hi]))
             row = np.ascontiguousarray(removed[lo:hi] - bases[s], np.int64)
             table = pa.Table.from_arrays([numbers(row), kept_ids], names=["row", "duplicate_of"])
-            final = plan.removals_file(s)
-            tmp = temporary_path(final)
-            pq.write_table(table, tmp)
-            os.replace(tmp, final)
+            pq.write_table(table, part_path(self.temporary(0), s))
 
 
 def cluster_stats(root: np.ndarray) -> dict:

@@ -6,7 +6,7 @@ import numpy as np
 
 from llmkit.data.arrow import int64_numpy, repeated_string, rows_where, set_column
 from llmkit.data.dedup.phases.base import ShardPhase
-from llmkit.data.io import fresh_dir, open_parquet, replace_dir, temporary_path
+from llmkit.data.io import open_parquet
 from llmkit.data.pipeline import SplitWriter
 
 
@@ -24,9 +24,7 @@ class Filter(ShardPhase):
         removals = pq.ParquetFile(plan.removals_file(shard)).read()
         removed_rows = int64_numpy(removals.column("row"))
         duplicate_of = removals.column("duplicate_of")
-        final = self.folder(shard)
-        tmp = fresh_dir(temporary_path(final))
-        writer = SplitWriter.task_layout(tmp)
+        writer = SplitWriter.task_layout(self.temporary(shard))
         pos = 0
         for batch in open_parquet(plan.shards[shard]).iter_batches(
                 batch_size=plan.cfg.batch_rows, use_threads=False):
@@ -40,6 +38,5 @@ class Filter(ShardPhase):
             writer.write(rows_where(table, ~drop), gone, reasons={plan.reason: gone.num_rows})
             pos += batch.num_rows
         counts = writer.close(pos, "dedup")
-        replace_dir(tmp, final)
         return {"rows_in": counts.rows_in, "rows_out": counts.rows_out,
                 "rows_removed": counts.rows_removed}

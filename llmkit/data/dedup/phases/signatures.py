@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.data.dedup.phases.base import ShardPhase
-from llmkit.data.io import fresh_dir, open_parquet, replace_dir, temporary_path
+from llmkit.data.io import open_parquet
 from llmkit.errors import UserError
 
 
@@ -25,8 +25,7 @@ class Signatures(ShardPhase):
             raise UserError(f"{plan.shards[shard]} has no 'text' column; dedup reads datasets "
                             "made by `llmkit ingest`/`clean`")
         n_rows = pf.metadata.num_rows
-        final = self.folder(shard)
-        tmp = fresh_dir(temporary_path(final))
+        tmp = self.temporary(shard)
         lengths = np.zeros(n_rows, np.int64)
         blocks = []
         pos = 0
@@ -41,7 +40,6 @@ class Signatures(ShardPhase):
                 pos += batch.num_rows
         np.save(tmp / "lengths.npy", lengths)
         np.save(tmp / "blocks.npy", np.array(blocks, np.int64))
-        replace_dir(tmp, final)
         return {"rows": n_rows}
 
 

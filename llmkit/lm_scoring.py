@@ -1,5 +1,6 @@
-"""Log-likelihood of token sequences under a causal LM: the primitive that perplexity, multiple
-choice and `ppl-filter` share.
+"""Log-likelihood of token sequences under a causal LM: the primitive that `llmkit eval`
+(perplexity, multiple choice), `ppl-filter` and `quality`'s hidden-state head share, so the data
+wing and eval both import it downward.
 
 A request is `(ids, n_targets)`: the summed log-probability of the last `n_targets` ids, each
 predicted from every id before it. Requests are sorted by length and cut into forward passes of
@@ -10,6 +11,7 @@ few-shot context costs its forward pass but no [T, vocab] logits.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -66,8 +68,6 @@ class LMScorer:
         self.max_len = model.config.max_seq_len
 
     def autocast(self):
-        import contextlib
-
         import torch
 
         if self.dtype == torch.float32:
@@ -144,3 +144,13 @@ class LMScorer:
             np.add.at(nll, owner, -self.target_logprobs(requests))
             np.add.at(counts, owner, [n for _, n in requests])
         return nll, counts
+
+
+def text_documents(tokenizer, texts: list[str]) -> list[list[int]]:
+    """`document_start_ids() + tokens + [</s>]` of each text (ppl-filter scores these too),
+    encoded as `llmkit tokenize` writes documents into token shards: a special token's string
+    inside a text is plain text there, so a document is scored as it would be trained on."""
+    start, eos = tokenizer.document_start_ids(), tokenizer.eos_id
+    ids, lengths = tokenizer.encode_flat(texts)
+    ends = np.cumsum(lengths)
+    return [[*start, *ids[end - n:end].tolist(), eos] for end, n in zip(ends, lengths)]

@@ -1,27 +1,35 @@
-"""Evaluation inputs: checkpoints, and workspace datasets or jsonl / json / parquet files by path.
+"""Evaluation files and the other inputs a stage names by path or artifact name: what
+`llmkit eval` scores, and what `decontaminate`, `quality` and `ppl-filter` read the same way
+(evaluation files, labelled examples, a KenLM model, the scoring checkpoint). eval/ and those
+data stages import it downward; it reads through the data wing's I/O floor (data.io, ingest's
+file fingerprint) and imports nothing from eval/ or train/ (tests/test_imports.py).
 
-Files count as inputs of the eval artifact like datasets do: they enter its fingerprint (path,
-size and modification time, as ingest's raw files) and its manifest, so editing an eval file
-makes the report stale.
+Files count as inputs of an artifact like datasets do: they enter its fingerprint (path, size
+and modification time, as ingest's raw files) and its manifest, so editing one makes the
+artifact stale. A multiple-choice row is an MMLU one (`choices` list, index answer) or a
+C-Eval one (`A`…`D` fields, letter answer): `parse_question`.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.checkpoints import checkpoint_step_dir, step_of
+from llmkit.data.ingest import file_fingerprint
+from llmkit.data.io import iter_batches, read_jsonl
 from llmkit.errors import UserError
 from llmkit.workspace import Artifact
 
-FILE_STAGE = "file"
+FILE_STAGE = "file"  # the `stage` of an input given as a file, not an artifact
 
 
 def eval_input(ws, spec: str) -> Artifact:
     """The artifact `spec` names in the workspace, or the file at path `spec`."""
     path = Path(spec)
     if path.is_file():
-        from llmkit.data.ingest import file_fingerprint
-
         return Artifact(path, {"fingerprint": file_fingerprint(path), "stage": FILE_STAGE})
     if path.suffix and not (ws.root / path).exists():  # a file name, not an artifact's
         raise UserError(f"{spec}: no such file (from {Path.cwd()}), nor an artifact of that name in "
@@ -32,8 +40,6 @@ def eval_input(ws, spec: str) -> Artifact:
 def resolve_checkpoint(ws, spec: str, step: str | None = None):
     """(run artifact, step folder name) of `--from`: one of a run's step folders, or a run and
     `step` (default its latest complete one)."""
-    from llmkit.checkpoints import checkpoint_step_dir, step_of
-
     path = Path(spec)
     if step_of(path) is not None:
         run, step = ws.artifact(str(path.parent)), path.name
@@ -71,8 +77,6 @@ def read_rows(art: Artifact, limit: int | None = None, columns: list[str] | None
 
 
 def _jsonl_rows(path: Path, limit: int | None) -> list[dict]:
-    from llmkit.data.io import read_jsonl
-
     rows = []
     for n, row in read_jsonl(path):
         if limit is not None and len(rows) >= limit:
@@ -89,8 +93,6 @@ def _parquet_rows(path: Path, limit: int | None, columns: list[str] | None) -> l
 
         batches = pq.ParquetFile(path).iter_batches(batch_size=4096, columns=columns)
     else:
-        from llmkit.data.io import iter_batches
-
         batches = iter_batches(path, columns=columns, batch_size=4096)
     rows: list[dict] = []
     for batch in batches:
@@ -107,3 +109,48 @@ def require_columns(rows: list[dict], art: Artifact, *names: str) -> None:
         if missing:
             raise UserError(f"{art.path}: row {i + 1} has no {', '.join(missing)}; "
                             f"this evaluation needs {', '.join(names)}")
+
+
+# -- multiple-choice rows ----------------------------------------------------------------------
+
+LETTERS = "ABCDEFGHIJ"
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+@dataclass
+class Question:
+    question: str
+    choices: list[str]
+    answer: int  # index into choices
+    subject: str = ""
+
+    @property
+    def chinese(self) -> bool:
+        return bool(CJK.search(self.question))
+
+
+def parse_question(row: dict, where: str) -> Question:
+    """A row of an MMLU (`choices` list, index answer) or C-Eval (`A`…`D` fields, letter) file."""
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: no `question` text")
+    choices = row.get("choices")
+    if choices is None:
+        choices = [row[k] for k in LETTERS if row.get(k) is not None]
+    if not isinstance(choices, list) or len(choices) < 2:
+        raise UserError(f"{where}: needs at least two choices, as a `choices` list or `A`, `B`, … fields")
+    choices = [str(c) for c in choices]
+    answer = row.get("answer")
+    if isinstance(answer, str) and answer.strip().upper() in LETTERS[:len(choices)]:
+        index = LETTERS.index(answer.strip().upper())
+    elif isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
+        index = answer
+    else:
+        raise UserError(f"{where}: `answer` must be a letter A–{LETTERS[len(choices) - 1]} or an "
+                        f"index 0–{len(choices) - 1}, got {answer!r}")
+    subject = row.get("subject") or row.get("category") or ""
+    return Question(question.strip(), choices, index, str(subject))
+
+
+def parse_questions(rows: list[dict], name: str) -> list[Question]:
+    return [parse_question(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
