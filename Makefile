@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= auto
 BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo web smollm2 test bench lint clean-workspace
+.PHONY: setup demo web smollm2 llama-cpp test bench lint clean-workspace
 
 setup: $(INSTALLED)
 
@@ -35,6 +35,20 @@ web: setup
 smollm2: setup
 	$(BIN)/pip install -q -e ".[gguf]"
 	$(MAKE) --no-print-directory -C recipes/smollm2 LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
+
+# llama.cpp's Python binding built from PyPI's source package (needs cmake and a C++ compiler;
+# 10-30 min on 2 cores, so once: the wheel is cached under .cache/), the real client that
+# tests/test_llama_cpp.py checks `llmkit export --format gguf` against; not part of `test`
+LLAMA_CPP_SPEC ?= llama-cpp-python
+LLAMA_CPP_WHEELS := .cache/llama-cpp
+# the binding's multimodal (llava/mtmd) library is a third of the build and loaded only for images
+LLAMA_CPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+llama-cpp: setup
+	mkdir -p $(LLAMA_CPP_WHEELS)
+	ls $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-1} nice -n 10 \
+	  $(BIN)/pip wheel --no-deps --no-binary llama-cpp-python -w $(LLAMA_CPP_WHEELS) "$(LLAMA_CPP_SPEC)"
+	$(BIN)/pip install -q $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope tests

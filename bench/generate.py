@@ -70,7 +70,7 @@ def child(p: dict) -> dict:
     batches = [(torch.tensor(ids), torch.tensor(mask)) for ids, mask in p["batches"]]
     if p["side"] == "llmkit":
         from llmkit.decoding import generate
-        from llmkit.train.loading import load
+        from llmkit.loading import load
 
         model, _ = load(p["model"], device="cpu")
         model.eval()
@@ -127,7 +127,7 @@ def main() -> None:
     if not (a.model and a.export):
         parser.error("--model and --export are required")
 
-    from llmkit.train.loading import load_tokenizer
+    from llmkit.loading import load_tokenizer
 
     tokenizer = load_tokenizer(latest_step(Path(a.model)))
     payload = {"model": str(Path(a.model).resolve()), "export": str(Path(a.export).resolve()),

@@ -144,7 +144,7 @@ CHILDREN = {"llmkit": measured(llmkit_step_ends), "trl": measured(trl_child)}
 
 def long_rows(a, n_rows: int) -> list[str]:
     """SmolLM2 mode's rows: few-shot prompts whose chat (answer included) is 240-`a.seq_len` tokens."""
-    from llmkit.train.loading import load_tokenizer
+    from llmkit.loading import load_tokenizer
 
     run = Path(a.model)
     tokenizer = load_tokenizer(run / (run / "latest").read_text().strip())

@@ -12,8 +12,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.config import resolve_config
+from llmkit.data.io import read_jsonl
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.loading import load
+from llmkit.loading import load
 
 
 @dataclass
@@ -92,7 +94,6 @@ def generate(model, tokenizer, prompts, **options):
     completion), each the text after its prompt up to a stop token. `options` are GenerateConfig's
     (max_new_tokens, temperature, top_k, top_p, greedy, seed, chat, batch_size); by default a
     model `load` read from an sft / dpo / ppo run is prompted through its chat template."""
-    from llmkit.config import resolve_config
 
     if "device" in options:
         raise ConfigError("generate runs where the model is: load it with llmkit.load(..., device=) or "
@@ -132,7 +133,6 @@ def warn_if_empty(records: list[dict], chat: bool) -> None:
 def read_prompts(path) -> list:
     """Prompts from a .jsonl file (each line an object with `prompt`, or `messages` for a chat)
     or any other text file (each non-empty line a prompt)."""
-    from llmkit.data.io import read_jsonl
 
     path = Path(path)
     try:

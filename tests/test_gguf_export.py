@@ -243,9 +243,13 @@ def test_what_a_gguf_file_cannot_hold_exits_2_naming_it(sentencepiece, tmp_path)
     write_checkpoint_run(ws, "moe", tiny_model(sentencepiece.vocab_size, n_experts=4, tie_embeddings=False),
                          sentencepiece)
     write_checkpoint_run(ws, "ln", tiny_model(sentencepiece.vocab_size, norm="layernorm"), sentencepiece)
-    cases = [(["--from", "moe", "--format", "gguf"], "mixture-of-experts"),
-             (["--from", "ln", "--format", "gguf"], "layernorm"),
+    write_checkpoint_run(ws, "bias-qknorm", tiny_model(sentencepiece.vocab_size, attention_bias=True, qk_norm=True),
+                         sentencepiece)
+    cases = [(["--from", "moe", "--format", "gguf"], "convert_hf_to_gguf.py"),
+             (["--from", "ln", "--format", "gguf"], "--set model.norm=rmsnorm"),
+             (["--from", "bias-qknorm", "--format", "gguf"], "attention_bias or qk_norm, not both"),
              (["--from", "ln", "--format", "gguf", "--quant", "q4_k"], "f16, bf16, q8_0, q4_0, q4_1"),
+             (["--from", "ln", "--format", "gguf", "--quant", "q4_k"], "llama-quantize"),
              (["--from", "ln", "--format", "onnx"], "'hf' or 'gguf'")]
     for args, named in cases:
         r = runner.invoke(build_app(), ["export", *args, "-w", str(ws)])

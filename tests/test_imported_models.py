@@ -110,7 +110,7 @@ def test_post_training_stages_train_the_imported_model(pipeline, stage, start):
 
 
 def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
-    from llmkit.train.loading import load_reward_model
+    from llmkit.loading import load_reward_model
 
     _, _, ws, _ = pipeline
     s = stats(ws, "rm")

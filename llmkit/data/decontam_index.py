@@ -32,6 +32,7 @@ import numpy as np
 from llmkit import aot
 from llmkit.errors import UserError
 from llmkit.eval_files import eval_input, parse_question, read_rows
+from llmkit.workspace import Workspace
 
 TABLE_SIZE = 0x32400  # fold and class tables cover the BMP and planes 2–3 (CJK extensions)
 _TABLES_VERSION = 1  # bump when fold_tables changes: the cached tables are rebuilt
@@ -256,7 +257,6 @@ def file_identity(art) -> dict:
 def build_index(specs: list[str], cfg) -> EvalIndex:
     """The index of the evaluation files or datasets `specs` (absolute paths); `cfg` a
     DecontamConfig. A file none of whose rows can be indexed is a UserError."""
-    from llmkit.workspace import Workspace
 
     texts, owners, short_ok, items, files = [], [], [], [], {}
     for spec in specs:

@@ -34,14 +34,14 @@ from typing import Literal
 
 import numpy as np
 
-from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks, Work,
-                                run_data_stage)
+from llmkit.data.driver import Assembled, DataConfig, DataStage, Phase, SealedTasks, Work, run_data_stage
 from llmkit.data.io import dataset_files, open_parquet
 from llmkit.data.pipeline import SplitTasks
 from llmkit.errors import ConfigError, UserError
-from llmkit.executor import worker_slot
 from llmkit.eval_files import eval_input, resolve_checkpoint
+from llmkit.executor import worker_slot
 from llmkit.lm_scoring import LMScorer, text_documents
+from llmkit.loading import load
 
 BUCKETS = ("head", "middle", "tail")
 
@@ -333,9 +333,7 @@ def scoring_input(ws, cfg: PplFilterConfig, model: str | None):
 def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
     if cfg.backend == "kenlm":
         return KenLMScorer(cfg)
-    import llmkit
-
-    return ModelScorer(*llmkit.load(model_art.path / step), cfg)
+    return ModelScorer(*load(model_art.path / step), cfg)
 
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):

@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.cjk import CJK_RANGES
+from llmkit.data.quality_labels import read_examples, require_both_classes
 from llmkit.errors import ConfigError, UserError
 from llmkit.lm_scoring import LMScorer
+from llmkit.loading import load
 
 INFO = "classifier.json"
 FASTTEXT_MODEL = "model.bin"
@@ -169,13 +171,11 @@ class HiddenStates:
 
     @classmethod
     def open(cls, encoder: dict, info: dict) -> HiddenStates:
-        import llmkit
-
         path = Path(encoder["path"]) / encoder["step"]
         if not path.is_dir():
             raise UserError(f"the quality classifier needs its encoder {path}, which is gone; "
                             f"retrain the classifier")
-        return cls(*llmkit.load(path), HiddenConfig(**info["hidden"]), info["max_chars"])
+        return cls(*load(path), HiddenConfig(**info["hidden"]), info["max_chars"])
 
     def features(self, texts: list[str]) -> np.ndarray:
         import torch
@@ -287,7 +287,6 @@ def fit_classifier(examples: dict, cfg, out: Path, work: Path, *, encoder=(None,
     """Train a classifier of backend `cfg.backend` on the labelled examples (`examples`: artifacts
     by kind, good / bad / labels) into the folder `out`, minus `cfg.holdout` of each class,
     on which it is measured. Returns what `classifier.json` says, with `stats`."""
-    from llmkit.data.quality_labels import read_examples, require_both_classes
 
     ex = read_examples(examples["good"], examples["bad"], examples["labels"],
                        label_column=cfg.label_column, label_threshold=cfg.label_threshold)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from llmkit.cjk import language_of
+from llmkit.data.io import BadRecord, dataset_files, read_jsonl
 from llmkit.errors import UserError
 from llmkit.eval_files import FILE_STAGE, read_rows
 
@@ -95,7 +96,6 @@ def iter_rows(art, columns: list[str]):
     if art.stage != FILE_STAGE or path.suffix == ".parquet":
         yield from _parquet_rows(path, columns)
     elif path.name.endswith((".jsonl", ".jsonl.gz")):
-        from llmkit.data.io import BadRecord, read_jsonl
 
         for n, record in read_jsonl(path, strict=False):
             bad = isinstance(record, BadRecord) or not isinstance(record, dict)
@@ -112,7 +112,6 @@ def iter_rows(art, columns: list[str]):
 def _parquet_rows(path: Path, columns: list[str]):
     import pyarrow.parquet as pq
 
-    from llmkit.data.io import dataset_files
 
     files = [path] if path.is_file() else dataset_files(path)
     for f in files:

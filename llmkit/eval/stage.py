@@ -36,7 +36,7 @@ from llmkit.eval_files import (eval_input, input_name, parse_questions, read_row
                                resolve_checkpoint)
 from llmkit.lm_scoring import LMScorer, resolve_device
 from llmkit.progress import print_summary
-from llmkit.train.loading import load, load_reward_model, load_tokenizer
+from llmkit.loading import load, load_reward_model, load_tokenizer
 
 TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "harness")
 RESULTS = "results.json"

@@ -22,7 +22,7 @@ from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
 from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
 from llmkit.progress import print_summary
-from llmkit.train.loading import find_checkpoint, load
+from llmkit.loading import find_checkpoint, load
 from llmkit.train.lora import base_of, holds_adapters
 from llmkit.workspace import Artifact
 

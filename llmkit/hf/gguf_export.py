@@ -22,10 +22,13 @@ import json
 import math
 from pathlib import Path
 
+from llmkit.checkpoints import step_of
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import EXPORT_RECORD, write_json
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
+from llmkit.hf.mapping import hf_family, to_hf_config
+from llmkit.loading import load
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -39,8 +42,6 @@ def gguf_file_name(quant: str) -> str:
 def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     """Write `out_dir/model-<quant>.gguf` for a step folder; returns the export record. With
     cfg.probe, the file is read back (llmkit.hf.gguf_read) and its parity recorded."""
-    from llmkit.checkpoints import step_of
-    from llmkit.train.loading import load
 
     step_dir, out_dir = Path(step_dir), Path(out_dir)
     model, tokenizer = load(step_dir)  # a LoRA step folder loads with its adapters merged
@@ -65,12 +66,14 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
 
 def gguf_layout(model_config, source: Path) -> tuple[str, int]:
     """(family, context length) of the file, or a UserError naming what llama.cpp cannot run."""
-    from llmkit.hf.mapping import hf_family
 
     try:
         family = hf_family(model_config)
     except ConfigError as e:
-        raise UserError(f"{source} cannot be exported: {e}") from None
+        raise UserError(f"{source} cannot be exported as GGUF: {e}. llama.cpp's architectures that llmkit "
+                        "writes (llama, qwen2 with q/k/v bias, qwen3 with q/k norm) all use RMSNorm and no "
+                        "family has both bias and q/k norm: train the model with settings one of them "
+                        "has (--set model.norm=rmsnorm, attention_bias or qk_norm, not both)") from None
     if family not in GGUF_ARCH:
         raise UserError(f"{source} is a mixture-of-experts model ({model_config.n_experts} experts): llmkit's GGUF "
                         "export does not write MoE models; export --format hf and convert that folder with "
@@ -85,7 +88,6 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
     in llmkit's names and layout), for measuring the reader apart from the rounding."""
     import gguf
 
-    from llmkit.hf.mapping import to_hf_config
 
     cfg = model.config
     arch = GGUF_ARCH[family]

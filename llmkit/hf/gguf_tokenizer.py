@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 
 from llmkit.errors import UserError
+from llmkit.hf.tokenizer import _chat_special_tokens, hf_tokenizer_json
+from llmkit.hf_tokenizer import _text_start_ids
 
 # llama.cpp's token types (llama_token_type), the same numbers as sentencepiece's piece types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -84,7 +86,6 @@ def sentencepiece_vocab(tokenizer) -> GGUFVocab:
     transformers' GGUF reader uses it, so both encode as sentencepiece does)."""
     from sentencepiece import sentencepiece_model_pb2
 
-    from llmkit.hf.tokenizer import _chat_special_tokens, hf_tokenizer_json
 
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString((tokenizer.path / "tokenizer.model").read_bytes())
@@ -108,7 +109,6 @@ def sentencepiece_vocab(tokenizer) -> GGUFVocab:
 
 def byte_level_vocab(tokenizer) -> GGUFVocab:
     """An imported tokenizer.json: byte-level BPE only (what llama.cpp calls gpt2)."""
-    from llmkit.hf_tokenizer import _text_start_ids
 
     source = tokenizer.path / "tokenizer.json"
     spec = json.loads(source.read_text(encoding="utf-8"))

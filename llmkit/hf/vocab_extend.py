@@ -21,12 +21,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import TOKENIZER
 from llmkit.cjk import language_of
 from llmkit.errors import ConfigError, UserError
-from llmkit.hf.bpe_extend import (SCRIPTS, byte_level_problem, extended_tokenizer_json, has_script, script_words,
-                                  train_extension)
+from llmkit.hf.bpe_extend import (SCRIPTS, byte_level_problem, extended_tokenizer_json, has_script,
+                                  script_words, train_extension)
+from llmkit.hf.export import stored_dtype
 from llmkit.hf.folder import write_json
+from llmkit.hf_tokenizer import HFTokenizer
+from llmkit.loading import load_model, starting_weights
+from llmkit.progress import print_summary
 from llmkit.tokenizer_base import JSON_FILE, MODEL_FILE
+from llmkit.tokenizer_training import _documents, _hash01, fertility
 from llmkit.train.new_rows import write_extension
 
 INITS = ("mean", "noisy_mean")
@@ -59,9 +66,6 @@ class ExtendVocabConfig:
 
 def run_extend_vocab(ctx, cfg: ExtendVocabConfig, from_: str):
     """`llmkit extend-vocab --from MODEL --in CORPUS`: checkpoint run `ctx.out` (default "extended")."""
-    from llmkit.checkpoints import TOKENIZER
-    from llmkit.progress import print_summary
-    from llmkit.train.loading import starting_weights
 
     art, step_dir = starting_weights(ctx.workspace, from_)
     datasets = ctx.input_list("dedup")
@@ -94,7 +98,6 @@ def run_extend_vocab(ctx, cfg: ExtendVocabConfig, from_: str):
 
 def extendable_tokenizer(folder: Path):
     """The run's tokenizer, if llmkit can extend it (a byte-level BPE tokenizer.json); else a UserError."""
-    from llmkit.hf_tokenizer import HFTokenizer
 
     if (folder / MODEL_FILE).is_file():
         raise UserError(f"{folder} is a sentencepiece tokenizer ({MODEL_FILE}); extend-vocab extends byte-level BPE "
@@ -112,7 +115,6 @@ def extendable_tokenizer(folder: Path):
 
 def split_corpus(datasets, cfg: ExtendVocabConfig) -> tuple[list[str], list[tuple[str, str]]]:
     """(training texts holding the script, at most max_chars in all; held-out (lang, text) pairs)."""
-    from llmkit.tokenizer_training import _documents, _hash01
 
     train, heldout, train_chars, heldout_chars = [], [], 0, 0
     for doc_id, text, lang in _documents(datasets):
@@ -129,8 +131,6 @@ def split_corpus(datasets, cfg: ExtendVocabConfig) -> tuple[list[str], list[tupl
 def write_extended_run(step_dir: Path, original, extension, heldout, run_dir: Path, cfg: ExtendVocabConfig) -> dict:
     """`run_dir/step-00000000/` (tokenizer/, the grown weights, config.json, trainer_state.json,
     complete) and `run_dir/latest`; returns the manifest's counts."""
-    from llmkit import checkpoints as ckpt
-    from llmkit.hf_tokenizer import HFTokenizer
 
     out = Path(run_dir) / ckpt.step_dir_name(0)
     tokenizer_dir = out / ckpt.TOKENIZER
@@ -151,7 +151,6 @@ def write_extended_run(step_dir: Path, original, extension, heldout, run_dir: Pa
 def compare_tokenizers(original, extended, heldout, script: str) -> dict:
     """Tokens per character by language before and after, held-out texts without the script whose
     ids stayed the same (all of them, or it is a bug), and round-trip failures (none, or a bug)."""
-    from llmkit.tokenizer_training import fertility
 
     before, _ = fertility(original, heldout)
     after, _ = fertility(extended, heldout)
@@ -181,9 +180,6 @@ def write_grown_weights(step_dir: Path, out: Path, ids: list[int], parts: list[l
     untied head, written into step folder `out`; returns the new vocab_size."""
     import torch
 
-    from llmkit import checkpoints as ckpt
-    from llmkit.hf.export import stored_dtype
-    from llmkit.train.loading import load_model
 
     model, source = load_model(step_dir)
     tied = ckpt.tied_groups(model.state_dict(keep_vars=True))

@@ -23,7 +23,7 @@ from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.generation import GenerateConfig, generate_texts, read_prompts, uses_chat_template, warn_if_empty
 from llmkit.judge.journal import JOURNAL_FILE, read_journal
-from llmkit.train.loading import load
+from llmkit.loading import load
 from llmkit.workspace import Artifact
 
 ITEMS_FILE = "items.jsonl"

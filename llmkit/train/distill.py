@@ -27,14 +27,15 @@ import numpy as np
 
 from llmkit.data.chat import IGNORE_INDEX, fixed_batches
 from llmkit.errors import ConfigError, UserError
-from llmkit.train.distill_data import (TOP_K_DIR, DistillData, collate_distill, distill_data,
-                                       load_top_k, precompute_top_k, store_top_k, student_replies)
-from llmkit.train.distill_losses import DISTILL_LOSSES, distill_divergence, restricted_to_top_k
-from llmkit.train.loading import load_model, run_start, starting_weights
-from llmkit.train.posttrain import (GenerativeConfig, batch_stream, check_seq_len,
-                                    evaluate_exact_match, exact_match_scorer, exact_match_summary,
-                                    load_start)
-from llmkit.train.stage import Fit, fit_stage
+from llmkit.loading import load_model, starting_weights
+from llmkit.tokenizer import same_tokenizer
+from llmkit.train.distill_data import (DistillData, TOP_K_DIR, collate_distill, distill_data, load_top_k,
+                                       precompute_top_k, store_top_k, student_replies)
+from llmkit.train.distill_losses import DISTILL_LOSSES, distill_divergence, restricted_to_top_k, teacher_top_k
+from llmkit.train.distributed import barrier
+from llmkit.train.posttrain import (GenerativeConfig, batch_stream, check_seq_len, evaluate_exact_match,
+                                    exact_match_scorer, exact_match_summary, load_start)
+from llmkit.train.stage import Fit, fit_stage, run_start
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
 
 
@@ -112,7 +113,6 @@ class DistillTask(Task):
 
     def compared(self, model, student, batch, args, at):
         """(student, teacher) logits of the distributions the divergence compares."""
-        from llmkit.train.distill_losses import teacher_top_k
 
         temperature = self.cfg.temperature
         if "top_logits" in batch:
@@ -171,7 +171,6 @@ class DistillInputs:
 
 def distill_inputs(ctx, cfg: DistillConfig, teacher: str, base: str, eval_data: str | None):
     """The artifacts of a run; the teacher must read the student's token ids."""
-    from llmkit.tokenizer import same_tokenizer
 
     student_art, student_step = run_start(ctx, "distill", cfg, base)
     teacher_art, teacher_step = starting_weights(ctx.workspace, teacher)
@@ -210,7 +209,6 @@ def ready_teacher(task: DistillTask, teacher_step: Path, data: DistillData, toke
 def give_top_k(task: DistillTask, teacher, data: DistillData, tokenizer, folder: Path, dist) -> None:
     """The teacher's top-k logits on every item, computed by the main process (or read back from
     `folder`, where a resumed run finds them) and read by the others."""
-    from llmkit.train.distributed import barrier
 
     cfg, items = task.cfg, data.train + data.heldout
     if dist.is_main and not load_top_k(folder, items):

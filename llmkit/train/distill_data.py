@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit.data.chat import IGNORE_INDEX, Example, collate_sft, encode_sft_rows, sft_rows
+from llmkit.data.chat import Example, IGNORE_INDEX, collate_sft, encode_sft_rows, sft_rows
 from llmkit.errors import UserError
 from llmkit.train.posttrain import heldout_split
 from llmkit.train.rollouts import rollout_prompts
+from llmkit.train.task import to_device
 
 TOP_K_DIR = "teacher_top_k"  # in the run folder: the stored teacher
 COMPLETE = "complete"  # written last in TOP_K_DIR: the files before it are whole
@@ -145,7 +146,6 @@ def precompute_top_k(teacher, items: list[DistillItem], *, k: int, vocab: int, p
     import torch.nn.functional as F
 
     from llmkit.train.distill_losses import teacher_top_k
-    from llmkit.train.task import to_device
 
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     with torch.no_grad():

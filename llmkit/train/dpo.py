@@ -36,7 +36,7 @@ import torch
 from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt, require_dataset_kind
 from llmkit.errors import ConfigError
 from llmkit.dryrun import parameters, plan
-from llmkit.train.loading import load_model, starting_weights
+from llmkit.loading import load_model, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (NO_REFERENCE_LOSS_TYPES, PreferenceLossType, dpo_loss, orpo_loss,
                                  simpo_loss)

@@ -15,10 +15,11 @@ from typing import ClassVar
 from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, prompt_messages, reference_answer
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
+from llmkit.loading import load_model, load_tokenizer
 from llmkit.rewards import verify_rewards
 from llmkit.train.config import TrainConfig
-from llmkit.train.loading import load_model, load_tokenizer, run_start
 from llmkit.train.quant import on_load
+from llmkit.train.stage import run_start
 
 # -- configuration -------------------------------------------------------------------------
 

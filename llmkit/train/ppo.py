@@ -37,21 +37,21 @@ import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.errors import UserError
+from llmkit.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.model import Transformer
 from llmkit.rewards import Scorer, reward_mode, rollout_scorer
+from llmkit.tokenizer import same_tokenizer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
-from llmkit.train.loading import load_reward_model, load_tokenizer, starting_weights
 from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
-                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss, clipped_value_loss,
-                                 gae, group_relative_advantages, kl_estimate, kl_penalized_scores,
-                                 leave_one_out_advantages, logprobs_of, masked_mean, penalize_missing_stop,
-                                 sequence_clipped_policy_loss, token_rewards, whiten)
+                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss,
+                                 clipped_value_loss, gae, group_relative_advantages, kl_estimate,
+                                 kl_penalized_scores, leave_one_out_advantages, logprobs_of, masked_mean,
+                                 penalize_missing_stop, sequence_clipped_policy_loss, token_rewards, whiten)
 from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
                                    trunk_parameters, world_size)
+from llmkit.train.posttrain import evaluate_answers, heldout_split, load_start, post_training_inputs
 from llmkit.train.ppo_config import PpoConfig
-from llmkit.train.posttrain import (evaluate_answers, heldout_split, load_start,
-                                    post_training_inputs)
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, over_processes,
                                    rank_and_world, rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
@@ -335,7 +335,6 @@ def window_mean(values: list[float], first: bool) -> float | None:
 def reward_model_for(rm_step, mode: str, cfg: PpoConfig, tokenizer, rm_art, policy_art):
     """The reward model when the reward or a separate value trunk reads it, else None; it must
     read the policy's tokens."""
-    from llmkit.tokenizer import same_tokenizer
 
     if rm_step is None or (mode == "verify" and cfg.value_model != "separate"):
         return None

@@ -21,9 +21,9 @@ from llmkit.model_config import model_config
 from llmkit.tokenizer import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
-from llmkit.train.loading import load_model, run_start
+from llmkit.loading import load_model
 from llmkit.train.planning import check_seq_len, lora_split, model_shape, show, world_size
-from llmkit.train.stage import Fit, fit_stage
+from llmkit.train.stage import Fit, fit_stage, run_start
 from llmkit.train.task import Task
 
 

@@ -4,7 +4,7 @@ score with it).
 `RewardModel` has the parameter names of Hugging Face `LlamaForSequenceClassification`
 (`model.*` for the trunk, `score.weight` for the head), so a reward checkpoint is the trunk's
 usual weights plus `score.weight`; its config.json carries `"llmkit_head": "reward"`, which
-`llmkit.train.loading.load_reward_model` checks.
+`llmkit.loading.load_reward_model` checks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reward modelling (`llmkit rm`): a transformer trunk with a scalar head (`RewardModel`), trained
 on preference pairs with the Bradley–Terry loss and scored by held-out pairwise accuracy.
-`llmkit.train.loading.load_reward_model(path)` gives a trained one back, for `ppo` and `eval`.
+`llmkit.loading.load_reward_model(path)` gives a trained one back, for `ppo` and `eval`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ from typing import Callable
 
 import torch
 
+from llmkit.data.chat import prompt_messages
 from llmkit.decoding import generate, left_pad
+from llmkit.errors import UserError
 
 
 @dataclass
@@ -21,8 +23,6 @@ class Prompt:
 def rollout_prompts(tokenizer, rows: list[dict], room: int, where, needs_answer: bool):
     """(the prompts of `rows` rendered for generation, how many rows were dropped because their
     prompt is longer than `room` tokens: seq_len less max_new_tokens)."""
-    from llmkit.data.chat import prompt_messages
-    from llmkit.errors import UserError
 
     prompts, dropped = [], 0
     for row in rows:

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from llmkit.errors import ConfigError
+from llmkit.loading import starting_weights
 from llmkit.progress import print_summary
 from llmkit.train.checkpoint import open_run, training_run
 from llmkit.train.engine import Engine
-from llmkit.train.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, trainable_share
+from llmkit.train.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, pinned_start, trainable_share
 from llmkit.train.quant import unpool_large_allocations
 
 # the stats most stages take from the engine's last logged record: stat name -> record key
@@ -103,3 +104,12 @@ def pin_lora_base(fit: Fit, run_dir: Path, is_main: bool) -> None:
     if is_main:
         pin_base(fit.start, run_dir)
     adapters_of(fit.model).base = (Path(run_dir) / PINNED_BASE).resolve()
+
+
+def run_start(ctx, stage: str, cfg, from_: str):
+    """`starting_weights` of run `stage` (or --out); a LoRA run that continues (not started over
+    by --force) starts from the base it pinned (`lora.pinned_start`)."""
+    art, step_dir = starting_weights(ctx.workspace, from_)
+    if cfg.lora.enabled and not (ctx.force and cfg.resume_from is None):
+        return pinned_start(ctx.workspace.path(ctx.out_name(stage)), art, step_dir)
+    return art, step_dir

@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from llmkit.train.loading import load_model
+from llmkit.loading import load_model
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
 from llmkit import checkpoints as ckpt

@@ -22,7 +22,7 @@ from llmkit.train.distill import DistillConfig, DistillTask, run_distill
 from llmkit.train.distill_data import (TOP_K_DIR, DistillItem, collate_distill, precompute_top_k,
                                        prompts_of)
 from llmkit.train.distill_losses import generalized_jsd, restricted_to_top_k, teacher_top_k
-from llmkit.train.loading import load_model
+from llmkit.loading import load_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.task import to_device
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,

@@ -10,7 +10,7 @@ from llmkit.data.chat import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
                               run_dpo)
-from llmkit.train.loading import load_model
+from llmkit.loading import load_model
 from llmkit.train.losses import token_logps
 from tests.train.reference_losses import sequence_logps
 from tests.make_fragments import make_command

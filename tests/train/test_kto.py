@@ -23,7 +23,7 @@ from llmkit.data.io import read_table
 from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.train.kto import KtoConfig, KtoTask, run_kto
 from llmkit.train.kto_loss import kl_reference_point, kto_loss
-from llmkit.train.loading import load_model
+from llmkit.loading import load_model
 from tests.conftest import write_jsonl
 from tests.test_hf_tokenizer import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import separable_pairs, tiny_model, write_checkpoint_run, write_dataset

@@ -18,7 +18,7 @@ from llmkit.config import parse_overrides, resolve_config
 from llmkit.errors import ConfigError, UserError
 from llmkit import checkpoints as ckpt
 from llmkit.train import lora
-from llmkit.train.loading import load, load_model, load_reward_model
+from llmkit.loading import load, load_model, load_reward_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig, run_sft
 from tests.train.posttrain_fixtures import (addition_rows, separable_pairs, tiny_model,
@@ -120,7 +120,7 @@ def test_peft_is_imported_only_when_lora_is_asked_for(ws):
     script = ("import sys\n"
               "import llmkit.cli.app, llmkit.train.sft, llmkit.train.rm, llmkit.train.dpo, llmkit.train.ppo\n"
               "import llmkit.train.pretrain, llmkit.hf.export\n"
-              "from llmkit.train.loading import load\n"
+              "from llmkit.loading import load\n"
               f"load({str(ws / 'pretrain')!r})\n"
               "print(sorted(m for m in ('peft', 'transformers') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -492,7 +492,7 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
                                                                          answers_42):
     """The policy answers 42 to every sum; half the held-out sums are 42 and the others 41 and 40
     (similarity 0.5 each), and two small steps do not change a greedy answer."""
-    from llmkit.train.loading import load_model
+    from llmkit.loading import load_model
 
     write_checkpoint_run(stage_ws, "sft42", answers_42, tok)
     write_dataset(stage_ws, "sums_eval", [{"id": f"e{i}", "prompt": f"What is {a}+{b}?", "answer": str(a + b)}
@@ -533,7 +533,7 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
 
 
 def test_stage_rloo_with_the_verifiable_reward_writes_a_plain_policy(make_ctx, stage_ws):
-    from llmkit.train.loading import load_model
+    from llmkit.loading import load_model
 
     b = run_stage(make_ctx, algo="rloo", group_size=2, prompts_per_rollout=2, normalize_advantages=True)
     assert b.stats["reward"] == "verify" and b.stats["algo"] == "rloo" and b.stats["rollouts"] == 2

@@ -20,7 +20,7 @@ from llmkit.config import parse_overrides, resolve_config
 from llmkit.errors import ConfigError
 from llmkit.train import lora, quant
 from llmkit.train.config import TrainConfig
-from llmkit.train.loading import load, load_model
+from llmkit.loading import load, load_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig
 from tests.train.posttrain_fixtures import separable_pairs, tiny_model, write_checkpoint_run, write_dataset

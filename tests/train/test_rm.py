@@ -5,7 +5,7 @@ import torch
 
 from llmkit.config import _Raw
 from llmkit.errors import UserError
-from llmkit.train.loading import load_reward_model
+from llmkit.loading import load_reward_model
 from llmkit.train.reward_model import RewardModel
 from llmkit.train.rm import RmConfig, run_rm
 from tests.make_fragments import make_command

@@ -6,7 +6,7 @@ import torch
 from llmkit.data.chat import collate_sft, encode_conversation, packed_row
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.losses import token_logps
-from llmkit.train.loading import load_model
+from llmkit.loading import load_model
 from llmkit.train.posttrain import evaluate_exact_match, generate_replies, labelled_token_logps
 from llmkit.train.sft import SftConfig, run_sft
 from tests.make_fragments import make_command

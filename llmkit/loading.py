@@ -16,7 +16,7 @@ from llmkit.checkpoints import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, lo
 from llmkit.errors import ConfigError, UserError
 from llmkit.model_config import ModelConfig
 from llmkit.tokenizer import open_tokenizer
-from llmkit.train.lora import base_of, holds_adapters, load_adapters, pinned_start, read_config
+from llmkit.train.lora import base_of, holds_adapters, load_adapters, read_config
 from llmkit.train.quant import block_linears
 from llmkit.workspace import MANIFEST, Artifact, Workspace
 
@@ -122,7 +122,7 @@ def check_language_model(config: dict, step_dir) -> None:
     if config.get(HEAD_KEY):
         raise UserError(f"{step_dir} is a {config[HEAD_KEY]} model, not a language model; start from a "
                         "pretrain / sft / dpo checkpoint (a reward model loads with "
-                        "llmkit.train.loading.load_reward_model)")
+                        "llmkit.loading.load_reward_model)")
     if "model_type" in config:
         raise UserError(transformers_folder_message(step_dir))
 
@@ -176,15 +176,6 @@ def _text_or_empty(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def run_start(ctx, stage: str, cfg, from_: str):
-    """`starting_weights` of run `stage` (or --out); a LoRA run that continues (not started over
-    by --force) starts from the base it pinned (`lora.pinned_start`)."""
-    art, step_dir = starting_weights(ctx.workspace, from_)
-    if cfg.lora.enabled and not (ctx.force and cfg.resume_from is None):
-        return pinned_start(ctx.workspace.path(ctx.out_name(stage)), art, step_dir)
-    return art, step_dir
 
 
 def model_config_from(config: dict, path):
