@@ -10,11 +10,11 @@ import llmkit
 from llmkit.stages import TRAINING
 
 PACKAGE = Path(llmkit.__file__).parent
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 450  # room for the next feature under the 500 the style guide allows
 MAX_STAGE_FUNCTION_LINES = 20
 
 
-def test_no_module_is_over_500_lines():
+def test_no_module_is_over_450_lines():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert not long, long
