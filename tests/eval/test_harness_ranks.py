@@ -17,20 +17,12 @@ import pytest
 import llmkit
 from llmkit.eval.harness import HarnessConfig, run_harness
 from llmkit.eval.harness_lm import LlmkitLM
+from tests.eval.test_harness_parity import ROLLING
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # slow: three processes
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes/demo/data/eval"
 LIMIT = 7  # odd: the ranks get 4 and 3 documents, and lm-eval pads the second with a repeat
-ROLLING = """task: text_ppl
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {data}}}}}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list: [{{metric: word_perplexity}}, {{metric: bits_per_byte}}]
-"""
 
 
 class CountingLM(LlmkitLM):
