@@ -1,8 +1,8 @@
 """llama.cpp as the real client of `llmkit export --format gguf`: its Python binding (llama-cpp-python,
 built by `make llama-cpp`; the tests skip where it is not installed) loads the f16 and q8_0 files of a
-tiny llmkit model and of SmolLM2-135M-Instruct (the smollm2 recipe's imported run, where it exists)
-and greedy-decodes the same tokens as `llmkit generate` (f16) and as the f16 file (q8_0); `llmkit
-eval` measures a GGUF file through it."""
+tiny llmkit model and of SmolLM2-135M-Instruct (the smollm2 recipe's imported run, where it exists):
+the f16 file greedy-decodes `llmkit generate`'s tokens (but at near ties), the q8_0 file decodes the
+f16 file's as often as llama.cpp's own q8_0 of it does; `llmkit eval` measures a GGUF file through it."""
 
 from __future__ import annotations
 
@@ -94,20 +94,57 @@ def llama_cpp_replies(path: Path, prompts, stop_ids) -> list[list[int]]:
         llm.close()
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def top_two_gap(model, ids: list[int]) -> float:
+    """How far the likeliest next token's logit is ahead of the second's, in the fp32 run."""
+    with torch.no_grad():
+        best = model(torch.tensor([ids]))[0, -1].float().topk(2).values
+    return float(best[0] - best[1])
+
+
 def test_llama_cpp_decodes_the_f16_file_as_llmkit_generate_decodes_the_run(exported):
+    """Token for token, except where the run's own two best next tokens are a near tie: llama.cpp
+    rounds the activations that meet f16 weights to f16 (~0.1 on SmolLM2's logits, which reach 37),
+    which may pick the other one (measured: SmolLM2 19 of 20 replies equal, the other parts at a gap
+    of 0.005; the tiny model 22 of 24, gaps 0.004 and 0.008). A wrong layout or tokenizer diverges
+    at once and everywhere."""
     stop = set(exported["tokenizer"].stop_ids)
     ours = llmkit_replies(exported["model"], exported["tokenizer"], exported["prompts"])
     theirs = llama_cpp_replies(exported["f16"], exported["prompts"], stop)
     assert sum(map(len, ours)) >= len(ours) * 4  # replies, not stops at once
-    assert theirs == ours, exported["name"]
+    differing = [(p, a, i) for p, a, b in zip(exported["prompts"], ours, theirs)
+                 if (i := first_difference(a, b)) is not None]
+    assert len(differing) <= 0.1 * len(ours), (exported["name"], len(differing))
+    for prompt, reply, i in differing:
+        assert top_two_gap(exported["model"], prompt + reply[:i]) < 0.01, (exported["name"], i)
 
 
-def test_llama_cpp_decodes_the_q8_0_file_as_the_f16_file(exported):
+def test_llama_cpp_decodes_the_q8_0_file_as_closely_as_its_own_q8_0(exported):
+    """The q8_0 file against what llama.cpp's own quantiser (`llama_model_quantize`) makes of the
+    f16 file: the same size and tensor types, and its greedy replies equal f16's on as many prompts
+    (one fewer at most). Neither equals f16 everywhere: llama.cpp's q8_0 products round the
+    activations to 8 bits as well (SmolLM2: ours 18 of 20, llama.cpp's own 16; a random tiny model,
+    whose next-token gaps are below that rounding, 4 and 5 of 24)."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+
+    own = exported["f16"].parent / "llama-cpp-q8_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, 1
+    assert llama_cpp.llama_model_quantize(str(exported["f16"]).encode(), str(own).encode(), ctypes.byref(params)) == 0
+    types = [{t.name: t.tensor_type for t in gguf.GGUFReader(f).tensors} for f in (exported["q8_0"], own)]
+    assert types[0] == types[1] and exported["q8_0"].stat().st_size == own.stat().st_size
+
     stop = set(exported["tokenizer"].stop_ids)
     f16 = llama_cpp_replies(exported["f16"], exported["prompts"], stop)
-    q8 = llama_cpp_replies(exported["q8_0"], exported["prompts"], stop)
-    same = sum(a == b for a, b in zip(f16, q8))
-    assert same >= 0.95 * len(f16), (exported["name"], same, len(f16))
+    equal = [sum(a == b for a, b in zip(f16, llama_cpp_replies(f, exported["prompts"], stop)))
+             for f in (exported["q8_0"], own)]
+    assert equal[0] >= equal[1] - 1, (exported["name"], equal)
     assert exported["q8_0"].stat().st_size < 0.6 * exported["f16"].stat().st_size
 
 
