@@ -95,6 +95,7 @@ def llama_cpp_replies(path: Path, prompts, stop_ids) -> list[list[int]]:
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two replies differ (one ending earlier counts), None if equal."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
