@@ -1,8 +1,10 @@
 """The floor under any faster decode step: at a batch of `--batch` rows, the matrix products of every
-linear layer of a transformers model (what a decoder on the same BLAS must compute per new token,
-whatever else it saves) against transformers' own whole decode step with its static cache.
+linear layer of a transformers model (what a decoder must compute per new token, whatever else it
+saves) against transformers' own whole decode step with its static cache. The products are timed
+twice: through `F.linear` (MKL's sgemm, what transformers runs) and through the oneDNN-packed
+weights llmkit decodes with (`llmkit.packed_linear`).
 
-If the ratio (transformers' step / the products alone) is below 2, no implementation on this BLAS
+If the ratio (transformers' step / the products alone) is below 2, no implementation on that kernel
 decodes at twice transformers' speed per step; dropping finished rows can add at most the ratio of
 positions computed (`bench/generate.py` prints both sides').
 
@@ -36,6 +38,8 @@ def main() -> None:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, StaticCache
 
+    from llmkit.packed_linear import packed_linears
+
     torch.set_num_threads(a.threads)
     model = AutoModelForCausalLM.from_pretrained(a.export, dtype=torch.float32).eval()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -44,6 +48,10 @@ def main() -> None:
     def products_only():
         for m in linears:
             F.linear(inputs[m.in_features], m.weight)
+
+    def packed_products():
+        for m in linears:
+            m(inputs[m.in_features])  # the packed forward inside packed_linears
 
     def transformers_step():
         """A decode step after a prefilled static cache; the cache grows by one token per call."""
@@ -69,8 +77,11 @@ def main() -> None:
     with torch.no_grad():
         for rep in range(1, a.reps + 1):
             floor, step = seconds_per_call(products_only), seconds_per_call(transformers_step())
-            print(f"  rep {rep}: linear products alone {floor * 1000:.0f} ms; transformers' decode step "
-                  f"{step * 1000:.0f} ms; ratio {step / floor:.2f}; load {os.getloadavg()[0]:.2f}", flush=True)
+            with packed_linears(model):
+                packed = seconds_per_call(packed_products)
+            print(f"  rep {rep}: linear products alone {floor * 1000:.0f} ms (packed {packed * 1000:.0f} ms); "
+                  f"transformers' decode step {step * 1000:.0f} ms; ratio {step / floor:.2f} (packed "
+                  f"{step / packed:.2f}); load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     import torch
 
     from llmkit.decoding import generate, left_pad, reply_text
+    from llmkit.packed_linear import packed_linears
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:
@@ -64,21 +65,22 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     chat = template or any(not isinstance(p, str) for p in prompts)
     stop_ids = set(tokenizer.stop_ids)
     records = []
-    for start in range(0, len(prompts), cfg.batch_size):
-        batch = prompts[start:start + cfg.batch_size]
-        encoded = [encode_prompt(tokenizer, p, template) for p in batch]
-        ids, mask = left_pad([p[-room:] for p in encoded], tokenizer.pad_id)
-        width = ids.shape[1]
-        out = generate(model, ids.to(device), cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                       top_p=cfg.top_p, greedy=cfg.greedy,
-                       eos_id=tokenizer.end_of_turn_id if chat else tokenizer.eos_id,
-                       attention_mask=mask.to(device), generator=generator)
-        for prompt, prompt_ids, new in zip(batch, encoded, out[:, width:].tolist()):
-            end = next((i for i, t in enumerate(new) if t in stop_ids), None)
-            completion = reply_text(tokenizer, new[:end], cut=end is None)
-            records.append({"prompt": prompt, "completion": completion,
-                            "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
-                            "prompt_truncated": len(prompt_ids) > width})
+    with packed_linears(model):  # packed once for every batch
+        for start in range(0, len(prompts), cfg.batch_size):
+            batch = prompts[start:start + cfg.batch_size]
+            encoded = [encode_prompt(tokenizer, p, template) for p in batch]
+            ids, mask = left_pad([p[-room:] for p in encoded], tokenizer.pad_id)
+            width = ids.shape[1]
+            out = generate(model, ids.to(device), cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                           top_p=cfg.top_p, greedy=cfg.greedy,
+                           eos_id=tokenizer.end_of_turn_id if chat else tokenizer.eos_id,
+                           attention_mask=mask.to(device), generator=generator)
+            for prompt, prompt_ids, new in zip(batch, encoded, out[:, width:].tolist()):
+                end = next((i for i, t in enumerate(new) if t in stop_ids), None)
+                completion = reply_text(tokenizer, new[:end], cut=end is None)
+                records.append({"prompt": prompt, "completion": completion,
+                                "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
+                                "prompt_truncated": len(prompt_ids) > width})
     return records
 
 

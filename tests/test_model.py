@@ -376,6 +376,22 @@ def test_sampling_filters_and_generator_make_it_deterministic():
     assert torch.equal(a, b)
 
 
+def test_sampling_draws_each_token_with_its_probability_and_never_an_impossible_one():
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    n = 40_000
+    draws = sample_next_token(probs.log().expand(n, -1), generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=5).double()
+    sigma = (n * probs * (1 - probs)).double().sqrt()
+    assert ((counts - n * probs).abs() <= 4 * sigma + 1e-9).all(), counts.tolist()
+    assert counts[4] == 0
+    # one number per row of the full batch: rows 1 and 3 of 4 draw what they draw in the full batch
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    full = sample_next_token(logits, generator=torch.Generator().manual_seed(1))
+    some = sample_next_token(logits[[1, 3]], generator=torch.Generator().manual_seed(1), rows=torch.tensor([1, 3]),
+                             batch_size=4)
+    assert torch.equal(some, full[[1, 3]])
+
+
 def test_sequences_beyond_max_seq_len_or_the_cache_are_rejected():
     model = build()
     with pytest.raises(ValueError, match="max_seq_len"):

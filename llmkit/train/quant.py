@@ -111,6 +111,10 @@ def quantized_linear(linear, quant: str, double_quant: bool, compute_dtype):
             layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias,
                                       compute_dtype=compute_dtype, compress_statistics=double_quant,
                                       quant_type=quant, quant_storage=torch.uint8)
+            # bitsandbytes >= 0.50 re-packs a 4-bit weight for AVX512-BF16 CPUs on its first
+            # no-grad eval forward, with the block scales rounded to bf16: evaluation would then
+            # compute another model than training did, and a layer narrower than two blocks fails
+            layer.support_avx512bf16_for_cpu = False
     if quant == "int8":
         layer.weight = bnb.nn.Int8Params(weight.float().cpu(), requires_grad=False, has_fp16_weights=False)
     else:
