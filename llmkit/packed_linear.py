@@ -1,11 +1,11 @@
 """Linear layers through oneDNN's prepacked weights while a model decodes on CPU.
 
 A decoding step multiplies a few rows (the batch) by every weight matrix. torch's `F.linear` hands
-that to MKL's sgemm, which re-lays the weight out on every call: at 16 rows SmolLM2's vocabulary
-projection runs at ~30 GFLOPS, a block's products at ~60. oneDNN's blocked layout, made once per
-`packed_linears` (0.4 s for SmolLM2's 211 matrices), serves any row count from then on, 1.7-2.2x
-faster over a step's products (2 and 1 threads; `bench/generate.py`). The results are those of a
-product in another summation order (differences ~1e-5 relative), not bit-identical to `F.linear`.
+that to MKL's sgemm, which at 16 rows runs SmolLM2's vocabulary projection at ~30 GFLOPS and a
+block's products at ~60. oneDNN's blocked layout, made once per `packed_linears` (0.2-0.4 s for
+SmolLM2's 211 matrices), serves any row count from then on: a 16-row step's products take 31 ms
+instead of 69 at 2 threads, 53 instead of 89 at 1 (`bench/decode_floor.py` times both). The
+results are those of another summation order (~1e-6 relative), not bit-identical to `F.linear`'s.
 
 Only float32 `nn.Linear` layers on CPU whose weight holds at least MIN_ELEMENTS values are packed:
 quantised layers (bitsandbytes' subclasses) and partitioned ZeRO-3 weights are left alone, and
