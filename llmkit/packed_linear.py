@@ -31,7 +31,7 @@ def packing_available(model: nn.Module) -> bool:
         return False
     if torch.is_autocast_enabled("cpu"):
         return False  # autocast casts inputs per op: a packed float32 product would skip that
-    weight = next((p for p in model.parameters()), None)
+    weight = next(model.parameters(), None)
     return weight is not None and weight.device.type == "cpu"
 
 
