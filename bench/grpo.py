@@ -14,11 +14,12 @@ Work per generation, equal on both sides (both settings are printed):
   per_device_train_batch_size = generation_batch_size = PROMPTS × GROUP, num_generations = GROUP),
   sampled at temperature 1 (no top-k/top-p) for at most NEW_TOKENS tokens, with a KV cache on both
   (transformers' `generate` with its dynamic cache),
-- one no-grad forward for the log-probs of the sampling policy and one of the frozen reference.
-  TRL skips the reference at its default β = 0 and the sampling log-probs at its default
-  num_iterations = 1 (they equal the first update's own); llmkit computes both always. So β and
-  EPOCHS default to 0.04 and 2, where both sides compute both; `--beta 0 --epochs 1` measures
-  TRL's defaults, where llmkit does two forwards per generation more,
+- the no-grad forwards each side needs beside the updates: TRL skips the reference at its default
+  β = 0 and makes a pass for the sampling policy's log-probs when num_iterations > 1; llmkit skips
+  the reference at β = 0 too, and makes no sampling pass while each update is one optimizer step
+  (the first update runs on the sampling parameters: its own log-probs, kept, serve the second).
+  So at β 0.04 and 2 updates (llmkit's defaults) TRL makes two no-grad forwards per generation
+  and llmkit one; at `--beta 0 --epochs 1` (TRL's defaults) neither makes any,
 - EPOCHS optimizer steps, each a forward + backward of all the completions in one micro-batch
   (llmkit ppo_epochs, micro_batch_size = PROMPTS × GROUP, grad_accum 1; TRL num_iterations,
   gradient_accumulation_steps = steps_per_generation = 1); loss_type dapo, scale_rewards group,

@@ -235,7 +235,9 @@ EXTRAS = [("full", "llmkit sft full fine-tuning, length-grouped", True),
 COMPARISONS = [("each side grouping by length", "lora", "trl_grouped"),
                ("random batches on both sides", "lora_random", "trl"),
                ("each side's defaults (TRL: random batches, bf16 autocast, gradient checkpointing)", "lora",
-                "trl_default")]
+                "trl_default"),
+               # SmolLM2 mode's rows are of one length: the order of the rows changes little
+               ("llmkit grouping by length, TRL random batches (fp32)", "lora", "trl")]
 
 
 def main() -> None:

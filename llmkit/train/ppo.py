@@ -96,6 +96,9 @@ class PpoTask(Task):
         self.reward_history: list[float] = []  # mean raw score of every rollout
         self._rollout: dict | None = None
         self._pending: list[torch.Tensor] = []  # row indices of the minibatches still to serve
+        # the first pass's own log-probs, kept for the later passes when no sampling pass made them
+        self._first_pass_logprobs: torch.Tensor | None = None
+        self._rows_kept = 0
         self._rollout_kl_coef = self.kl_ctl.value  # β of the current rollout's rewards / KL loss
         self._rollout_metrics: dict = {}
 
@@ -105,7 +108,8 @@ class PpoTask(Task):
         if not self._pending:
             rollout = self.make_rollout(getattr(model, "module", model))
             self._start_rollout(rollout)
-        return select_rows(self._rollout, self._pending.pop(0))
+        rows = self._pending.pop(0)
+        return {**select_rows(self._rollout, rows), ROLLOUT_ROWS: rows}
 
     def items_in_batch(self, batch) -> int | None:
         if self.cfg.algo == "grpo" and self.cfg.loss_type == "dapo":
@@ -117,6 +121,10 @@ class PpoTask(Task):
         n, size = len(rollout["input_ids"]), cfg.micro_batch_size
         self._rollout = rollout
         self._pending = [rows for _ in range(cfg.ppo_epochs) for rows in torch.randperm(n).split(size)]
+        later_passes_need_them = cfg.ppo_epochs > 1 and "logprobs" not in rollout
+        self._first_pass_logprobs = (torch.zeros_like(rollout["response_mask"], dtype=torch.float32)
+                                     if later_passes_need_them else None)
+        self._rows_kept = 0
 
     def _next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next rollout, each repeated samples_per_prompt times.
@@ -209,14 +217,15 @@ class PpoTask(Task):
 
     def needs_sampling_logprobs(self) -> bool:
         """Whether a rollout needs its own no-grad pass for the sampling policy's log-probs (and
-        ppo's values). Not when the rollout makes one optimizer step (ppo_epochs 1, its
-        micro-batches one step's grad_accum): every loss then runs on the parameters that sampled,
-        so the old log-probs are the loss's own, detached (TRL's num_iterations=1) — unless RLOO's
-        reward or adaptive β reads the KL at rollout time."""
+        ppo's values). Not when each pass over the rollout is one optimizer step (its micro-batches
+        one step's grad_accum): the first pass's losses then run on the parameters that sampled, so
+        the old log-probs are the loss's own, detached (TRL's num_iterations=1), and the later
+        passes read those, kept (TRL makes the extra pass there) — unless RLOO's reward or
+        adaptive β reads the KL at rollout time."""
         cfg = self.cfg
-        one_step = cfg.ppo_epochs == 1 and cfg.rollout_size == cfg.micro_batch_size * cfg.grad_accum
+        one_step_per_pass = cfg.rollout_size == cfg.micro_batch_size * cfg.grad_accum
         kl_at_rollout = bool(self.kl_ctl.value) and (cfg.algo == "rloo" or cfg.adaptive_kl)
-        return cfg.algo == "ppo" or not one_step or kl_at_rollout
+        return cfg.algo == "ppo" or not one_step_per_pass or kl_at_rollout
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """GRPO's or RLOO's advantages of this process's samples. Groups never straddle processes,
@@ -247,11 +256,14 @@ class PpoTask(Task):
         logprobs, entropy = logprobs_and_entropy(logits, batch["input_ids"][:, batch["prompt_len"]:],
                                                  with_entropy_grad=bool(cfg.entropy_coef))
         entropy = masked_mean(entropy, mask)
-        # no sampling pass (one optimizer step per rollout): the old log-probs are these, detached
-        old = batch["logprobs"] if "logprobs" in batch else logprobs.detach()
+        if "logprobs" in batch:
+            old = batch["logprobs"]
+        else:  # no sampling pass: the first pass runs on the sampling parameters (needs_sampling_logprobs)
+            old = logprobs.detach()
+            self._keep_first_pass_logprobs(batch, old)
         metrics = {"entropy": entropy.detach(), "approx_kl_old": masked_mean(old - logprobs.detach(), mask)}
-        if "ref_logprobs" in batch and "logprobs" not in batch:  # the rollout could not log it
-            metrics["kl"] = ((logprobs.detach() - batch["ref_logprobs"]) * mask).sum(-1).mean()
+        if "ref_logprobs" in batch and "kl" not in self._rollout_metrics:  # the rollout could not log it
+            metrics["kl"] = ((old - batch["ref_logprobs"]) * mask).sum(-1).mean()  # the sampling policy's
         if cfg.algo == "rloo":  # no KL term: the KL is in the rewards
             policy_loss, was_clipped = sequence_clipped_policy_loss(
                 logprobs, old, batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
@@ -286,6 +298,18 @@ class PpoTask(Task):
         loss = loss - cfg.entropy_coef * entropy + model.aux_loss
         return loss, {**metrics, **self._rollout_metrics}
 
+    def _keep_first_pass_logprobs(self, batch, logprobs) -> None:
+        """Note a first-pass micro-batch's log-probs; once every row has them, the rollout serves
+        them as the old log-probs of its later passes."""
+        kept = self._first_pass_logprobs
+        if kept is None or ROLLOUT_ROWS not in batch:
+            return
+        rows = batch[ROLLOUT_ROWS].to(kept.device)
+        kept[rows, :logprobs.shape[1]] = logprobs.to(kept.device, torch.float32)
+        self._rows_kept += len(rows)
+        if self._rows_kept == len(kept):
+            self._rollout["logprobs"], self._first_pass_logprobs = kept, None
+
     def checkpoint_module(self, module: ActorCritic) -> Transformer:
         return module.policy  # the stage's output is a plain policy; the value head stays in ds/
 
@@ -304,6 +328,10 @@ class PpoTask(Task):
         self.score_moments.load_state_dict(state["score_moments"])
         self.reward_history = list(state["reward_history"])
         self._rollout, self._pending = None, []
+        self._first_pass_logprobs = None
+
+
+ROLLOUT_ROWS = "rollout_rows"  # a micro-batch's rows of its rollout
 
 
 def at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:

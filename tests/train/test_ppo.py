@@ -137,9 +137,38 @@ def test_two_updates_or_a_kl_keep_the_passes_they_need():
     task, _ = tiny_setup("grpo", kl_coef=0.04, ppo_epochs=1, micro_batch_size=16)
     rollout = task.make_rollout(task.model)
     assert "ref_logprobs" in rollout and "logprobs" not in rollout  # β > 0 reads the reference
-    task, _ = tiny_setup("grpo", kl_coef=0.0, ppo_epochs=2, micro_batch_size=16)
+    task, _ = tiny_setup("grpo", kl_coef=0.0, ppo_epochs=2, micro_batch_size=8)
     rollout = task.make_rollout(task.model)
-    assert "logprobs" in rollout and "ref_logprobs" not in rollout  # the 2nd update needs the old log-probs
+    # two optimizer steps per pass: the second step's loss no longer runs on the sampling parameters
+    assert "logprobs" in rollout and "ref_logprobs" not in rollout
+
+
+def test_later_passes_read_the_first_pass_log_probs_which_are_the_sampling_pass_ones(tmp_path, monkeypatch):
+    # two passes, one optimizer step each: the first pass's losses run on the parameters that
+    # sampled, so their log-probs, detached, are what a sampling pass would give the second
+    settings = dict(kl_coef=0.04, ppo_epochs=2, micro_batch_size=8, grad_accum=2, max_steps=4)
+    task, cfg = tiny_setup("grpo", **settings)
+    rollout = task.make_rollout(task.model)
+    assert "logprobs" not in rollout and "ref_logprobs" in rollout
+    with torch.no_grad():
+        logits, _ = task.model(rollout["input_ids"], rollout["attention_mask"], rollout["prompt_len"])
+    sampling_pass = logprobs_of(logits, rollout["input_ids"][:, rollout["prompt_len"]:])
+    task._start_rollout(rollout)
+    for _ in range(2):  # the first pass: two micro-batches of 8 of the 16 responses
+        task.loss(task.model, task.next_batch(task.model))
+    mask = rollout["response_mask"].bool()
+    torch.testing.assert_close(rollout["logprobs"][mask], sampling_pass[mask], atol=1e-6, rtol=0)
+    assert "logprobs" in task.next_batch(task.model)  # the second pass reads them
+
+    def run(name, sampling_pass: bool):
+        task, cfg = tiny_setup("grpo", **settings)
+        monkeypatch.setattr(task, "needs_sampling_logprobs", lambda: sampling_pass)
+        Engine(tmp_path / name, cfg.train_config(), task).fit()
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+
+    kept, passed = run("kept", False), run("passed", True)
+    for key in ("loss", "kl", "approx_kl_old", "clipfrac", "reward_mean"):
+        assert [r[key] for r in kept] == pytest.approx([r[key] for r in passed], abs=1e-5), key
 
 
 def test_rollouts_walk_every_prompt_once_per_epoch_and_repeat_them_for_grpo():
