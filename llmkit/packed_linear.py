@@ -11,6 +11,12 @@ Only float32 `nn.Linear` layers on CPU whose weight holds at least MIN_ELEMENTS 
 quantised layers (bitsandbytes' subclasses) and partitioned ZeRO-3 weights are left alone, and
 small matrices (LoRA's A and B) gain nothing. The packed copies live only inside the `with`: the
 weights may change after it (a trainer's next step). LLMKIT_PACKED_LINEAR=0 turns packing off.
+
+Training packs too, where a weight cannot change: `packed_linears(model, frozen_only=True)`
+(the engine, for a run with frozen layers: a LoRA base) packs the frozen layers in both
+orientations, so a forward with gradients runs its product through packed W and the input's
+gradient through packed Wᵀ, for one more copy of the frozen weights per orientation — only
+while the two copies take at most a quarter of the memory available when training starts.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import torch.nn as nn
 
 MIN_ELEMENTS = 65_536  # smaller matrices (LoRA's r x d) run as fast through F.linear
 PACKED = "_llmkit_packed_weight"  # the attribute a packed layer carries inside the `with`
+PACKED_T = "_llmkit_packed_transpose"  # and, packed for training, its transpose
+TRAINING_SHARE = 0.25  # training packs only if both copies fit in this share of the available memory
 
 
 def packing_available(model: nn.Module) -> bool:
@@ -42,24 +50,66 @@ def packable(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def packed_linears(model: nn.Module):
+def packed_linears(model: nn.Module, frozen_only: bool = False):
     """Within the `with`, every packable linear layer of `model` multiplies by a packed copy of its
-    weight (made on entry, dropped on exit). Nested uses pack once."""
-    layers = [m for m in model.modules() if packable(m) and not hasattr(m, PACKED)] \
-        if packing_available(model) else []
+    weight (made on entry, dropped on exit). Nested uses pack once. `frozen_only`: only the layers
+    whose weight gets no gradient, packed in both orientations for training (module docstring)."""
+    layers = [m for m in model.modules() if packable(m) and not hasattr(m, PACKED)
+              and not (frozen_only and trains(m))] if packing_available(model) else []
+    if frozen_only and 2 * sum(m.weight.nbytes for m in layers) > available_memory() * TRAINING_SHARE:
+        layers = []  # two more copies of a large frozen base would crowd out the activations
     for layer in layers:
-        setattr(layer, PACKED, torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None))
+        weight = layer.weight.detach()
+        setattr(layer, PACKED, torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        if frozen_only:
+            setattr(layer, PACKED_T, torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None))
         layer.forward = _packed_forward.__get__(layer)
     try:
         yield
     finally:
         for layer in layers:
             delattr(layer, PACKED)
+            if frozen_only:
+                delattr(layer, PACKED_T)
             del layer.forward  # the class's forward again
 
 
+def available_memory() -> int:
+    """Bytes the kernel could hand out now (MemAvailable), 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def trains(layer: nn.Linear) -> bool:
+    return layer.weight.requires_grad or (layer.bias is not None and layer.bias.requires_grad)
+
+
 def _packed_forward(self: nn.Linear, x):
-    if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-        return nn.Linear.forward(self, x)  # the packed product has no backward
+    if torch.is_autocast_enabled("cpu"):
+        return nn.Linear.forward(self, x)  # autocast casts per op: let it (the engine's bf16 runs)
     bias = None if self.bias is None else self.bias.detach()
+    if torch.is_grad_enabled() and (x.requires_grad or trains(self)):
+        transposed = getattr(self, PACKED_T, None)
+        if transposed is None or trains(self):
+            return nn.Linear.forward(self, x)  # a weight that trains needs its own gradient
+        return _FrozenPackedProduct.apply(x, getattr(self, PACKED), transposed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, getattr(self, PACKED), bias, "none", [], "")
+
+
+class _FrozenPackedProduct(torch.autograd.Function):
+    """x Wᵀ + b for a frozen W and b: the product through packed W, the input's gradient (grad W)
+    through packed Wᵀ; nothing is saved of x."""
+
+    @staticmethod
+    def forward(ctx, x, packed, packed_transpose, bias):
+        ctx.save_for_backward(packed_transpose)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        (packed_transpose,) = ctx.saved_tensors
+        grad_x = torch.ops.mkldnn._linear_pointwise(grad.contiguous(), packed_transpose, None, "none", [], "")
+        return grad_x, None, None, None

@@ -72,3 +72,42 @@ def test_a_layer_that_needs_gradients_computes_them_as_linear_does(pack_every_ma
     with packed_linears(layer):
         layer(x).square().sum().backward()
     assert torch.equal(layer.weight.grad, expected[0]) and torch.equal(x.grad, expected[1])
+
+
+def test_frozen_layers_train_through_packed_weights_and_give_the_same_gradients(pack_every_matrix):
+    # a LoRA-like run: the frozen layer's product and the input's gradient go through packed W and
+    # W^T; the trained layer keeps F.linear (it needs its weight's gradient) and is not packed
+    frozen, trained = nn.Linear(6, 5), nn.Linear(5, 4)
+    frozen.requires_grad_(False)
+    model = nn.Sequential(trained, nn.Tanh(), nn.Linear(4, 6), frozen)
+    model[2].requires_grad_(False)
+    x = torch.randn(3, 7, 5)
+
+    def grads():
+        model.zero_grad()
+        model(x).square().sum().backward()
+        return [p.grad.clone() for p in trained.parameters()]
+
+    expected = grads()
+    with torch.no_grad():
+        plain = model(x)
+    with packed_linears(model, frozen_only=True):
+        assert [hasattr(m, packed.PACKED_T) for m in (trained, model[2], frozen)] == [False, True, True]
+        got = grads()
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), plain, atol=1e-5, rtol=1e-5)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert frozen.weight.grad is None and not hasattr(frozen, packed.PACKED_T)
+    with packed_linears(model, frozen_only=True), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.bfloat16  # autocast (bf16 training) after packing: F.linear again
+
+
+def test_training_packs_only_while_the_copies_fit_in_a_share_of_the_memory(pack_every_matrix, monkeypatch):
+    layer = nn.Linear(16, 16).requires_grad_(False)  # two packed copies: 2 x 1,024 bytes
+    monkeypatch.setattr(packed, "available_memory", lambda: 4 * 2048)
+    with packed_linears(layer, frozen_only=True):
+        assert hasattr(layer, packed.PACKED_T)
+    monkeypatch.setattr(packed, "available_memory", lambda: 4 * 2048 - 4)
+    with packed_linears(layer, frozen_only=True):
+        assert not hasattr(layer, PACKED)

@@ -92,6 +92,8 @@ class Engine:
 
     def fit(self) -> FitResult:
         """Train to max_steps (resuming if run_dir holds a checkpoint); checkpoint at the end."""
+        from llmkit.packed_linear import packed_linears
+
         self.dist = setup_distributed()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.run_dir, enabled=self.dist.is_main)
@@ -103,7 +105,9 @@ class Engine:
             self.metrics.resume_at(self.step)
             handlers = self._catch_signals()
             try:
-                self._train_loop()
+                # frozen layers (a LoRA base) multiply through packed weights for the whole run
+                with packed_linears(self.task.model, frozen_only=True):
+                    self._train_loop()
             finally:
                 self._restore_signals(handlers)
                 self.metrics.close()

@@ -424,3 +424,18 @@ def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] for each position: logits [B, R, V], tokens [B, R] -> [B, R]."""
     logits = logits.float()
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 1.0 else logits / temperature  # x / 1 is x: no pass over [N, R, V]
+
+
+def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, with_entropy_grad: bool):
+    """(`logprobs_of(logits, tokens)`, `entropy_from_logits(logits)`) [N, R] each, sharing one
+    logsumexp over the vocabulary; the entropy detached unless `with_entropy_grad`."""
+    logits = logits.float()
+    normalizer = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - normalizer
+    values = logits if with_entropy_grad else logits.detach()
+    entropy = (normalizer if with_entropy_grad else normalizer.detach()) - (values.softmax(-1) * values).sum(-1)
+    return logprobs, entropy

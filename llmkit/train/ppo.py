@@ -44,9 +44,10 @@ from llmkit.tokenizer import same_tokenizer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
-                                 aggregate_token_loss, clip_scores, clipped_policy_token_loss,
+                                 aggregate_token_loss, at_temperature, clip_scores, clipped_policy_token_loss,
                                  clipped_value_loss, gae, group_relative_advantages, kl_estimate,
-                                 kl_penalized_scores, leave_one_out_advantages, logprobs_of, masked_mean,
+                                 kl_penalized_scores, leave_one_out_advantages, logprobs_and_entropy,
+                                 logprobs_of, masked_mean,
                                  penalize_missing_stop, sequence_clipped_policy_loss, token_rewards, whiten)
 from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
                                    trunk_parameters, world_size)
@@ -332,21 +333,6 @@ class PpoTask(Task):
 
 
 ROLLOUT_ROWS = "rollout_rows"  # a micro-batch's rows of its rollout
-
-
-def at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logits if temperature == 1.0 else logits / temperature  # x / 1 is x: no pass over [N, R, V]
-
-
-def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, with_entropy_grad: bool):
-    """(`logprobs_of(logits, tokens)`, `entropy_from_logits(logits)`) [N, R] each, sharing one
-    logsumexp over the vocabulary; the entropy detached unless `with_entropy_grad`."""
-    logits = logits.float()
-    normalizer = logits.logsumexp(-1)
-    logprobs = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - normalizer
-    values = logits if with_entropy_grad else logits.detach()
-    entropy = (normalizer if with_entropy_grad else normalizer.detach()) - (values.softmax(-1) * values).sum(-1)
-    return logprobs, entropy
 
 
 # ---- the stage -----------------------------------------------------------------------------------
