@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN's prepacked weights while a model decodes on CPU.
+"""Linear layers through oneDNN's prepacked weights while a model decodes on CPU, and a frozen base trains.
 
 A decoding step multiplies a few rows (the batch) by every weight matrix. torch's `F.linear` hands
 that to MKL's sgemm, which at 16 rows runs SmolLM2's vocabulary projection at ~30 GFLOPS and a
