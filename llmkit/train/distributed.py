@@ -9,6 +9,7 @@ for the small CPU runs and nothing is compiled.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import random
@@ -78,7 +79,17 @@ def setup_distributed() -> DistEnv:
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, verbose=False,
                                    timeout=timedelta(seconds=collective_timeout_s()))
+        # torn down before the interpreter's own exit: left to it, gloo's threads can race the
+        # process's end and abort a finished run ("terminate called without an active exception")
+        atexit.register(destroy_process_group)
     return DistEnv(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
+
+
+def destroy_process_group() -> None:
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def collective_timeout_s() -> float:
