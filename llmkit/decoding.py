@@ -63,7 +63,7 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=Fa
     samples the same token whether or not the others are still generating."""
     if greedy or temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1 else logits.float() / temperature
     if top_k is not None:
         kth_best = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth_best, float("-inf"))

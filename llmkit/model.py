@@ -44,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 from llmkit.errors import ConfigError
 from llmkit.model_config import ModelConfig
 from llmkit.model_losses import chunked_cross_entropy
+from llmkit.packed_linear import grouped_products
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -99,6 +100,8 @@ def rotate_half(x):
 
 
 class Attention(nn.Module):
+    PRODUCT_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj")}  # one packed product when decoding
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -114,12 +117,13 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, is_causal, kv_cache):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k, v = grouped_products(self, "qkv", x)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if kv_cache is not None:
@@ -162,6 +166,8 @@ def may_attend(past: int, window: int | None, doc_ids, key_mask):
 class MLP(nn.Module):
     """SwiGLU; Mixtral's experts are the same function with w1 = gate, w3 = up, w2 = down."""
 
+    PRODUCT_GROUPS = {"gate_up": ("gate_proj", "up_proj")}  # one packed product when decoding
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -169,7 +175,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = grouped_products(self, "gate_up", x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Expert(nn.Module):

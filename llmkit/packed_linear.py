@@ -12,6 +12,11 @@ quantised layers (bitsandbytes' subclasses) and partitioned ZeRO-3 weights are l
 small matrices (LoRA's A and B) gain nothing. The packed copies live only inside the `with`: the
 weights may change after it (a trainer's next step). LLMKIT_PACKED_LINEAR=0 turns packing off.
 
+Layers a module multiplies by the same input (a block's q/k/v, the MLP's gate/up: the module's
+PRODUCT_GROUPS, computed through `grouped_products`) are packed as one concatenated matrix when
+no gradient flows: one longer product per group streams the weights faster than three or two
+short ones (30 SmolLM2 blocks at 16 rows, 1 thread: 30 ms instead of 33).
+
 Training packs too, where a weight cannot change: `packed_linears(model, frozen_only=True)`
 (the engine, for a run with frozen layers: a LoRA base) packs the frozen layers in both
 orientations, so a forward with gradients runs its product through packed W and the input's
@@ -30,6 +35,7 @@ import torch.nn as nn
 MIN_ELEMENTS = 65_536  # smaller matrices (LoRA's r x d) run as fast through F.linear
 PACKED = "_llmkit_packed_weight"  # the attribute a packed layer carries inside the `with`
 PACKED_T = "_llmkit_packed_transpose"  # and, packed for training, its transpose
+PACKED_GROUPS = "_llmkit_packed_groups"  # a module's PRODUCT_GROUPS packed: {group: (packed, bias, sizes)}
 TRAINING_SHARE = 0.25  # training packs only if both copies fit in this share of the available memory
 
 
@@ -54,10 +60,16 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
     """Within the `with`, every packable linear layer of `model` multiplies by a packed copy of its
     weight (made on entry, dropped on exit). Nested uses pack once. `frozen_only`: only the layers
     whose weight gets no gradient, packed in both orientations for training (module docstring)."""
-    layers = [m for m in model.modules() if packable(m) and not hasattr(m, PACKED)
-              and not (frozen_only and trains(m))] if packing_available(model) else []
+    available = packing_available(model)
+    groups = {} if frozen_only or not available else packable_groups(model)
+    grouped = {id(layer) for members in groups.values() for layer in members}
+    layers = [m for m in model.modules() if packable(m) and not hasattr(m, PACKED) and id(m) not in grouped
+              and not (frozen_only and trains(m))] if available else []
     if frozen_only and 2 * sum(m.weight.nbytes for m in layers) > available_memory() * TRAINING_SHARE:
         layers = []  # two more copies of a large frozen base would crowd out the activations
+    groups = {key: members for key, members in groups.items() if key[1] not in vars(key[0])[PACKED_GROUPS]}
+    for (module, name), members in groups.items():  # not packed yet (by an outer use)
+        getattr(module, PACKED_GROUPS)[name] = _packed_concatenation(members)
     for layer in layers:
         weight = layer.weight.detach()
         setattr(layer, PACKED, torch.ops.mkldnn._reorder_linear_weight(weight, None))
@@ -67,11 +79,46 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
     try:
         yield
     finally:
+        for module, name in groups:
+            del getattr(module, PACKED_GROUPS)[name]
         for layer in layers:
             delattr(layer, PACKED)
             if frozen_only:
                 delattr(layer, PACKED_T)
             del layer.forward  # the class's forward again
+
+
+def packable_groups(model: nn.Module) -> dict[tuple[nn.Module, str], list[nn.Linear]]:
+    """(module, group) -> its layers, for every PRODUCT_GROUPS group whose layers are all packable,
+    alike in bias and not packed one by one (by an outer use for training); each such module gets
+    its PACKED_GROUPS dict."""
+    groups = {}
+    for module in model.modules():
+        for name, member_names in getattr(module, "PRODUCT_GROUPS", {}).items():
+            members = [getattr(module, n) for n in member_names]
+            if (all(packable(m) and not hasattr(m, PACKED) for m in members)
+                    and len({m.bias is None for m in members}) == 1):
+                vars(module).setdefault(PACKED_GROUPS, {})
+                groups[module, name] = members
+    return groups
+
+
+def _packed_concatenation(layers: list[nn.Linear]) -> tuple:
+    weight = torch.cat([m.weight.detach() for m in layers])
+    bias = None if layers[0].bias is None else torch.cat([m.bias.detach() for m in layers])
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None), bias, [m.out_features for m in layers]
+
+
+def grouped_products(module: nn.Module, group: str, x) -> tuple:
+    """The outputs of the linear layers of `module.PRODUCT_GROUPS[group]` on x: one packed product
+    while `packed_linears` holds the group and nothing needs a gradient, else each layer's call."""
+    packed = getattr(module, PACKED_GROUPS, {}).get(group)
+    members = module.PRODUCT_GROUPS[group]
+    if packed is None or torch.is_autocast_enabled("cpu") or (torch.is_grad_enabled() and (
+            x.requires_grad or any(trains(getattr(module, n)) for n in members))):
+        return tuple(getattr(module, n)(x) for n in members)
+    weight, bias, sizes = packed
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(sizes, -1)
 
 
 def available_memory() -> int:

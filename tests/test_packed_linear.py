@@ -4,7 +4,8 @@ import torch.nn as nn
 
 import llmkit.packed_linear as packed
 from llmkit.decoding import generate
-from llmkit.packed_linear import PACKED, packed_linears
+from llmkit.model import MLP, Attention
+from llmkit.packed_linear import PACKED, PACKED_GROUPS, grouped_products, packed_linears
 from tests.test_model import build, tokens
 
 
@@ -17,17 +18,45 @@ def linears(model):
     return [m for m in model.modules() if type(m) is nn.Linear]
 
 
+def grouped_layers(model):
+    return {getattr(m, n) for m in model.modules() for names in getattr(m, "PRODUCT_GROUPS", {}).values()
+            for n in names}
+
+
 def test_packed_layers_compute_what_linear_computes_and_are_restored_after(pack_every_matrix):
     model = build(tie_embeddings=False, attention_bias=True)
     x = tokens(3, 7)
+    grouped = grouped_layers(model)  # q/k/v and gate/up: packed together, each group one matrix
     with torch.no_grad():
         plain = model(x)
         with packed_linears(model):
-            assert all(hasattr(m, PACKED) and "forward" in vars(m) for m in linears(model))
+            assert all(hasattr(m, PACKED) and "forward" in vars(m) for m in linears(model) if m not in grouped)
+            assert not any(hasattr(m, PACKED) for m in grouped)
+            assert all(set(getattr(m, PACKED_GROUPS)) == set(m.PRODUCT_GROUPS) for m in model.modules()
+                       if isinstance(m, (Attention, MLP)))
             assert torch.allclose(model(x), plain, atol=1e-5, rtol=1e-5)
     assert not any(hasattr(m, PACKED) or "forward" in vars(m) for m in linears(model))
+    assert not any(getattr(m, PACKED_GROUPS, None) for m in model.modules())
     with torch.no_grad():
         assert torch.equal(model(x), plain)
+
+
+def test_a_group_is_one_product_of_the_concatenated_weights_and_gradients_take_the_layers(
+        pack_every_matrix, monkeypatch):
+    attention = build(attention_bias=True).model.layers[0].self_attn
+    x = torch.randn(2, 3, attention.q_proj.in_features)
+    expected = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+    calls = []
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: calls.append(self) or nn.functional.linear(
+        x, self.weight, self.bias))
+    with packed_linears(attention), torch.no_grad():
+        q, k, v = grouped_products(attention, "qkv", x)
+    assert calls == []  # no layer's own call: the group's one product
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip((q, k, v), expected))
+    with packed_linears(attention):
+        q, k, v = grouped_products(attention, "qkv", x.requires_grad_())
+    assert calls == [attention.q_proj, attention.k_proj, attention.v_proj]  # a gradient needs the layers
+    assert q.requires_grad
 
 
 def test_greedy_generation_is_the_same_packed_or_not(pack_every_matrix, monkeypatch):
@@ -39,13 +68,26 @@ def test_greedy_generation_is_the_same_packed_or_not(pack_every_matrix, monkeypa
 
 def test_nested_uses_pack_once_and_the_outer_one_restores(pack_every_matrix):
     model = build()
-    layer = linears(model)[0]
+    layer = model.model.layers[0].self_attn.o_proj
+    attention = model.model.layers[0].self_attn
     with packed_linears(model):
-        first = getattr(layer, PACKED)
+        first, first_group = getattr(layer, PACKED), getattr(attention, PACKED_GROUPS)["qkv"]
         with packed_linears(model):
-            assert getattr(layer, PACKED) is first
-        assert getattr(layer, PACKED) is first  # the inner exit left the outer's packing in place
-    assert not hasattr(layer, PACKED)
+            assert getattr(layer, PACKED) is first and getattr(attention, PACKED_GROUPS)["qkv"] is first_group
+            assert not hasattr(attention.q_proj, PACKED)
+        # the inner exit left the outer's packing in place
+        assert getattr(layer, PACKED) is first and getattr(attention, PACKED_GROUPS)["qkv"] is first_group
+    assert not hasattr(layer, PACKED) and not getattr(attention, PACKED_GROUPS)
+
+
+def test_layers_packed_one_by_one_for_training_are_not_packed_again_as_a_group(pack_every_matrix):
+    # a frozen base packed for the run (frozen_only), then a rollout's generation inside it
+    model = build().requires_grad_(False)
+    attention = model.model.layers[0].self_attn
+    with packed_linears(model, frozen_only=True):
+        assert hasattr(attention.q_proj, PACKED)
+        with packed_linears(model):
+            assert not getattr(attention, PACKED_GROUPS, None)  # the layers' own packed copies serve
 
 
 class QuantisedLinear(nn.Linear):
