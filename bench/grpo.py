@@ -69,6 +69,7 @@ import warnings  # noqa: E402
 from bench.dpo import (child_main, llmkit, llmkit_step_ends, load_warning, rates,  # noqa: E402
                        repeat, spawn, spread, step_end_timer, write_random_run)
 
+RATE = "{:.4f}"  # a 135M model makes hundredths of a step per second
 PROMPTS = REPO / "recipes/demo/data/tasks/prompts_train.jsonl"
 LR = 1e-5
 LORA_ALPHA = 32
@@ -258,8 +259,8 @@ def main() -> None:
           f"generation(s) ({warmup_steps} steps) excluded on both sides")
     for i, (r, (before, after)) in enumerate(zip(results, loads), 1):
         ours, peer = r["llmkit"], r["trl"]
-        print(f"  rep {i}: load {before:.2f} -> {after:.2f}; steps/s llmkit {ours['rate']:.2f}, "
-              f"TRL {peer['rate']:.2f} ({ours['rate'] / peer['rate']:.2f}x); mean completion length "
+        print(f"  rep {i}: load {before:.2f} -> {after:.2f}; steps/s llmkit {ours['rate']:.4f}, "
+              f"TRL {peer['rate']:.4f} ({ours['rate'] / peer['rate']:.2f}x); mean completion length "
               f"{ours['completion_length']:.1f} / {peer['completion_length']:.1f} tokens; reward first -> last "
               f"generation {ours['reward'][0]:.3f} -> {ours['reward'][1]:.3f} / "
               f"{peer['reward'][0]:.3f} -> {peer['reward'][1]:.3f}")
@@ -271,8 +272,8 @@ def main() -> None:
                   f"{r['trl']['update_step_s'] * 1e3:.0f}" for i, r in enumerate(results, 1)))
     print(f"  {'median [min-max] over the repetitions':<38} {'wall-clock':>22} {'median generation':>22}")
     for name, key in (("llmkit ppo algo=grpo", "llmkit"), ("TRL GRPOTrainer", "trl")):
-        print(f"  {name:<38} {spread([r[key]['rate'] for r in results]):>22} "
-              f"{spread([r[key]['median_rate'] for r in results]):>22} steps/s")
+        print(f"  {name:<38} {spread([r[key]['rate'] for r in results], RATE):>22} "
+              f"{spread([r[key]['median_rate'] for r in results], RATE):>22} steps/s")
     ratio = {k: spread([r["llmkit"][k] / r["trl"][k] for r in results]) for k in ("rate", "median_rate")}
     print(f"  {'llmkit / TRL':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
     if warning := load_warning(loads, a.threads):

@@ -63,6 +63,7 @@ ROWS = REPO / "recipes/demo/data/tasks/sft_train.jsonl"
 R, ALPHA, DROPOUT = 16, 32, 0.05
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MB = 2**20
+RATE = "{:.4f}"  # a 135M model makes hundredths of a step per second
 # TRL's configs default to bf16 autocast (even on a CPU) and activation checkpointing; llmkit's
 # runs here are fp32 without checkpointing, so the same work is TRL with both off
 FP32_NO_CKPT = dict(bf16=False, gradient_checkpointing=False)
@@ -295,16 +296,16 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
           f"{a.warmup + 1}-{a.steps}, each side timed from step end to step end")
     for i, (r, (before, after)) in enumerate(zip(results, loads), 1):
         print(f"  rep {i}: load {before:.2f} -> {after:.2f}; steps/s " +
-              ", ".join(f"{key} {r[key]['rate']:.2f}" for key in r))
+              ", ".join(f"{key} {r[key]['rate']:.4f}" for key in r))
     width = max(len(label) for _, label, _ in chosen)
     print(f"  {'median [min-max] over the repetitions':<{width}} {'trainable':>11} {'peak RSS':>9} "
-          f"{'training':>9} {'wall-clock':>19} {'median step':>19} {'per CPU-second':>19}  loss (rep 1)")
+          f"{'training':>9} {'wall-clock':>24} {'median step':>24} {'per CPU-second':>24}  loss (rep 1)")
     for key, label, ours in chosen:
         first = results[0][key]
         trainable = total if key == "full" else first["trainable"]
         print(f"  {label:<{width}} {trainable / total:>10.2%} {statistics.median(column(key, 'peak_mb')):>6,.0f} MB "
-              f"{statistics.median(column(key, 'training_mb')):>6,.0f} MB {spread(column(key, 'rate')):>19} "
-              f"{spread(column(key, 'median_rate')):>19} {spread(column(key, 'cpu_rate')):>19}  "
+              f"{statistics.median(column(key, 'training_mb')):>6,.0f} MB {spread(column(key, 'rate'), RATE):>24} "
+              f"{spread(column(key, 'median_rate'), RATE):>24} {spread(column(key, 'cpu_rate'), RATE):>24}  "
               f"{first['first_loss']:.3f} -> {first['last_loss']:.3f}")
     print(padding_header(width))
     for key, label, _ in chosen:
