@@ -67,9 +67,10 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
               and not (frozen_only and trains(m))] if available else []
     if frozen_only and 2 * sum(m.weight.nbytes for m in layers) > available_memory() * TRAINING_SHARE:
         layers = []  # two more copies of a large frozen base would crowd out the activations
-    groups = {key: members for key, members in groups.items() if key[1] not in vars(key[0])[PACKED_GROUPS]}
-    for (module, name), members in groups.items():  # not packed yet (by an outer use)
-        getattr(module, PACKED_GROUPS)[name] = _packed_concatenation(members)
+    groups = {key: members for key, members in groups.items()
+              if key[1] not in vars(key[0]).get(PACKED_GROUPS, {})}  # not packed yet (by an outer use)
+    for (module, name), members in groups.items():
+        vars(module).setdefault(PACKED_GROUPS, {})[name] = _packed_concatenation(members)
     for layer in layers:
         weight = layer.weight.detach()
         setattr(layer, PACKED, torch.ops.mkldnn._reorder_linear_weight(weight, None))
@@ -90,15 +91,13 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
 
 def packable_groups(model: nn.Module) -> dict[tuple[nn.Module, str], list[nn.Linear]]:
     """(module, group) -> its layers, for every PRODUCT_GROUPS group whose layers are all packable,
-    alike in bias and not packed one by one (by an outer use for training); each such module gets
-    its PACKED_GROUPS dict."""
+    alike in bias and not packed one by one (by an outer use for training)."""
     groups = {}
     for module in model.modules():
         for name, member_names in getattr(module, "PRODUCT_GROUPS", {}).items():
             members = [getattr(module, n) for n in member_names]
             if (all(packable(m) and not hasattr(m, PACKED) for m in members)
                     and len({m.bias is None for m in members}) == 1):
-                vars(module).setdefault(PACKED_GROUPS, {})
                 groups[module, name] = members
     return groups
 
