@@ -17,9 +17,10 @@ $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
-	# the compiled kernels (chunk-cache encoder, dedup) build once (~1 min): here, not in the
+	# the compiled kernels (chunk-cache encoder, dedup, decoding) build once (~1 min): here, not in the
 	# first stage that uses them
 	$(BIN)/python -c "import llmkit.chunk_cache as c, llmkit.data.dedup.compiled as d, llmkit.data.document as r, llmkit.data.decontam_index as x; c.kernels(); d.kernels(); r.kernels(); x.kernels()"
+	$(BIN)/python -c "import llmkit.cpu_kernels as k; k.library()"  # decoding's kernels (~3 s; none without AVX-512)
 	touch $@
 
 demo: setup

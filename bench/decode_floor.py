@@ -1,8 +1,9 @@
 """The floor under any faster decode step: at a batch of `--batch` rows, the matrix products of every
 linear layer of a transformers model (what a decoder must compute per new token, whatever else it
 saves) against transformers' own whole decode step with its static cache. The products are timed
-twice: through `F.linear` (MKL's sgemm, what transformers runs) and through the oneDNN-packed
-weights llmkit decodes with (`llmkit.packed_linear`).
+three ways: through `F.linear` (MKL's sgemm, what transformers runs), and through the weights
+llmkit decodes with (`llmkit.packed_linear`): oneDNN's packed layout, and llmkit's panel kernel
+where the CPU has AVX-512 (`llmkit.cpu_kernels`).
 
 If the ratio (transformers' step / the products alone) is below 2, no implementation on that kernel
 decodes at twice transformers' speed per step; dropping finished rows can add at most the ratio of
@@ -38,6 +39,7 @@ def main() -> None:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, StaticCache
 
+    from llmkit import cpu_kernels
     from llmkit.packed_linear import packed_linears
 
     torch.set_num_threads(a.threads)
@@ -77,11 +79,17 @@ def main() -> None:
     with torch.no_grad():
         for rep in range(1, a.reps + 1):
             floor, step = seconds_per_call(products_only), seconds_per_call(transformers_step())
-            with packed_linears(model):
-                packed = seconds_per_call(packed_products)
-            print(f"  rep {rep}: linear products alone {floor * 1000:.0f} ms (packed {packed * 1000:.0f} ms); "
-                  f"transformers' decode step {step * 1000:.0f} ms; ratio {step / floor:.2f} (packed "
-                  f"{step / packed:.2f}); load {os.getloadavg()[0]:.2f}", flush=True)
+            packed = {}
+            for kernel, switch in (("oneDNN", "0"), ("panels", "1")):
+                os.environ["LLMKIT_CPU_KERNELS"] = switch
+                if kernel == "panels" and not cpu_kernels.available():
+                    continue  # no AVX-512 (or no compiler) here: oneDNN is what llmkit packs
+                with packed_linears(model):
+                    packed[kernel] = seconds_per_call(packed_products)
+            print(f"  rep {rep}: linear products alone {floor * 1000:.1f} ms (packed: " + ", ".join(
+                f"{k} {t * 1000:.1f} ms" for k, t in packed.items()) + f"); transformers' decode step "
+                f"{step * 1000:.1f} ms; ratio {step / floor:.2f} (packed: " + ", ".join(
+                f"{k} {step / t:.2f}" for k, t in packed.items()) + f"); load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from llmkit import cpu_kernels
 from llmkit.errors import ConfigError
 from llmkit.model_config import ModelConfig
 from llmkit.model_losses import chunked_cross_entropy
@@ -129,7 +130,11 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         gqa = self.n_kv_heads != self.n_heads
-        if mask is None or isinstance(mask, torch.Tensor):
+        dense = mask is None or isinstance(mask, torch.Tensor)
+        if kv_cache is not None and dense and cpu_kernels.attends(q, k, v):  # a decoding step on CPU
+            key_mask = None if mask is None else mask.expand(B, 1, 1, -1).reshape(B, -1)
+            return self.o_proj(cpu_kernels.decode_attention(q, k, v, key_mask))
+        if dense:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         else:  # a flex BlockMask
             attend = fused_flex_attention() if q.is_cuda else flex_attention

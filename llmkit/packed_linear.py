@@ -1,11 +1,13 @@
-"""Linear layers through oneDNN's prepacked weights while a model decodes on CPU, and a frozen base trains.
+"""Linear layers through prepacked weights while a model decodes on CPU, and a frozen base trains.
 
 A decoding step multiplies a few rows (the batch) by every weight matrix. torch's `F.linear` hands
 that to MKL's sgemm, which at 16 rows runs SmolLM2's vocabulary projection at ~30 GFLOPS and a
-block's products at ~60. oneDNN's blocked layout, made once per `packed_linears` (0.2-0.4 s for
-SmolLM2's 211 matrices), serves any row count from then on: a 16-row step's products take 31 ms
-instead of 69 at 2 threads, 53 instead of 89 at 1 (`bench/decode_floor.py` times both). The
-results are those of another summation order (~1e-6 relative), not bit-identical to `F.linear`'s.
+block's products at ~60. A weight laid out once per `packed_linears` for products of few rows
+serves any row count from then on: llmkit's panel kernel (`llmkit.cpu_kernels`, CPUs with
+AVX-512) or, elsewhere, oneDNN's blocked layout (made in 0.2-0.4 s for SmolLM2's 211 matrices).
+SmolLM2's 211 products at 16 rows take 33 ms with panels, 44 with oneDNN, 52 with MKL at 2
+threads; 60, 74 and 101 ms at 1 (`bench/decode_floor.py`, a Xeon with AVX-512). The results are those of another summation order
+(~1e-6 relative), not bit-identical to `F.linear`'s.
 
 Only float32 `nn.Linear` layers on CPU whose weight holds at least MIN_ELEMENTS values are packed:
 quantised layers (bitsandbytes' subclasses) and partitioned ZeRO-3 weights are left alone, and
@@ -15,7 +17,7 @@ weights may change after it (a trainer's next step). LLMKIT_PACKED_LINEAR=0 turn
 Layers a module multiplies by the same input (a block's q/k/v, the MLP's gate/up: the module's
 PRODUCT_GROUPS, computed through `grouped_products`) are packed as one concatenated matrix when
 no gradient flows: one longer product per group streams the weights faster than three or two
-short ones (30 SmolLM2 blocks at 16 rows, 1 thread: 30 ms instead of 33).
+short ones (30 SmolLM2 blocks at 16 rows, 1 thread, oneDNN: 30 ms instead of 33).
 
 Training packs too, where a weight cannot change: `packed_linears(model, frozen_only=True)`
 (the engine, for a run with frozen layers: a LoRA base) packs the frozen layers in both
@@ -32,8 +34,10 @@ import os
 import torch
 import torch.nn as nn
 
+from llmkit import cpu_kernels
+
 MIN_ELEMENTS = 65_536  # smaller matrices (LoRA's r x d) run as fast through F.linear
-PACKED = "_llmkit_packed_weight"  # the attribute a packed layer carries inside the `with`
+PACKED = "_llmkit_packed_weight"  # the attribute a packed layer carries inside the `with` (a `pack`)
 PACKED_T = "_llmkit_packed_transpose"  # and, packed for training, its transpose
 PACKED_GROUPS = "_llmkit_packed_groups"  # a module's PRODUCT_GROUPS packed: {group: (packed, bias, sizes)}
 TRAINING_SHARE = 0.25  # training packs only if both copies fit in this share of the available memory
@@ -41,7 +45,8 @@ TRAINING_SHARE = 0.25  # training packs only if both copies fit in this share of
 
 def packing_available(model: nn.Module) -> bool:
     """Whether this torch build can pack, packing is on, and the model computes in float32 on CPU."""
-    if os.environ.get("LLMKIT_PACKED_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
+    if os.environ.get("LLMKIT_PACKED_LINEAR", "1") == "0" or not (
+            torch.backends.mkldnn.is_available() or cpu_kernels.available()):
         return False
     if torch.is_autocast_enabled("cpu"):
         return False  # autocast casts inputs per op: a packed float32 product would skip that
@@ -73,9 +78,9 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
         vars(module).setdefault(PACKED_GROUPS, {})[name] = _packed_concatenation(members)
     for layer in layers:
         weight = layer.weight.detach()
-        setattr(layer, PACKED, torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        setattr(layer, PACKED, pack(weight))
         if frozen_only:
-            setattr(layer, PACKED_T, torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None))
+            setattr(layer, PACKED_T, pack(weight.t()))
         layer.forward = _packed_forward.__get__(layer)
     try:
         yield
@@ -102,10 +107,27 @@ def packable_groups(model: nn.Module) -> dict[tuple[nn.Module, str], list[nn.Lin
     return groups
 
 
+def pack(weight: torch.Tensor):
+    """`weight` [out, in] laid out for products of few rows: `.product(x, bias)` is x Wᵀ + bias."""
+    return cpu_kernels.PanelWeight(weight) if cpu_kernels.available() else OneDNNWeight(weight)
+
+
+class OneDNNWeight:
+    """oneDNN's blocked layout of a weight (`torch.ops.mkldnn`), where the panel kernel cannot run."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
 def _packed_concatenation(layers: list[nn.Linear]) -> tuple:
     weight = torch.cat([m.weight.detach() for m in layers])
     bias = None if layers[0].bias is None else torch.cat([m.bias.detach() for m in layers])
-    return torch.ops.mkldnn._reorder_linear_weight(weight, None), bias, [m.out_features for m in layers]
+    return pack(weight), bias, [m.out_features for m in layers]
 
 
 def grouped_products(module: nn.Module, group: str, x) -> tuple:
@@ -117,7 +139,7 @@ def grouped_products(module: nn.Module, group: str, x) -> tuple:
             x.requires_grad or any(trains(getattr(module, n)) for n in members))):
         return tuple(getattr(module, n)(x) for n in members)
     weight, bias, sizes = packed
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(sizes, -1)
+    return weight.product(x, bias).split(sizes, -1)
 
 
 def available_memory() -> int:
@@ -142,7 +164,7 @@ def _packed_forward(self: nn.Linear, x):
         if transposed is None or trains(self):
             return nn.Linear.forward(self, x)  # a weight that trains needs its own gradient
         return _FrozenPackedProduct.apply(x, getattr(self, PACKED), transposed, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, getattr(self, PACKED), bias, "none", [], "")
+    return getattr(self, PACKED).product(x, bias)
 
 
 class _FrozenPackedProduct(torch.autograd.Function):
@@ -151,11 +173,9 @@ class _FrozenPackedProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, packed, packed_transpose, bias):
-        ctx.save_for_backward(packed_transpose)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        ctx.packed_transpose = packed_transpose
+        return packed.product(x, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        (packed_transpose,) = ctx.saved_tensors
-        grad_x = torch.ops.mkldnn._linear_pointwise(grad.contiguous(), packed_transpose, None, "none", [], "")
-        return grad_x, None, None, None
+        return ctx.packed_transpose.product(grad.contiguous()), None, None, None

@@ -1,0 +1,189 @@
+// The float32 kernels of decoding on CPUs with AVX-512 (llmkit/cpu_kernels.py): few-row products
+// y[M, N] = x[M, K] Wᵀ + bias, and one new token's attention over the KV cache.
+//
+// Products. A decoding step multiplies a few rows by every weight matrix, so the time is that of streaming
+// the weights from memory while the FMAs on them run. W is laid out once in panels of 16 output
+// columns ([panel][k][16], the last panel zero-padded): one pass reads 3 panels front to back,
+// prefetching ahead into L2, and keeps the 8 rows x 48 columns it computes in 24 registers; more
+// rows take more passes over the same panels, which are then in cache. Each output is one FMA
+// chain over k in order (no reassociation), computed the same way whatever M and the thread count.
+//
+// Built without -mavx512f: the kernels carry the target attribute, and `llmkit_panel_supported`
+// tells the caller whether this CPU may run them. Threads are OpenMP's, as many as the caller
+// passes (torch's count), over groups of panels.
+
+#include <cmath>
+#include <cstdint>
+#include <immintrin.h>
+#include <vector>
+
+#define AVX512 __attribute__((target("avx512f,fma")))
+
+namespace {
+constexpr int LANES = 16;            // float32 values per vector: the width of a panel
+constexpr int PANELS = 3;            // panels one pass reads
+constexpr int ROWS = 8;              // rows one pass computes: ROWS x PANELS accumulators
+constexpr int64_t PREFETCH = 2048;   // floats (8 KB) ahead of the weights being read
+
+AVX512 inline __mmask16 lanes_left(int64_t left) {
+  return left >= LANES ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+
+template <int M, int NP>
+AVX512 void pass(const float* x, int64_t K, const float* w, const float* bias, float* y, int64_t N, int64_t n_left) {
+  __m512 acc[M][NP];
+  for (int p = 0; p < NP; ++p) {
+    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[m][p] = b;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 wk[NP];
+    for (int p = 0; p < NP; ++p) {
+      const float* at = w + (p * K + k) * LANES;
+      _mm_prefetch(reinterpret_cast<const char*>(at + PREFETCH), _MM_HINT_T1);
+      wk[p] = _mm512_loadu_ps(at);
+    }
+    for (int m = 0; m < M; ++m) {
+      __m512 a = _mm512_set1_ps(x[m * K + k]);
+      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(a, wk[p], acc[m][p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
+}
+
+// e^x for x <= 0 (softmax after subtracting the maximum): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
+// p the degree-7 Taylor polynomial (truncation below 1e-8: float rounding dominates); 0 below -87 and at -inf
+AVX512 inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 zero_below = _mm512_set1_ps(-87.0f);
+  __mmask16 tiny = _mm512_cmp_ps_mask(x, zero_below, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, zero_below);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(~tiny, p, n);
+}
+
+// one (batch row, key/value head): its G query heads q [G, D] over L cached keys and values
+// ([L, D], rows contiguous); scores [G, L] is scratch; out [G, D]. D = C vectors.
+template <int C>
+AVX512 void attend(const float* q, int G, const float* k, const float* v, const uint8_t* key_mask, int64_t L,
+                   float scale, float* scores, float* out) {
+  constexpr int64_t D = C * LANES;
+  for (int g = 0; g < G; ++g) {
+    __m512 qg[C];
+    for (int c = 0; c < C; ++c) qg[c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D + c * LANES), _mm512_set1_ps(scale));
+    for (int64_t l = 0; l < L; ++l) {
+      __m512 dot = _mm512_mul_ps(qg[0], _mm512_loadu_ps(k + l * D));
+      for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(k + l * D + c * LANES), dot);
+      scores[g * L + l] = key_mask && !key_mask[l] ? -INFINITY : _mm512_reduce_add_ps(dot);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* s = scores + g * L;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < L; l += LANES) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, lanes_left(L - l), s + l));
+    top = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t l = 0; l < L; l += LANES) {
+      __mmask16 in = lanes_left(L - l);
+      __m512 e = _mm512_maskz_mov_ps(in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, s + l), top)));
+      _mm512_mask_storeu_ps(s + l, in, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    float total = _mm512_reduce_add_ps(sum);
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < L; ++l) {
+      if (s[l] == 0.0f) continue;  // a masked key (or one too improbable to count)
+      __m512 weight = _mm512_set1_ps(s[l]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(v + l * D + c * LANES), acc[c]);
+    }
+    __m512 inverse = _mm512_set1_ps(total > 0 ? 1.0f / total : 0.0f);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * D + c * LANES, _mm512_mul_ps(acc[c], inverse));
+  }
+}
+
+using attend_fn = void (*)(const float*, int, const float*, const float*, const uint8_t*, int64_t, float, float*, float*);
+
+using pass_fn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t);
+
+template <int NP>
+constexpr pass_fn PASSES[ROWS + 1] = {nullptr, pass<1, NP>, pass<2, NP>, pass<3, NP>, pass<4, NP>,
+                                      pass<5, NP>, pass<6, NP>, pass<7, NP>, pass<8, NP>};
+}  // namespace
+
+extern "C" {
+
+int llmkit_panel_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+
+int64_t llmkit_panel_floats(int64_t N, int64_t K) { return (N + LANES - 1) / LANES * LANES * K; }
+
+// w [N, K] row-major -> out [ceil(N / LANES)][K][LANES]
+void llmkit_panel_pack(const float* w, int64_t N, int64_t K, float* out, int threads) {
+  int64_t panels = (N + LANES - 1) / LANES;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t p = 0; p < panels; ++p)
+    for (int j = 0; j < LANES; ++j) {
+      int64_t n = p * LANES + j;
+      for (int64_t k = 0; k < K; ++k) out[(p * K + k) * LANES + j] = n < N ? w[n * K + k] : 0.0f;
+    }
+}
+
+// x [M, K] and y [M, N] contiguous, w from llmkit_panel_pack, bias [N] or null
+void llmkit_panel_product(const float* x, int64_t M, int64_t K, const float* w, const float* bias, int64_t N,
+                          float* y, int threads) {
+  int64_t panels = (N + LANES - 1) / LANES;
+  int64_t groups = (panels + PANELS - 1) / PANELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += ROWS) {
+      int rows = M - m < ROWS ? int(M - m) : ROWS;
+      const float* xm = x + m * K;
+      const float* wp = w + p * K * LANES;
+      const float* bp = bias ? bias + p * LANES : nullptr;
+      float* ym = y + m * N + p * LANES;
+      pass_fn run = np == 3 ? PASSES<3>[rows] : np == 2 ? PASSES<2>[rows] : PASSES<1>[rows];
+      run(xm, K, wp, bp, ym, N, N - p * LANES);
+    }
+  }
+}
+}
+
+extern "C" {
+// the head sizes llmkit_decode_attention takes: 16, 32, 64, 128 or 256
+int llmkit_attention_takes(int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128 || D == 256; }
+
+// q [B, H, D] contiguous; k, v [B, Hkv, L, D] with rows of D contiguous and the given batch and head
+// strides (a KV cache's filled part); key_mask [B, L] (1 = may attend) or null; out [B, H, D]
+void llmkit_decode_attention(const float* q, const float* k, const float* v, int64_t batch_stride, int64_t head_stride,
+                             const uint8_t* key_mask, int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t D,
+                             float scale, float* out, int threads) {
+  const int G = int(H / Hkv);
+  attend_fn run = D == 16 ? attend<1> : D == 32 ? attend<2> : D == 64 ? attend<4> : D == 128 ? attend<8> : attend<16>;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores(G * L);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < B * Hkv; ++task) {
+      int64_t b = task / Hkv, h = task % Hkv;
+      int64_t at = b * batch_stride + h * head_stride;
+      run(q + (b * H + h * G) * D, G, k + at, v + at, key_mask ? key_mask + b * L : nullptr, L, scale, scores.data(),
+          out + (b * H + h * G) * D);
+    }
+  }
+}
+}
