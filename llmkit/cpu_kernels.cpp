@@ -1,5 +1,6 @@
 // The float32 kernels of decoding on CPUs with AVX-512 (llmkit/cpu_kernels.py): few-row products
-// y[M, N] = x[M, K] Wᵀ + bias, and one new token's attention over the KV cache.
+// y[M, N] = x[M, K] Wᵀ + bias, one new token's attention over the KV cache, and the small steps
+// between them (RMSNorm, rotary embedding, SwiGLU's silu(gate) * up), each one pass over its rows.
 //
 // Products. A decoding step multiplies a few rows by every weight matrix, so the time is that of streaming
 // the weights from memory while the FMAs on them run. W is laid out once in panels of 16 output
@@ -185,5 +186,78 @@ void llmkit_decode_attention(const float* q, const float* k, const float* v, int
           out + (b * H + h * G) * D);
     }
   }
+}
+}
+
+// The small steps: a decoding step's tensors are a few rows, so one call each instead of torch's
+// several elementwise ops (each a pass over memory the products have just pushed out of cache);
+// threads only for a prompt's many rows.
+constexpr int64_t PARALLEL_AT = 1 << 16;  // values
+
+extern "C" {
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, as transformers' LlamaRMSNorm in float32
+AVX512 void llmkit_rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* out,
+                            int threads) {
+#pragma omp parallel for num_threads(threads) if (rows * dim >= PARALLEL_AT)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dim; i += LANES) {
+      __m512 xi = _mm512_maskz_loadu_ps(lanes_left(dim - i), xr + i);
+      squares = _mm512_fmadd_ps(xi, xi, squares);
+    }
+    __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / float(dim) + eps));
+    for (int64_t i = 0; i < dim; i += LANES) {
+      __mmask16 in = lanes_left(dim - i);
+      __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, xr + i), scale);
+      _mm512_mask_storeu_ps(out + r * dim + i, in, _mm512_mul_ps(normed, _mm512_maskz_loadu_ps(in, weight + i)));
+    }
+  }
+}
+
+// out[r] = silu(gate[r]) * up[r] over `width` values; gate and up rows `stride` apart
+AVX512 void llmkit_silu_times(const float* gate, const float* up, int64_t rows, int64_t width, int64_t stride,
+                              float* out, int threads) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+#pragma omp parallel for num_threads(threads) if (rows * width >= PARALLEL_AT)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; i += LANES) {
+      __mmask16 in = lanes_left(width - i);
+      __m512 g = _mm512_maskz_loadu_ps(in, gate + r * stride + i);
+      // silu(g) = g / (1 + e^-g) = g e^g / (1 + e^g): the exponential of -|g| never overflows
+      __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+      __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+      __m512 numerator = _mm512_mask_mul_ps(g, negative, g, e);
+      __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
+      _mm512_mask_storeu_ps(out + r * width + i, in, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(in, up + r * stride + i)));
+    }
+}
+
+// x [B, T, heads, D] in place (strides sb, st, sh; each head's D values contiguous) rotated by the
+// rotary embedding in transformers' layout: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) over the
+// two halves; cos and sin [B, T, D] with strides cb (0: one table for every row) and ct
+AVX512 void llmkit_rotate(float* x, int64_t B, int64_t T, int64_t heads, int64_t D, int64_t sb, int64_t st, int64_t sh,
+                          const float* cos, const float* sin, int64_t cb, int64_t ct, int threads) {
+  const int64_t half = D / 2;
+#pragma omp parallel for collapse(2) num_threads(threads) if (B * T * heads * D >= PARALLEL_AT)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* c = cos + b * cb + t * ct;
+      const float* s = sin + b * cb + t * ct;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = x + b * sb + t * st + h * sh;
+        for (int64_t i = 0; i < half; i += LANES) {
+          __mmask16 in = lanes_left(half - i);
+          __m512 x1 = _mm512_maskz_loadu_ps(in, p + i), x2 = _mm512_maskz_loadu_ps(in, p + half + i);
+          __m512 first = _mm512_sub_ps(_mm512_mul_ps(x1, _mm512_maskz_loadu_ps(in, c + i)),
+                                       _mm512_mul_ps(x2, _mm512_maskz_loadu_ps(in, s + i)));
+          __m512 second = _mm512_add_ps(_mm512_mul_ps(x2, _mm512_maskz_loadu_ps(in, c + half + i)),
+                                        _mm512_mul_ps(x1, _mm512_maskz_loadu_ps(in, s + half + i)));
+          _mm512_mask_storeu_ps(p + i, in, first);
+          _mm512_mask_storeu_ps(p + half + i, in, second);
+        }
+      }
+    }
 }
 }

@@ -1,6 +1,7 @@
 """llmkit's own float32 kernels for decoding on CPUs with AVX-512 (`cpu_kernels.cpp`): few-row
-products through weights laid out in panels (`PanelWeight`), and one new token's attention over
-the KV cache (`decode_attention`).
+products through weights laid out in panels (`PanelWeight`), one new token's attention over the
+KV cache (`decode_attention`), and the small steps between them without gradients (`rms_norm`,
+`silu_times`, `rotate_`: one pass over a step's few rows instead of torch's several ops).
 
 A decoding step multiplies a few rows (the batch) by every weight matrix: the weights stream from
 memory while the FMAs on them run, and neither MKL's sgemm nor oneDNN's packed product overlaps
@@ -90,6 +91,49 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask
     return out
 
 
+def elementwise(*tensors: torch.Tensor) -> bool:
+    """Whether the small steps' kernels (`rms_norm`, `silu_times`, `rotate_`) take these tensors:
+    float32 on CPU, no gradient."""
+    return (not torch.is_grad_enabled() and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and available())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) * weight over the last dimension."""
+    x, weight = x.contiguous(), weight.detach().contiguous()  # held while the kernel reads them
+    out = torch.empty_like(x)
+    library().llmkit_rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps,
+                              out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up, or None where gate and up are not rows of one stride (the halves of a
+    grouped product, or contiguous tensors)."""
+    width = gate.shape[-1]
+    try:
+        gate_rows, up_rows = gate.view(-1, width), up.view(-1, width)
+    except RuntimeError:
+        return None
+    if gate_rows.stride() != up_rows.stride() or gate_rows.stride(1) != 1:
+        return None
+    out = torch.empty(gate.shape, dtype=torch.float32)
+    library().llmkit_silu_times(gate.data_ptr(), up.data_ptr(), gate_rows.shape[0], width, gate_rows.stride(0),
+                                out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D] (any strides, each head's D values contiguous) rotated in place by the rotary
+    embedding, cos and sin [T, D] or [B, 1, T, D] as `llmkit.model.rope_tables` gives them."""
+    B, heads, T, D = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    cb, ct = (0, cos.stride(0)) if cos.dim() == 2 else (cos.stride(0), cos.stride(2))
+    library().llmkit_rotate(x.data_ptr(), B, T, heads, D, x.stride(0), x.stride(2), x.stride(1), cos.data_ptr(),
+                            sin.data_ptr(), cb, ct, torch.get_num_threads())
+    return x
+
+
 def address(t: torch.Tensor | None) -> int | None:
     """The address of t's first element (None for no tensor). The caller holds t while the kernel
     runs: the address of a temporary (`x.contiguous().data_ptr()`) is freed memory by then."""
@@ -155,5 +199,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.llmkit_panel_pack.argtypes = [pointer, size, size, pointer, threads]
     lib.llmkit_panel_product.argtypes = [pointer, size, size, pointer, pointer, size, pointer, threads]
     lib.llmkit_attention_takes.argtypes = [size]
+    lib.llmkit_rms_norm.argtypes = [pointer, pointer, size, size, ctypes.c_float, pointer, threads]
+    lib.llmkit_silu_times.argtypes = [pointer, pointer, size, size, size, pointer, threads]
+    lib.llmkit_rotate.argtypes = [pointer] + [size] * 7 + [pointer, pointer, size, size, threads]
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,
                                             size, ctypes.c_float, pointer, threads]

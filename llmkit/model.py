@@ -62,6 +62,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        if cpu_kernels.elementwise(x, self.weight):
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         # normalise in float32 (as transformers does) so bf16 training keeps precision
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
@@ -100,6 +102,22 @@ def rotate_half(x):
     return torch.cat([-x2, x1], dim=-1)
 
 
+def rotary(x, cos, sin):
+    """x [B, heads, T, D] rotated by position; cos, sin [T, D] or [B, 1, T, D]. Without gradients
+    on CPU, in place (x is a projection's fresh output)."""
+    if cpu_kernels.elementwise(x, cos, sin) and x.stride(-1) == 1:
+        return cpu_kernels.rotate_(x, cos, sin)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def silu_times(gate, up):
+    """SwiGLU's silu(gate) * up."""
+    if cpu_kernels.elementwise(gate, up) and (product := cpu_kernels.silu_times(gate, up)) is not None:
+        return product
+    return F.silu(gate) * up
+
+
 class Attention(nn.Module):
     PRODUCT_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj")}  # one packed product when decoding
 
@@ -125,8 +143,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         gqa = self.n_kv_heads != self.n_heads
@@ -181,7 +198,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = grouped_products(self, "gate_up", x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_times(gate, up))
 
 
 class Expert(nn.Module):
