@@ -6,8 +6,8 @@ block's products at ~60. A weight laid out once per `packed_linears` for product
 serves any row count from then on: llmkit's panel kernel (`llmkit.cpu_kernels`, CPUs with
 AVX-512) or, elsewhere, oneDNN's blocked layout (made in 0.2-0.4 s for SmolLM2's 211 matrices).
 SmolLM2's 211 products at 16 rows take 33 ms with panels, 44 with oneDNN, 52 with MKL at 2
-threads; 60, 74 and 101 ms at 1 (`bench/decode_floor.py`, a Xeon with AVX-512). The results are those of another summation order
-(~1e-6 relative), not bit-identical to `F.linear`'s.
+threads; 60, 74 and 101 ms at 1 (`bench/decode_floor.py`, a Xeon with AVX-512). The results are
+those of another summation order (~1e-6 relative), not bit-identical to `F.linear`'s.
 
 Only float32 `nn.Linear` layers on CPU whose weight holds at least MIN_ELEMENTS values are packed:
 quantised layers (bitsandbytes' subclasses) and partitioned ZeRO-3 weights are left alone, and
@@ -23,7 +23,9 @@ Training packs too, where a weight cannot change: `packed_linears(model, frozen_
 (the engine, for a run with frozen layers: a LoRA base) packs the frozen layers in both
 orientations, so a forward with gradients runs its product through packed W and the input's
 gradient through packed Wᵀ, for one more copy of the frozen weights per orientation — only
-while the two copies take at most a quarter of the memory available when training starts.
+while the two copies take at most a quarter of the memory available when training starts. Those
+copies are oneDNN's (faster at training's many rows); a decoding use inside the run (a rollout)
+adds panel copies of them for its few rows while it lasts.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from llmkit import cpu_kernels
 MIN_ELEMENTS = 65_536  # smaller matrices (LoRA's r x d) run as fast through F.linear
 PACKED = "_llmkit_packed_weight"  # the attribute a packed layer carries inside the `with` (a `pack`)
 PACKED_T = "_llmkit_packed_transpose"  # and, packed for training, its transpose
+PACKED_FEW = "_llmkit_packed_few_rows"  # a training-packed layer's copy for decoding inside the run
 PACKED_GROUPS = "_llmkit_packed_groups"  # a module's PRODUCT_GROUPS packed: {group: (packed, bias, sizes)}
 TRAINING_SHARE = 0.25  # training packs only if both copies fit in this share of the available memory
 
@@ -78,10 +81,18 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
         vars(module).setdefault(PACKED_GROUPS, {})[name] = _packed_concatenation(members)
     for layer in layers:
         weight = layer.weight.detach()
-        setattr(layer, PACKED, pack(weight))
+        setattr(layer, PACKED, pack(weight, few_rows=not frozen_only))
         if frozen_only:
-            setattr(layer, PACKED_T, pack(weight.t()))
+            setattr(layer, PACKED_T, pack(weight.t(), few_rows=False))
         layer.forward = _packed_forward.__get__(layer)
+    # decoding inside a run whose frozen layers are packed for training (a GRPO rollout): their
+    # few-row products go faster through panels, a third copy held while the decoding lasts
+    rollout = [m for m in model.modules() if hasattr(m, PACKED_T) and not hasattr(m, PACKED_FEW)] if (
+        not frozen_only and available and cpu_kernels.available()) else []
+    if sum(m.weight.nbytes for m in rollout) > available_memory() * TRAINING_SHARE:
+        rollout = []
+    for layer in rollout:
+        setattr(layer, PACKED_FEW, cpu_kernels.PanelWeight(layer.weight))
     try:
         yield
     finally:
@@ -92,6 +103,8 @@ def packed_linears(model: nn.Module, frozen_only: bool = False):
             if frozen_only:
                 delattr(layer, PACKED_T)
             del layer.forward  # the class's forward again
+        for layer in rollout:
+            delattr(layer, PACKED_FEW)
 
 
 def packable_groups(model: nn.Module) -> dict[tuple[nn.Module, str], list[nn.Linear]]:
@@ -107,13 +120,18 @@ def packable_groups(model: nn.Module) -> dict[tuple[nn.Module, str], list[nn.Lin
     return groups
 
 
-def pack(weight: torch.Tensor):
-    """`weight` [out, in] laid out for products of few rows: `.product(x, bias)` is x Wᵀ + bias."""
-    return cpu_kernels.PanelWeight(weight) if cpu_kernels.available() else OneDNNWeight(weight)
+def pack(weight: torch.Tensor, few_rows: bool = True):
+    """`weight` [out, in] laid out for products: `.product(x, bias)` is x Wᵀ + bias. For a decoding
+    step's few rows, llmkit's panel kernel where it runs; for training's hundreds of rows, oneDNN
+    (a SmolLM2 block's products and input gradients at 2,048 rows: 93 ms against 101-115 in panels)."""
+    if cpu_kernels.available() and (few_rows or not torch.backends.mkldnn.is_available()):
+        return cpu_kernels.PanelWeight(weight)
+    return OneDNNWeight(weight)
 
 
 class OneDNNWeight:
-    """oneDNN's blocked layout of a weight (`torch.ops.mkldnn`), where the panel kernel cannot run."""
+    """oneDNN's blocked layout of a weight (`torch.ops.mkldnn`): training's products, and decoding's
+    where the panel kernel cannot run."""
 
     __slots__ = ("packed",)
 
@@ -164,7 +182,7 @@ def _packed_forward(self: nn.Linear, x):
         if transposed is None or trains(self):
             return nn.Linear.forward(self, x)  # a weight that trains needs its own gradient
         return _FrozenPackedProduct.apply(x, getattr(self, PACKED), transposed, bias)
-    return getattr(self, PACKED).product(x, bias)
+    return (getattr(self, PACKED_FEW, None) or getattr(self, PACKED)).product(x, bias)
 
 
 class _FrozenPackedProduct(torch.autograd.Function):

@@ -101,3 +101,39 @@ def test_a_failed_build_is_remembered_and_callers_keep_onednn(tmp_path, monkeypa
         assert cpu_kernels.library() is None and not cpu_kernels.available()
     finally:
         cpu_kernels.library.cache_clear()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 16, 300])  # 300 x 576 values: the kernels' threads
+def test_the_small_steps_compute_what_torch_computes(rows):
+    from llmkit.model import rotate_half
+
+    x, weight = torch.randn(rows, 576) * 3, torch.randn(576)
+    expected = F.rms_norm(x, (576,), eps=1e-5) * weight
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, weight, 1e-5), expected, atol=1e-5, rtol=1e-5)
+
+    gate_up = torch.randn(rows, 1, 2 * 40) * 8  # a grouped product's halves, as the MLP gets them
+    gate, up = gate_up.split(40, -1)
+    torch.testing.assert_close(cpu_kernels.silu_times(gate, up), F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    if rows > 1:  # (one row has any stride)
+        assert cpu_kernels.silu_times(gate, up.contiguous()) is None  # rows of another stride: torch's ops
+    assert cpu_kernels.silu_times(gate_up[..., ::2], gate_up[..., 1::2]) is None  # values not contiguous
+
+    qkv = torch.randn(2, rows, 5 * 64)  # [B, T, heads x D] -> [B, heads, T, D], as attention rotates it
+    q = qkv.view(2, rows, 5, 64).transpose(1, 2)
+    for cos, sin in (torch.randn(2, rows, 64), torch.randn(2, 2, 1, rows, 64)):  # [T, D] / [B, 1, T, D]
+        expected = q * cos + rotate_half(q) * sin
+        rotated = cpu_kernels.rotate_(q.clone(), cos, sin)
+        torch.testing.assert_close(rotated, expected, atol=1e-5, rtol=1e-5)
+    cos, sin = torch.randn(2, rows, 64)
+    expected = q * cos + rotate_half(q) * sin
+    assert cpu_kernels.rotate_(q, cos, sin) is q and torch.equal(qkv.view(2, rows, 5, 64).transpose(1, 2), q)
+    torch.testing.assert_close(q, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_the_small_steps_leave_gradients_to_autograd():
+    x = torch.randn(2, 8, requires_grad=True)
+    assert not cpu_kernels.elementwise(x)
+    with torch.no_grad():
+        assert cpu_kernels.elementwise(x) and not cpu_kernels.elementwise(x.double())

@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 
 import llmkit.packed_linear as packed
+from llmkit import cpu_kernels
 from llmkit.decoding import generate
 from llmkit.model import MLP, Attention
 from llmkit.packed_linear import PACKED, PACKED_GROUPS, grouped_products, packed_linears
@@ -88,6 +89,22 @@ def test_layers_packed_one_by_one_for_training_are_not_packed_again_as_a_group(p
         assert hasattr(attention.q_proj, PACKED)
         with packed_linears(model):
             assert not getattr(attention, PACKED_GROUPS, None)  # the layers' own packed copies serve
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="needs AVX-512 and a C++ compiler")
+def test_a_rollout_inside_training_decodes_through_panels_and_training_keeps_onednn(
+        pack_every_matrix, monkeypatch):
+    model, prompts = build().requires_grad_(False), tokens(2, 5)
+    layer = model.model.layers[0].self_attn.o_proj
+    calls, product = [], cpu_kernels.PanelWeight.product
+    monkeypatch.setattr(cpu_kernels.PanelWeight, "product", lambda self, *a: calls.append(self) or product(self, *a))
+    with packed_linears(model, frozen_only=True):
+        assert isinstance(getattr(layer, PACKED), packed.OneDNNWeight)  # faster at training's many rows
+        with packed_linears(model), torch.no_grad():
+            assert isinstance(getattr(layer, packed.PACKED_FEW), cpu_kernels.PanelWeight)
+            model(prompts)
+            assert getattr(layer, packed.PACKED_FEW) in calls
+        assert not hasattr(layer, packed.PACKED_FEW) and hasattr(layer, packed.PACKED_T)
 
 
 class QuantisedLinear(nn.Linear):
