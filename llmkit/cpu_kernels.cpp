@@ -9,7 +9,7 @@
 // rows take more passes over the same panels, which are then in cache. Each output is one FMA
 // chain over k in order (no reassociation), computed the same way whatever M and the thread count.
 //
-// Built without -mavx512f: the kernels carry the target attribute, and `llmkit_panel_supported`
+// Built without -mavx512f: the kernels carry the target attribute, and `llmkit_kernels_supported`
 // tells the caller whether this CPU may run them. Threads are OpenMP's, as many as the caller
 // passes (torch's count), over groups of panels.
 
@@ -124,7 +124,7 @@ constexpr pass_fn PASSES[ROWS + 1] = {nullptr, pass<1, NP>, pass<2, NP>, pass<3,
 
 extern "C" {
 
-int llmkit_panel_supported() {
+int llmkit_kernels_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
 }

@@ -142,7 +142,7 @@ def address(t: torch.Tensor | None) -> int | None:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built if need be; None where it cannot be built or run here."""
+    """The compiled kernels, built if need be; None where they cannot be built or run here."""
     if platform.machine().lower() not in ("x86_64", "amd64") or sys.platform != "linux":
         return None
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -153,13 +153,14 @@ def library() -> ctypes.CDLL | None:
     if failed.exists():
         return None
     if not path.exists():
+        print("llmkit: compiling the CPU decoding kernels, once (about 3 s)", file=sys.stderr)
         try:
             build(compiler, path)
         except (OSError, subprocess.CalledProcessError) as e:
             failed.write_text(f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}\n")
             return None
     lib = ctypes.CDLL(str(path))
-    if not lib.llmkit_panel_supported():
+    if not lib.llmkit_kernels_supported():
         return None
     declare(lib)
     return lib
