@@ -86,15 +86,21 @@ def compiled_path(kernels: str, signatures: dict[str, str]) -> Path | None:
     for name, value in _imported_constants(source):
         key.update(name.encode())
         key.update(_constant_bytes(value))
-    folder = source_file.parent / "__pycache__"
+    folder = writable_cache_folder(source_file.parent)
+    if folder is None:
+        return None
+    name = f"{kernels.rsplit('.', 1)[-1]}_{key.hexdigest()[:16]}"
+    return folder / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
+
+
+def writable_cache_folder(package: Path) -> Path | None:
+    """`package/__pycache__`, made if need be, where compiled kernels live; None if not writable."""
+    folder = package / "__pycache__"
     try:
         folder.mkdir(exist_ok=True)
     except OSError:
         return None
-    if not os.access(folder, os.W_OK):
-        return None
-    name = f"{kernels.rsplit('.', 1)[-1]}_{key.hexdigest()[:16]}"
-    return folder / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
+    return folder if os.access(folder, os.W_OK) else None
 
 
 def compile_kernels(kernels: str, signatures: dict[str, str], path: Path) -> None:

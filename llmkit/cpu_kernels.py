@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from llmkit.aot import writable_cache_folder
+
 SOURCE = Path(__file__).with_suffix(".cpp")
 
 
@@ -170,14 +172,8 @@ def compiled_path(compiler: str) -> Path | None:
     """`__pycache__/cpu_kernels_<hash of the source and the compiler>.so`; None if not writable."""
     key = hashlib.sha256(SOURCE.read_bytes())
     key.update(compiler.encode())
-    folder = SOURCE.parent / "__pycache__"
-    try:
-        folder.mkdir(exist_ok=True)
-    except OSError:
-        return None
-    if not os.access(folder, os.W_OK):
-        return None
-    return folder / f"{SOURCE.stem}_{key.hexdigest()[:16]}.so"
+    folder = writable_cache_folder(SOURCE.parent)
+    return None if folder is None else folder / f"{SOURCE.stem}_{key.hexdigest()[:16]}.so"
 
 
 def build(compiler: str, path: Path) -> None:
