@@ -118,8 +118,9 @@ def segment_grams(hashes, cjk, offsets, word_n, char_n, min_words, min_chars, cj
     """The n-grams of each segment (an evaluation item's text): all of width `char_n` when at
     least `cjk_ratio` of its tokens are unsegmented characters, else of width `word_n`; a
     shorter segment is one n-gram of all its tokens if it has at least `min_chars` /
-    `min_words`, else none. Returns (hash, hash of its first `prefix` tokens, segment) per
-    n-gram and each segment's (token count, n-gram width or 0 when too short, full width)."""
+    `min_words`, else none. Returns (hash, hash of its first `prefix` tokens, segment, first
+    token) per n-gram and each segment's (token count, n-gram width or 0 when too short, full
+    width, least tokens: `min_chars` or `min_words`)."""
     n_seg = len(offsets) - 1
     total = 0
     for s in range(n_seg):
@@ -127,7 +128,8 @@ def segment_grams(hashes, cjk, offsets, word_n, char_n, min_words, min_chars, cj
     grams = np.empty(total, np.uint64)
     firsts = np.empty(total, np.uint64)
     owner = np.empty(total, np.int64)
-    info = np.zeros((n_seg, 3), np.int64)
+    starts = np.empty(total, np.int64)
+    info = np.zeros((n_seg, 4), np.int64)
     pos = 0
     for s in range(n_seg):
         a, b = offsets[s], offsets[s + 1]
@@ -142,14 +144,16 @@ def segment_grams(hashes, cjk, offsets, word_n, char_n, min_words, min_chars, cj
         info[s, 0] = count
         info[s, 1] = width
         info[s, 2] = n
+        info[s, 3] = least
         if width == 0:
             continue
         for start in range(a, b - width + 1):
             grams[pos] = gram_hash(hashes, start, width)
             firsts[pos] = gram_hash(hashes, start, prefix)
             owner[pos] = s
+            starts[pos] = start
             pos += 1
-    return grams[:pos].copy(), firsts[:pos].copy(), owner[:pos].copy(), info
+    return grams[:pos].copy(), firsts[:pos].copy(), owner[:pos].copy(), starts[:pos].copy(), info
 
 
 @njit(cache=True)

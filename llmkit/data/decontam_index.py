@@ -13,8 +13,12 @@ it, its choices; a prompt with its references or replies; a plain `text`. Each t
 n-grams (`segment_grams` in llmkit.data._decontam_kernels): 13 words, or 13 characters where
 most tokens are unsegmented characters; a shorter answer, or question followed by its answer,
 is one n-gram of all its tokens when it has at least `min_words` / `min_chars` of them (a
-short question alone is not: it is common text). An n-gram found in more than
-`max_items_per_ngram` items is the benchmark's own template, not evidence of a leak, and is
+short question or choice alone is not: it is common text). Text that two distinct items of
+one file share (a run of `min_words` / `min_chars` tokens: an instruction, a template) is the
+benchmark's format, not one of its items: an n-gram counts only when at least `min_words` /
+`min_chars` of its tokens are its item's own, and an item with no such n-gram is skipped
+(`shared with other items`); a repeated row is one item, named by its first row. An n-gram
+found in more than `max_items_per_ngram` items of all the files is template too, and is
 dropped. The index is built once per process (`index_for`) from the config's file list.
 """
 
@@ -45,7 +49,7 @@ KERNEL_MODULE = "llmkit.data._decontam_kernels"
 _SIGNATURES = {
     "text_tokens": "Tuple((u8[::1], i8[::1], i8[::1], u1[::1], i8[::1]))"
                    "(u4[::1], i8[::1], i8[::1], u4[::1], u1[::1])",
-    "segment_grams": "Tuple((u8[::1], u8[::1], i8[::1], i8[:, ::1]))"
+    "segment_grams": "Tuple((u8[::1], u8[::1], i8[::1], i8[::1], i8[:, ::1]))"
                      "(u8[::1], u1[::1], i8[::1], i8, i8, i8, i8, f8, i8)",
     "build_table": "Tuple((u8[::1], i8[::1]))(u8[::1], i8[::1])",
     "find_matches": "Tuple((i8[::1], i8[::1], i8[:, ::1]))(u8[::1], i8[::1], i8[::1], i8[::1], "
@@ -161,8 +165,9 @@ def item_texts(row: dict) -> dict[str, bool]:
         prompt = row["question"]
         try:
             q = parse_question(row, "")
-            answers = [q.choices[q.answer]]
-            texts.update((c, False) for c in q.choices)
+            texts.update((c, False) for c in q.choices)  # the gold one too: a choice alone
+            texts[f"{prompt} {q.choices[q.answer]}"] = True
+            answers = []
         except UserError:  # a question without usable choices: its question is still an item
             pass
     texts[prompt] = False
@@ -221,7 +226,7 @@ class EvalIndex:
     prefix: int
     items: list  # (file label, row number from 1)
     files: dict  # label -> FileIndexStats
-    template_ngrams: int  # n-grams dropped as shared by too many items
+    template_ngrams: int  # n-grams dropped as text shared by other items
 
     def label(self, item: int) -> str:
         name, row = self.items[item]
@@ -286,39 +291,78 @@ def _index_of(texts, owners, short_ok, items, files, cfg) -> EvalIndex:
     k = kernels()
     tokens = tokenize(texts)
     prefix = min(cfg.min_words, cfg.min_chars)
-    grams, firsts, segment, info = k.segment_grams(
+    grams, firsts, segment, starts, info = k.segment_grams(
         tokens.hashes, tokens.unsegmented, tokens.offsets, cfg.ngram_words, cfg.ngram_chars,
         cfg.min_words, cfg.min_chars, cfg.cjk_ratio, prefix)
     info[~short_ok & (info[:, 1] < info[:, 2]), 1] = 0  # a question alone, shorter than n
-    full = info[segment, 1] > 0
-    grams, firsts, segment = grams[full], firsts[full], segment[full]
-    item_of_gram = owners[segment]
-    _count_items(files, items, owners, info, item_of_gram)
+    same = first_equal_item(tokens, owners, len(items))
+    own = np.concatenate([[0], np.cumsum(~shared_tokens(tokens, owners, same, items, cfg))])
+    width = info[segment, 1]
+    # evidence: an n-gram with at least min_words (min_chars) tokens of its item's own,
+    # so that text shared with other items, plus a word or two, is not a leak
+    evidence = (width > 0) & (own[starts + width] - own[starts] >= info[segment, 3])
+    candidates = len(np.unique(grams[width > 0]))
+    grams, firsts, segment, width = (a[evidence] for a in (grams, firsts, segment, width))
+    _count_items(files, items, owners, info, owners[segment])
     _require_items(files, cfg)
-    # one row per (n-gram, item); an n-gram in too many items is template, not evidence
-    pairs = np.unique(np.stack([grams, item_of_gram.astype(np.uint64)]), axis=1)
+    # one row per (n-gram, distinct item); an n-gram in too many items is template, not evidence
+    pairs = np.unique(np.stack([grams, same[owners[segment]].astype(np.uint64)]), axis=1)
     keys, first, per_key = np.unique(pairs[0], return_index=True, return_counts=True)
     keep = per_key <= cfg.max_items_per_ngram
     gram_keys, gram_values = k.build_table(keys[keep], pairs[1][first][keep].astype(np.int64))
-    prefixes = np.unique(firsts if keep.all() else firsts[np.isin(grams, keys[keep])])
+    used = np.isin(grams, keys[keep])
+    prefixes = np.unique(firsts[used])
     prefix_keys, prefix_values = k.build_table(prefixes, np.zeros(len(prefixes), np.int64))
-    widths = np.unique(info[:, 1][info[:, 1] > 0]).astype(np.int64)
+    widths = np.unique(width[used]).astype(np.int64)
     return EvalIndex(prefix_keys, prefix_values, gram_keys, gram_values, widths, prefix, items,
-                     files, int((~keep).sum()))
+                     files, candidates - int(keep.sum()))
+
+
+def first_equal_item(tokens: Tokens, owners: np.ndarray, n_items: int) -> np.ndarray:
+    """Per item, the first item whose texts fold to the same tokens: a row repeated in a file
+    (or in another file) is one item, named by its first row."""
+    texts_of = [[] for _ in range(n_items)]
+    bounds = tokens.offsets
+    for text, item in enumerate(owners.tolist()):
+        texts_of[item].append(tokens.hashes[bounds[text]:bounds[text + 1]].tobytes())
+    first: dict = {}
+    return np.array([first.setdefault(tuple(sorted(t)), i) for i, t in enumerate(texts_of)],
+                    np.int64)
+
+
+def shared_tokens(tokens: Tokens, owners, same, items, cfg) -> np.ndarray:
+    """Per token, whether it lies in a run of min_words words (min_chars characters) that two
+    distinct items of one file share: an instruction, a template, a passage several questions
+    ask about. GPT-3 and lm-eval-harness ignore n-grams frequent across the evaluation set
+    for the same reason: such text shows the benchmark's format, not one of its items."""
+    grams, _, segment, starts, info = kernels().segment_grams(
+        tokens.hashes, tokens.unsegmented, tokens.offsets, cfg.min_words, cfg.min_chars,
+        cfg.min_words, cfg.min_chars, cfg.cjk_ratio, min(cfg.min_words, cfg.min_chars))
+    labels = {label: n for n, label in enumerate(dict.fromkeys(label for label, _ in items))}
+    file_of = np.array([labels[label] for label, _ in items], np.uint64)
+    in_file = grams ^ (file_of[owners[segment]] * np.uint64(0x9E3779B97F4A7C15))  # run, file
+    pairs = np.unique(np.stack([in_file, same[owners[segment]].astype(np.uint64)]), axis=1)
+    keys, per_key = np.unique(pairs[0], return_counts=True)
+    shared = np.isin(in_file, keys[per_key > 1])
+    edges = np.zeros(len(tokens.hashes) + 1, np.int64)
+    np.add.at(edges, starts[shared], 1)
+    np.add.at(edges, starts[shared] + info[segment[shared], 1], -1)
+    return np.cumsum(edges[:-1]) > 0
 
 
 def _count_items(files, items, owners, info, item_of_gram) -> None:
-    """Per file: items indexed, n-grams, and items skipped because every text is too short."""
+    """Per file: items indexed, n-grams, and items skipped: every text too short, or what is
+    long enough shared with other items of the file."""
     indexable = np.zeros(len(items), bool)
     np.logical_or.at(indexable, owners, info[:, 1] > 0)
     grams_per_item = np.bincount(item_of_gram, minlength=len(items))
     for item, (label, _) in enumerate(items):
         stats = files[label]
-        if indexable[item]:
+        if grams_per_item[item]:
             stats.items_indexed += 1
             stats.ngrams += int(grams_per_item[item])
         else:
-            stats.skip("too short")
+            stats.skip("shared with other items" if indexable[item] else "too short")
 
 
 def _require_items(files: dict, cfg) -> None:
