@@ -10,7 +10,8 @@ from llmkit.config import load_recipe, parse_overrides, resolve_config
 from llmkit.errors import UserError
 from llmkit.executor import RunsOn
 from llmkit.recipes import check_recipe, check_section_names, section_for, section_settings
-from llmkit.stages import TRAINING, config_class
+from llmkit.stages import BY_COMMAND, TRAINING, config_class
+from llmkit.targets import check_target
 from llmkit.workspace import Artifact, Workspace
 
 
@@ -36,8 +37,20 @@ class StageContext:
         resolve_config(RunsOn, flags.get("run"))  # a wrong flag fails before anything is read
         recipe_data = load_recipe(recipe)
         check_section_names(recipe_data, str(recipe))
-        return cls(Workspace(Path(root)), stage, recipe_data, parse_overrides(set_),
-                   list(inputs or []), out, force, flags, str(recipe))
+        ctx = cls(Workspace(Path(root)), stage, recipe_data, parse_overrides(set_),
+                  list(inputs or []), out, force, flags, str(recipe))
+        if out is not None and stage in BY_COMMAND:
+            ctx.check_out()
+        return ctx
+
+    def check_out(self) -> None:
+        """Refuse an --out that must not be replaced (llmkit.targets) before anything is read;
+        the artifact's builder checks again, knowing the kind it builds and its inputs."""
+        path = self.workspace.path(BY_COMMAND[self.stage].folder) / self.out
+        check_target(path, root=self.workspace.root, stage=self.stage, force=self.force,
+                     inputs=[self.workspace.named(name) for name in self.inputs], shown=self.out)
+        if os.path.normpath(self.out) == ".":  # eval's folder itself: every report is in there
+            raise UserError(f"--out {self.out!r} names no artifact; give it a name")
 
     @property
     def workers(self) -> int:

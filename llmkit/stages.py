@@ -28,6 +28,7 @@ class Stage:
     kind: str  # data | training (a checkpoint run) | model (reads one) | report | workspace | helper
     # artifact name -> the options that build it under that name, the stage's default first
     outputs: dict[str, str] = field(default_factory=dict)
+    folder: str = ""  # the workspace folder its artifacts go in ("eval/": `--out X` is eval/X)
 
     @property
     def section(self) -> str:
@@ -67,7 +68,7 @@ STAGES = (
     Stage("ppo", "llmkit.cli.ppo:ppo", "llmkit.train.ppo_config:PpoConfig", "training", {"ppo": ""}),
     Stage("distill", "llmkit.cli.distill:distill", "llmkit.train.distill:DistillConfig", "training",
           {"distill": ""}),
-    Stage("eval", "llmkit.cli.eval:eval_", "llmkit.eval.stage:EvalConfig", "model"),
+    Stage("eval", "llmkit.cli.eval:eval_", "llmkit.eval.stage:EvalConfig", "model", folder="eval/"),
     Stage("generate", "llmkit.cli.generate:generate", "llmkit.generation:GenerateConfig", "model"),
     Stage("judge", "llmkit.cli.judge:judge", "llmkit.judge.session:JudgeConfig", "model",
           {"judge": "--from RUN,RUN --prompts PROMPTS", "judge_prefs": "--export"}),

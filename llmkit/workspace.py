@@ -33,9 +33,9 @@ from llmkit.config import config_to_dict
 from llmkit.errors import UserError
 from llmkit.locks import acquire_lock, release_lock
 from llmkit.stages import OUTPUTS, build_command
+from llmkit.targets import MANIFEST, check_target
 from llmkit.version import __version__
 
-MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 WORK_INFO = "work.json"  # in a work dir: the artifact, stage and task count it is for
 
@@ -210,12 +210,18 @@ class Workspace:
     def path(self, name: str) -> Path:
         return self.root / name
 
-    def artifact(self, name_or_path: str | Path) -> Artifact:
+    def named(self, name_or_path: str | Path) -> Path:
+        """Where an --in value points: a path when it is one, else the workspace's artifact of
+        that name (or a folder of that name here, when the workspace has none)."""
         p = Path(name_or_path)
-        candidates = [p] if (p.is_absolute() or os.sep in str(name_or_path)) else [self.root / p, p]
-        for c in candidates:
-            if c.exists():
-                return Artifact.open(c, self.root)
+        if p.is_absolute() or os.sep in str(name_or_path):
+            return p
+        return p if p.exists() and not self.path(p).exists() else self.path(p)
+
+    def artifact(self, name_or_path: str | Path) -> Artifact:
+        path = self.named(name_or_path)
+        if path.exists():
+            return Artifact.open(path, self.root)
         name = str(name_or_path)
         command = build_command(name)
         here = {str(p.relative_to(self.root)) for p in self.artifacts()}
@@ -231,8 +237,11 @@ class Workspace:
                         "(see `llmkit status`)")
 
     def builder(self, name: str, *, stage: str, config, inputs: list[Artifact] = (),
-                force: bool = False, in_place: bool = False, quiet: bool = False) -> "Builder":
-        return Builder(self, name, stage, config, list(inputs), force, in_place, quiet)
+                force: bool = False, in_place: bool = False, quiet: bool = False,
+                kind: str | None = None) -> "Builder":
+        """`kind` tells apart two artifacts one stage builds (a classifier and a dataset): neither
+        replaces the other without --force."""
+        return Builder(self, name, stage, config, list(inputs), force, in_place, quiet, kind)
 
     def artifacts(self) -> list[Path]:
         """Every artifact-like directory (complete or not), checkpoint-run folders and
@@ -275,8 +284,8 @@ class Builder:
             ... write files into b.dir, counts into b.stats ...
     """
 
-    def __init__(self, ws, name, stage, config, inputs, force, in_place, quiet):
-        self.ws, self.name, self.stage = ws, name, stage
+    def __init__(self, ws, name, stage, config, inputs, force, in_place, quiet, kind=None):
+        self.ws, self.name, self.stage, self.kind = ws, name, stage, kind
         self.config = config_to_dict(config)
         self.inputs = inputs
         self.in_place = in_place
@@ -292,12 +301,15 @@ class Builder:
         self.work_dir = ws.root / ".work" / f"{name.replace('/', '_')}-{self.fingerprint[:12]}"
         self._lock: Path | None = None
         self.up_to_date = not force and self._existing_fingerprint() == self.fingerprint
+        # an artifact up to date is this stage's own, whatever kind an older llmkit recorded
+        check_target(self.final, root=ws.root, stage=stage, kind=kind or stage,
+                     force=force or self.up_to_date, inputs=[a.path for a in inputs], shown=name)
         if self.up_to_date:
             self._clear_leftovers()
             if not quiet:
                 print(f"{name}: up to date ({self.final})")
         elif not force:
-            self._refuse_to_replace_another_kind()
+            self._refuse_to_replace_a_run()
 
     def _clear_leftovers(self) -> None:
         """What a run killed after renaming its artifact into place left: its work dir and,
@@ -310,27 +322,17 @@ class Builder:
             except UserError:
                 pass
 
-    def _refuse_to_replace_another_kind(self) -> None:
-        """Without --force, a stage never replaces what another stage built (a dataset is not
-        overwritten by a run, nor a run by a dataset), nor a folder of complete checkpoints it
-        does not continue: reusing a name by mistake must not cost a finished artifact."""
-        if not self.final.is_dir():
-            return
-        try:
-            built_by = json.loads((self.final / MANIFEST).read_text(encoding="utf-8")).get("stage")
-        except (OSError, ValueError, AttributeError):
-            built_by = None
+    def _refuse_to_replace_a_run(self) -> None:
+        """Without --force, a folder of complete checkpoints is replaced only by the run that
+        continues it: reusing a name by mistake must not cost a finished run (a manifest's
+        stage and kind are `check_target`'s)."""
         checkpoints = [p.name for p in self.final.glob("step-*/complete")]
-        if built_by not in (None, self.stage):
-            what = f"an artifact built by `llmkit {built_by}`"
-        elif built_by is None and checkpoints and not self.in_place:
-            what = f"{len(checkpoints)} complete checkpoint(s) of a training run"
-        else:
+        if self.in_place or not checkpoints or (self.final / MANIFEST).is_file():
             return
         raise UserError(
-            f"{shown(self.final)} holds {what}; `llmkit {self.stage}` would replace it with its own "
-            f"output. Write elsewhere with --out NEW_NAME, or add --force to replace it (its "
-            f"contents are deleted)")
+            f"{shown(self.final)} holds {len(checkpoints)} complete checkpoint(s) of a training run; "
+            f"`llmkit {self.stage}` would replace it with its own output. Write elsewhere with --out "
+            f"NEW_NAME, or add --force to replace it (its contents are deleted)")
 
     def _existing_fingerprint(self) -> str | None:
         try:
@@ -374,6 +376,7 @@ class Builder:
     def manifest(self) -> dict:
         return {
             "stage": self.stage,
+            **({"kind": self.kind} if self.kind else {}),
             "llmkit_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "fingerprint": self.fingerprint,

@@ -153,12 +153,12 @@ def test_eval_measures_a_gguf_file_through_llama_cpp(tmp_path):
     ws = tmp_path / "ws"
     tiny_run(ws)
     invoke("export", "--from", "run", "--format", "gguf", "--quant", "q8_0", "-w", ws, "--set", "probe=false")
-    gguf = ws / "export" / "gguf" / "model-q8_0.gguf"
+    gguf = ws / "export" / "gguf-q8_0" / "model-q8_0.gguf"
     invoke("eval", "--from", "run", "-w", ws, "--set", "tasks=efficiency", "--set", "efficiency.batch_sizes=2",
            "--set", "efficiency.prompt_tokens=8", "--set", "efficiency.new_tokens=4",
-           "--set", f"efficiency.models={gguf},{ws / 'export' / 'gguf'}")
+           "--set", f"efficiency.models={gguf},{ws / 'export' / 'gguf-q8_0'}")
     results = json.loads((ws / "eval" / "run" / "results.json").read_text())["efficiency"]["models"]
-    by_file, by_folder = results[str(gguf)], results[str(ws / "export" / "gguf")]
+    by_file, by_folder = results[str(gguf)], results[str(ws / "export" / "gguf-q8_0")]
     for form in (by_file, by_folder):
         assert form["engine"] == "llama.cpp" and form["size"]["file_bytes"] == gguf.stat().st_size
         [run] = form["runs"]

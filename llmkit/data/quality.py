@@ -100,8 +100,8 @@ def train_classifier(ctx, cfg: QualityConfig, name: str, *, good: list[str], bad
         inputs.append(enc_art)
     elif encoder:
         raise UserError("--encoder is for --set backend=hidden; fastText needs none")
-    b = ws.builder(name, stage="quality", config=classifier_settings(cfg, step), inputs=inputs,
-                   force=ctx.force)
+    b = ws.builder(name, stage="quality", kind="classifier", config=classifier_settings(cfg, step),
+                   inputs=inputs, force=ctx.force)
     if not b.up_to_date:
         with b:
             info = fit_classifier(examples, cfg, b.dir, b.work_dir, encoder=(enc_art, step))

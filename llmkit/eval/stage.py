@@ -269,7 +269,7 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
     run_art, step = resolve_checkpoint(ctx.workspace, run, cfg.step)
     cfg = dataclasses.replace(cfg, step=step)  # the report names the step it measured
     inputs = Inputs(ctx.workspace, cfg, run_art)
-    b = ctx.workspace.builder(f"eval/{ctx.out or run_art.name}", stage="eval", config=cfg,
+    b = ctx.workspace.builder(str(Path("eval") / (ctx.out or run_art.name)), stage="eval", config=cfg,
                               inputs=inputs.all(), force=ctx.force)
     if b.up_to_date:
         return b

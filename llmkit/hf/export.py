@@ -23,6 +23,7 @@ from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
 from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
 from llmkit.progress import print_summary
 from llmkit.loading import find_checkpoint, load
+from llmkit.targets import check_target
 from llmkit.train.lora import base_of, holds_adapters
 from llmkit.workspace import Artifact
 
@@ -57,13 +58,15 @@ class ExportConfig:
 
 def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     """`llmkit export`: the checkpoint `source` (run or step folder, name or path) -> a transformers
-    folder (or a folder holding the GGUF file) at `to` (default: workspace/export/<format>), an
-    artifact with manifest.json."""
+    folder (or a folder holding the GGUF file) at `to` (default: `default_folder`), an artifact
+    with manifest.json."""
+    name = str(Path(to).resolve()) if to else ctx.out_name(default_folder(cfg))
+    check_target(ctx.workspace.path(name), root=ctx.workspace.root, stage="export", force=ctx.force,
+                 inputs=[ctx.workspace.named(source)], shown=to or name)
     run_or_step = find_checkpoint(ctx.workspace, source)
     step_dir = checkpoint_step_dir(run_or_step)
     run_dir = step_dir.parent if (step_dir.parent / "latest").is_file() else step_dir
     inputs = [Artifact.open(run_dir)] if (run_dir / "manifest.json").is_file() else []
-    name = str(Path(to).resolve()) if to else ctx.out_name(f"export/{cfg.format}")
     weights = weights_file(step_dir)
     identity = {"source": str(step_dir.resolve()), "weights_bytes": weights.stat().st_size,
                 "weights_mtime_ns": weights.stat().st_mtime_ns}
@@ -85,6 +88,12 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
         ("greedy tokens equal", verdict[record["greedy_tokens_equal"]]),
         ("tokenizer identical", verdict[record["tokenizer_identical"]])])
     return b
+
+
+def default_folder(cfg: ExportConfig) -> str:
+    """export/hf, or one folder per GGUF quant (export/gguf-q8_0): a second quant must not
+    replace the first one's file."""
+    return "export/hf" if cfg.format == "hf" else f"export/gguf-{cfg.quant}"
 
 
 def export_hf(step_dir: Path, out_dir: Path, cfg: ExportConfig) -> dict:
