@@ -16,6 +16,7 @@ Training batches group items of similar length (little padding) through the shar
 from __future__ import annotations
 
 import bisect
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -278,9 +279,18 @@ def encode_pair(tokenizer, row: dict, seq_len: int) -> Pair | None:
 
 
 def encode_pairs(tokenizer, rows: list[dict], seq_len: int) -> tuple[list[Pair], dict]:
+    """The rows' pairs that can teach a preference, and counts of those left out: too long for
+    seq_len, or the same tokens on both sides (chosen == rejected, or equal once cut to seq_len),
+    which give every preference loss a zero gradient — left out with a warning."""
     pairs = [encode_pair(tokenizer, row, seq_len) for row in rows]
-    kept = [p for p in pairs if p is not None]
-    return kept, {"pairs": len(kept), "dropped_too_long": len(pairs) - len(kept)}
+    fitting = [p for p in pairs if p is not None]
+    kept = [p for p in fitting if p.chosen.input_ids != p.rejected.input_ids]
+    identical = len(fitting) - len(kept)
+    if identical:
+        print(f"warning: {identical} of {len(rows)} preference pairs have the same chosen and rejected "
+              f"reply within seq_len={seq_len} tokens: nothing to learn from, left out", file=sys.stderr)
+    return kept, {"pairs": len(kept), "dropped_too_long": len(pairs) - len(fitting),
+                  "dropped_identical": identical}
 
 
 def collate_pairs(pairs: list[Pair], pad_id: int) -> dict:

@@ -9,7 +9,8 @@ to the schema of their kind:
               `lang_id=true` adds those three to the rows of every format
 - sft:        id, prompt, response | messages, text, source
 - preference: id, prompt, chosen, rejected, text, source (a ranked `responses` list, best
-              first, expands to every ordered pair)
+              first, expands to every ordered pair); a pair whose chosen and rejected reply
+              are the same text, or a list that names one reply twice, is quarantined
 - prompt:     id, prompt, text, source (+ e.g. `answer` carried)
 - feedback:   id, prompt | messages (the conversation, ending in the completion), completion,
               label (bool), text, source (+ e.g. `answer` carried); a paired record (`chosen`,
@@ -169,6 +170,8 @@ def _preference_rows(rec: dict) -> list[dict] | str:
         if rejected is None:
             return _missing(rec, "rejected")
         pairs = [(chosen, rejected)]
+    if any(c.strip() == r.strip() for c, r in pairs):  # nothing to prefer: a zero gradient
+        return "repeated_response" if "responses" in rec else "chosen_equals_rejected"
     return [{"prompt": prompt, "chosen": c, "rejected": r, "text": f"{prompt}\n{c}"}
             for c, r in pairs]
 

@@ -3,7 +3,10 @@
 The artifact holds one row per judgement that picked a side: `prompt`, `chosen`, `rejected`
 (the columns `llmkit rm` and `llmkit dpo` read; `messages` too when the prompts were chats),
 `id` (the judgement's), `rater`, `item`, `chosen_model`, `rejected_model`. Ties and skips are
-no pair; `judgements.jsonl` keeps every judgement, `ratings.jsonl` every reply a rater scored
+no pair, nor is a side picked between two identical replies (nothing to learn: counted as
+`identical_pairs`); a rater's repeated judgement of an item counts once, the first
+(`llmkit.judge.journal.first_judgements`; counted as `repeats`). `judgements.jsonl` keeps every
+judgement that counts, `ratings.jsonl` every reply a rater scored
 (llmkit.judge.ratings), `ranked.jsonl` the ranked lists (`responses` best first, what `llmkit
 ingest --kind preference` reads) where a rater's judgements of one prompt order all of three or
 more models, `ranking.json` and `summary.md` the Bradley–Terry ranking, win rates, rater
@@ -17,10 +20,10 @@ import json
 
 from llmkit.data.io import DatasetWriter
 from llmkit.errors import UserError
-from llmkit.judge.journal import JOURNAL_FILE, read_journal
+from llmkit.judge.journal import JOURNAL_FILE, first_judgements, read_journal
 from llmkit.judge.ranking import RANKING_FILE, ranking_markdown, summarize
 from llmkit.judge.ratings import rating_rows
-from llmkit.judge.session import JudgeConfig, read_items
+from llmkit.judge.session import EXPORT_KIND, JudgeConfig, read_items, refuse_while_judged, unmarked_export
 
 JUDGEMENTS_FILE, RATINGS_FILE, RANKED_FILE = "judgements.jsonl", "ratings.jsonl", "ranked.jsonl"
 
@@ -30,11 +33,17 @@ def prompt_text(prompt) -> str:
     return [m["content"] for m in prompt if m["role"] == "user"][-1] if isinstance(prompt, list) else prompt
 
 
+def same_replies(item: dict) -> bool:
+    """Whether an item's two replies are the same text (models that agree word for word)."""
+    return item["left"].strip() == item["right"].strip()
+
+
 def preference_rows(judgements: list[dict], items: dict[str, dict], source: str) -> list[dict]:
-    """A chosen/rejected row per judgement of a side, in the journal's order."""
+    """A chosen/rejected row per judgement of a side between different replies, in the
+    journal's order."""
     rows = []
     for j in judgements:
-        if j["choice"] not in ("left", "right"):
+        if j["choice"] not in ("left", "right") or same_replies(items[j["item"]]):
             continue
         item = items[j["item"]]
         won, lost = ("left", "right") if j["choice"] == "left" else ("right", "left")
@@ -69,8 +78,9 @@ def ranked_lists(judgements: list[dict], items: dict[str, dict], models: list[st
             counts[item[f"{j['choice']}_model"]] += 1
     out = []
     for key, counts in wins.items():
-        if judged[key] != pairs_needed or sorted(counts.values()) != list(range(len(models))):
-            continue  # a pair unjudged, a tie or skip, or a cycle: no total order
+        if judged[key] != pairs_needed or sorted(counts.values()) != list(range(len(models))) \
+                or len({r.strip() for r in replies[key].values()}) < len(models):
+            continue  # a pair unjudged, a tie or skip, a cycle, or one reply twice: no total order
         order = sorted(models, key=lambda m: -counts[m])
         out.append({"prompt": prompt_text(prompts[key]), "responses": [replies[key][m] for m in order],
                     "models": order, "rater": key[0], "prompt_id": key[1]})
@@ -95,7 +105,7 @@ def run_export(ctx, cfg: JudgeConfig):
     session = ctx.input(default="judge")
     items = {item["id"]: item for item in read_items(session.path)}
     journal = session.path / JOURNAL_FILE
-    judgements = [j for j in read_journal(journal) if j["item"] in items]
+    judgements, repeats = first_judgements([j for j in read_journal(journal) if j["item"] in items])
     if not judgements:
         raise UserError(f"{session.path} has no judgements yet; judge with `llmkit judge --in "
                         f"{session.name}` first")
@@ -106,11 +116,16 @@ def run_export(ctx, cfg: JudgeConfig):
     settings = {"resamples": cfg.resamples, "seed": cfg.seed, "judgements": len(judgements),
                 "journal_sha256": hashlib.sha256(
                     "".join(j["id"] + j["choice"] for j in judgements).encode()).hexdigest()}
-    b = ctx.workspace.builder(out, stage="judge", config=settings, inputs=[session], force=ctx.force)
+    final = ctx.workspace.path(out)
+    refuse_while_judged(final)  # a session served now, even with --force
+    b = ctx.workspace.builder(out, stage="judge", kind=EXPORT_KIND, config=settings, inputs=[session],
+                              force=ctx.force or unmarked_export(final))
     if b.up_to_date:
         return b
     with b:
         rows = preference_rows(judgements, items, f"judge:{session.name}")
+        identical = sum(j["choice"] in ("left", "right") and same_replies(items[j["item"]])
+                        for j in judgements)
         write_preferences(b.dir, rows)
         models = session.config["models"]
         ratings, ranked = rating_rows(judgements, items), ranked_lists(judgements, items, models)
@@ -123,9 +138,12 @@ def run_export(ctx, cfg: JudgeConfig):
         b.stats = {"judgements": len(judgements), "pairs": len(rows), "rows": len(rows),
                    "ties": sum(j["choice"] == "tie" for j in judgements),
                    "skips": sum(j["choice"] == "skip" for j in judgements),
+                   "identical_pairs": identical, "repeats": repeats,
                    "raters": len({j["rater"] for j in judgements}),
                    "rated_replies": len(ratings), "ranked_lists": len(ranked),
                    "ranking": [r["model"] for r in summary["ranking"]]}
-    print(f"{out}: {len(rows)} preference pairs from {len(judgements)} judgements; ranking "
+    left_out = "".join(f"; {n} {what} left out" for n, what in (
+        (identical, "sides picked between identical replies"), (repeats, "repeated judgements")) if n)
+    print(f"{out}: {len(rows)} preference pairs from {len(judgements)} judgements{left_out}; ranking "
           + " > ".join(f"{r['model']} ({r['score']:+.2f})" for r in summary["ranking"]))
     return b

@@ -11,6 +11,12 @@ web page elsewhere cannot reach the API through DNS rebinding; a POST must be JS
 form from another site cannot send that) and at most 1 MB, a larger one is answered 413 before
 its body is read. The page sets every text with textContent, under a Content-Security-Policy
 that runs no inline script.
+
+Robustness: a bad request (a Content-Length that is not an ASCII number, a body that is not
+JSON or nested too deep to parse) is answered 400 with a JSON error, never a traceback; every
+connection has a socket timeout (`SOCKET_TIMEOUT_S`), so a request sent halfway cannot hold its
+thread for ever; at most `MAX_CONNECTIONS` are served at once, a further one is answered 503.
+One server per session: the journal's lock (`llmkit.judge.journal`) refuses a second one.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import ipaddress
 import json
 import socket
 import sys
+import threading
 import time
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -34,6 +42,8 @@ from llmkit.judge.session import prepare_session, read_items
 MAX_BODY = 1 << 20  # bytes of a POST body; a judgement is well under 1 KB
 MAX_RATER = 64  # characters of a rater's name
 DRAIN_BYTES, DRAIN_SECONDS = 64 << 20, 2.0  # read (and drop) of a refused body, see `refuse_body`
+SOCKET_TIMEOUT_S = 20.0  # a connection silent this long is closed (a request sent halfway)
+MAX_CONNECTIONS = 32  # served at once, a thread each; a few raters' browsers need a dozen
 TOKEN_HEADER = "X-Llmkit-Token"
 STATIC = {"/": (PAGE_HTML, "text/html"), "/app.js": (APP_JS, "text/javascript"),
           "/app.css": (APP_CSS, "text/css")}
@@ -54,8 +64,10 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to listen beyond this machine without a token."""
+def check_bind(host: str, port: int, token: str | None) -> None:
+    """Refuse a port that is none, and to listen beyond this machine without a token."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port} is no TCP port: give one from 1 to 65535 (0: any free one)")
     if not is_loopback(host) and not token:
         raise UserError(f"--host {host} lets other machines reach the judging page: give --token SECRET "
                         "(or LLMKIT_JUDGE_TOKEN) that raters must present, or listen on 127.0.0.1")
@@ -134,15 +146,27 @@ class Handler(BaseHTTPRequestHandler):
         if urlsplit(self.path).path != "/api/judge":
             return self.refuse_body(404, "not found")
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if length is None:
             return self.refuse_body(411, "a POST needs a Content-Length")
-        if int(length) > MAX_BODY:
+        length = length.strip()
+        if not (length.isascii() and length.isdigit()):  # "²" is a digit to str.isdigit
+            return self.refuse_body(400, "Content-Length must be a number of bytes (ASCII digits)")
+        if len(length) > 9 or int(length) > MAX_BODY:
             return self.refuse_body(413, f"the body is over {MAX_BODY} bytes")
         if self.headers.get_content_type() != "application/json":
             return self.refuse_body(415, "send the judgement as application/json")
         try:
-            body = json.loads(self.rfile.read(int(length)))
+            data = self.rfile.read(int(length))
+        except TimeoutError:
+            return self.refuse_body(408, f"the body did not arrive within {self.timeout:g} s")
+        if len(data) < int(length):
+            self.close_connection = True
+            return  # the client went away mid-body: nobody to answer
+        try:
+            body = json.loads(data)
             answer = self.session.judge(body if isinstance(body, dict) else {})
+        except RecursionError:
+            return self.send_json(400, {"error": "the body is JSON nested too deep; send a judgement"})
         except ValueError as e:  # bad JSON or a bad field (UnicodeDecodeError is one too)
             return self.send_json(400, {"error": str(e)})
         self.send_json(200, answer)
@@ -198,13 +222,54 @@ class Handler(BaseHTTPRequestHandler):
         pass  # one line per request drowns the startup message; the journal is the record
 
 
+BUSY_BODY = b'{"error": "too many connections at once; retry in a few seconds"}'
+BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Retry-After: 5\r\nContent-Length: %d\r\n\r\n%s" % (len(BUSY_BODY), BUSY_BODY))
+
+
+class JudgeServer(ThreadingHTTPServer):
+    """A thread per connection, at most `MAX_CONNECTIONS` at once: one more is answered 503
+    from the accepting thread, which never waits on it."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            request.setblocking(False)  # the accepting thread waits on nobody
+            with suppress(OSError):
+                request.recv(1 << 16)  # what came already: closing on unread data resets the answer
+            with suppress(OSError):
+                request.send(BUSY)
+            return self.shutdown_request(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client gone or
+            super().handle_error(request, client_address)  # silent is no error of ours; a full disk is
+
+
 def make_server(session_dir: Path, host: str, port: int, token: str | None) -> ThreadingHTTPServer:
-    """A bound server (port 0: any free one), not yet serving."""
-    check_bind(host, token)
+    """A bound server (port 0: any free one), not yet serving; refused while another serves
+    the session."""
+    check_bind(host, port, token)
     session = Session(session_dir, token)
-    handler = type("SessionHandler", (Handler,), {"session": session})
-    server_class = type("Server", (ThreadingHTTPServer,), {
-        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET, "daemon_threads": True})
+    handler = type("SessionHandler", (Handler,), {"session": session, "timeout": SOCKET_TIMEOUT_S})
+    server_class = type("Server", (JudgeServer,), {
+        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     try:
         server = server_class((host.strip("[]"), port), handler)
     except OSError as e:
@@ -213,6 +278,8 @@ def make_server(session_dir: Path, host: str, port: int, token: str | None) -> T
     bound = server.server_address[1]
     if token is None:
         session.hosts = {f"{name}:{bound}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
+    where = f"[{host.strip('[]')}]" if ":" in host else host
+    session.journal.note_holder(url=f"http://{where}:{bound}/")
     return server
 
 
@@ -238,6 +305,6 @@ def run_serve(ctx, cfg, models: str | None, prompts: str | None, host: str, port
               token: str | None) -> None:
     """`llmkit judge`: the session --from × --prompts (prepared into --out when not up to
     date), or without them the existing session --in (default `judge`), served until Ctrl-C."""
-    check_bind(host, token)  # before minutes of generation, not after
+    check_bind(host, port, token)  # before minutes of generation, not after
     session = prepare_session(ctx, cfg, models, prompts) if models or prompts else ctx.input(default="judge")
     serve(session.path, host, port, token)

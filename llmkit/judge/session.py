@@ -5,6 +5,11 @@ The session is an artifact (`llmkit judge` makes it before serving, `--prepare` 
 holds the items in the order raters see them; the server appends judgements to
 `journal.jsonl` beside it (`llmkit.judge.journal`). Item ids are opaque hashes, so nothing a
 page receives names a model.
+
+Sessions and exports are both built by `llmkit judge`, so their manifests share the stage; an
+export's manifest records the kind `EXPORT_KIND` (a session's kind is the stage's own), so the
+workspace refuses either in place of the other without --force (llmkit.targets), and
+`refuse_while_judged` refuses to replace a session while a server writes its journal.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from llmkit.data.chat import prompt_messages
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.generation import GenerateConfig, generate_texts, read_prompts, uses_chat_template, warn_if_empty
-from llmkit.judge.journal import JOURNAL_FILE, read_journal
+from llmkit.judge.journal import JOURNAL_FILE, describe_holder, read_journal, writer_of
 from llmkit.loading import load
-from llmkit.workspace import Artifact
+from llmkit.workspace import MANIFEST, Artifact
 
 ITEMS_FILE = "items.jsonl"
+EXPORT_KIND = "judge-export"  # an export's manifest `kind`; a session's is its stage, `judge`
 
 
 @dataclass
@@ -141,6 +147,7 @@ def prepare_session(ctx, cfg: JudgeConfig, models: str | None, prompts: str | No
     inputs = runs if prompt_art is None else [*runs, prompt_art]
     b = ctx.workspace.builder(out, stage="judge", config=settings, inputs=inputs, force=ctx.force)
     if not b.up_to_date:
+        refuse_while_judged(b.final)
         refuse_to_drop_judgements(b.final, out, ctx.force)
         with b:
             replies = {m: generate_replies(ctx, cfg.generation, m, [p for _, p in rows]) for m in names}
@@ -157,3 +164,22 @@ def refuse_to_drop_judgements(session: Path, name: str, force: bool) -> None:
         raise UserError(f"{session} holds {judged} judgements of other replies (the models, prompts or "
                         f"settings changed). Export them first (`llmkit judge --export --in {name} --out "
                         f"NEW_NAME`), then use another --out, or add --force to discard them")
+
+
+def refuse_while_judged(path: Path) -> None:
+    """Even with --force, never replace a session a server is writing judgements into: they
+    would go to a deleted journal."""
+    holder = writer_of(Path(path) / JOURNAL_FILE)
+    if holder is not None:
+        raise UserError(f"{path} is being judged now: {describe_holder(holder)} serves it. Stop that "
+                        "server first, or write elsewhere with --out NEW_NAME")
+
+
+def unmarked_export(path: Path) -> bool:
+    """An export of an llmkit that recorded no kind: stage `judge`, no kind, no items."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(manifest, dict) and manifest.get("stage") == "judge" and "kind" not in manifest
+            and not (Path(path) / ITEMS_FILE).exists())

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, collate_pairs,
-                              collate_sft, conversation, encode_conversation, encode_pair,
+                              collate_sft, conversation, encode_conversation, encode_pair, encode_pairs,
                               encode_sft_rows, fixed_batches, one_per_prompt, pack, packed_row,
                               prompt_messages, reference_answer, sft_rows)
 from llmkit.errors import UserError
@@ -153,6 +153,17 @@ def test_stream_replays_the_same_batches_after_resume():
     resumed.load_state_dict(state)
     it2 = iter(resumed)
     assert [ids(next(it2)) for _ in range(6)] == rest
+
+
+def test_pairs_with_the_same_tokens_on_both_sides_are_left_out_counted_and_warned_of(tok, capsys):
+    rows = [{"prompt": "What is 12+34?", "chosen": "46", "rejected": "46"},
+            {"prompt": "What is 1+1?", "chosen": "2", "rejected": "3"},
+            {"prompt": "Say it", "chosen": "abcdefgh", "rejected": "abcdefgX"}]
+    cut = len(encode_pair(tok, rows[2], 64).chosen) - 3  # the replies differ only past seq_len
+    pairs, counts = encode_pairs(tok, rows, cut)
+    assert [p.chosen.input_ids != p.rejected.input_ids for p in pairs] == [True]
+    assert counts == {"pairs": 1, "dropped_too_long": 0, "dropped_identical": 2}
+    assert "2 of 3 preference pairs have the same chosen and rejected reply" in capsys.readouterr().err
 
 
 def test_one_row_per_prompt_keeps_the_best_pair_of_a_ranked_list():

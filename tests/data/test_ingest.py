@@ -186,6 +186,19 @@ def test_ranked_preferences_expand_to_all_pairs(make_ctx, tmp_path):
     assert (stats["records_in"], stats["rows_in"], stats["rows_out"]) == (2, 4, 4)
 
 
+def test_a_pair_with_the_same_reply_on_both_sides_is_quarantined_with_its_reason(make_ctx, tmp_path):
+    p = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q", "chosen": "same", "rejected": "same "},
+                                           {"prompt": "Q2", "responses": ["A1", "A2", "A1"]},
+                                           {"prompt": "Q3", "chosen": "good", "rejected": "bad"}])
+    kept, removed, _ = ingest(make_ctx, [p], kind="preference")
+    assert list(zip(kept.column("chosen").to_pylist(), kept.column("rejected").to_pylist())) == [("good", "bad")]
+    assert removed.column("reason").to_pylist() == ["chosen_equals_rejected", "repeated_response"]
+    # unpaired for KTO, the same reply would be labelled desirable and undesirable at once
+    kept, removed, _ = ingest(make_ctx, [p], kind="feedback")
+    assert kept.column("completion").to_pylist() == ["good", "bad"]
+    assert removed.column("reason").to_pylist() == ["chosen_equals_rejected", "repeated_response"]
+
+
 def test_missing_input_is_a_user_error(make_ctx, tmp_path):
     with pytest.raises(UserError, match="no file matches"):
         run_ingest(make_ctx(), [str(tmp_path / "nope*.jsonl")], IngestConfig())

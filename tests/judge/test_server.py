@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
+import time
 
 from typer.testing import CliRunner
 
@@ -107,3 +110,98 @@ def test_an_always_left_rater_gives_a_win_rate_whose_interval_holds_one_half(tmp
     assert summary["left_share"] == {"lefty": 1.0} and summary["left_advantage"]["value"] > 2
     for row in summary["ranking"]:  # h takes the side's pull; the models stay level
         assert row["ci_low"] <= 0 <= row["ci_high"] and abs(row["score"]) < 0.2
+
+
+def exchange(url: str, raw: bytes, wait: float = 5.0) -> tuple[int | None, dict]:
+    """(status, JSON answer) of bytes sent as they are; (None, {}) when the server closes the
+    connection without an answer. Raises TimeoutError when it neither answers nor closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(1 << 16):
+            answer += chunk
+    if not answer:
+        return None, {}
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def post_head(length: bytes, port: int) -> bytes:
+    return (b"POST /api/judge HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %s\r\n\r\n" % (port, length))
+
+
+def test_bad_bodies_and_content_lengths_are_answered_400_in_json_and_the_server_goes_on(tmp_path, capfd):
+    session = session_of(tmp_path)
+    with Server(session) as server:
+        port = server.httpd.server_address[1]
+        nested = b'{"rater": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        assert raw_post(server.url, nested)[0] == 400
+        status, answer = exchange(server.url, post_head(b"\xb2", port) + b"{}")  # '²' passes str.isdigit
+        assert status == 400 and "Content-Length" in answer["error"]
+        assert exchange(server.url, post_head(b"9" * 5000, port) + b"{}")[0] == 413
+        item = server.session.items[0]["id"]
+        assert call(f"{server.url}/api/judge", {"rater": "ann", "item": item, "choice": "left"})[0] == 200
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_request_sent_halfway_is_closed_after_the_socket_timeout(tmp_path, capfd, monkeypatch):
+    import llmkit.judge.server
+
+    monkeypatch.setattr(llmkit.judge.server, "SOCKET_TIMEOUT_S", 0.3)
+    with Server(session_of(tmp_path)) as server:
+        port = server.httpd.server_address[1]
+        started = time.monotonic()
+        status, answer = exchange(server.url, post_head(b"100", port) + b'{"rater": ')  # 90 bytes short
+        assert status == 408 and "did not arrive" in answer["error"]
+        assert exchange(server.url, b"GET /api/next?rater=a HTTP/1.1\r\nHo") == (None, {})  # head cut short
+        assert time.monotonic() - started < 4
+        assert call(f"{server.url}/api/next?rater=a")[0] == 200
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_connections_beyond_the_cap_are_answered_503_until_one_is_freed(tmp_path, monkeypatch):
+    import llmkit.judge.server
+
+    monkeypatch.setattr(llmkit.judge.server, "MAX_CONNECTIONS", 3)
+    with Server(session_of(tmp_path)) as server:
+        port = server.httpd.server_address[1]
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        request = b"GET /api/next?rater=a HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+        status, answer = exchange(server.url, request)
+        assert status == 503 and "too many connections" in answer["error"]
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + 5
+        while (status := exchange(server.url, request)[0]) == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200
+
+
+def test_a_port_that_is_none_exits_2_naming_it(tmp_path):
+    session_of(tmp_path)
+    for port in ("70000", "-1"):
+        result = CliRunner().invoke(build_app(), ["judge", "-w", tmp_path / "ws", "--in", "judged",
+                                                  "--port", port])
+        assert result.exit_code == 2 and f"--port {port}" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+def test_a_second_server_on_a_served_session_exits_2_naming_the_session_and_the_first(tmp_path, monkeypatch):
+    import socketserver
+
+    def served(*args, **kwargs):
+        raise AssertionError("a second server served the session")
+
+    session = session_of(tmp_path)
+    with Server(session) as server:
+        monkeypatch.setattr(socketserver.BaseServer, "serve_forever", served)  # the first serves already
+        result = CliRunner().invoke(build_app(), ["judge", "-w", tmp_path / "ws", "--in", "judged",
+                                                  "--port", "0"])
+        assert result.exit_code == 2, result.output
+        assert str(session) in result.output and f"{server.url}/" in result.output
+        assert f"process {os.getpid()}" in result.output
+        item = server.session.items[0]["id"]
+        assert call(f"{server.url}/api/judge", {"rater": "ann", "item": item, "choice": "left"})[0] == 200
+    assert len(read_journal(session / JOURNAL_FILE)) == 1
