@@ -3,6 +3,8 @@ Importing this must not import torch."""
 
 import importlib
 import itertools
+import logging
+import os
 import re
 import sys
 from typing import Annotated
@@ -48,7 +50,28 @@ def show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+# Every command reads local files only, so the network stays shut: huggingface_hub, transformers,
+# datasets and peft read these when imported (a later change is not seen), and `kernels` (through
+# bitsandbytes, which peft imports) would otherwise ask the hub for a CPU kernel. setdefault: a user
+# who sets one keeps control.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "DISABLE_TELEMETRY": "1", "USE_HUB_KERNELS": "NO"}
+
+
+def work_offline() -> None:
+    """The offline switches, before any command imports a model library."""
+    for name, value in OFFLINE.items():
+        os.environ.setdefault(name, value)
+    # offline, bitsandbytes' import looks for the hub kernel in the cache only, and both it and
+    # `kernels` warn that it is not there (and to `pip install kernels`): bitsandbytes' own CPU
+    # code runs instead, so the warnings only mislead
+    if os.environ["HF_HUB_OFFLINE"] == "1":
+        for name in ("kernels", "bitsandbytes.backends.cpu.ops"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def build_app() -> typer.Typer:
+    work_offline()
     app = typer.Typer(
         help="llmkit: from raw text to an aligned language model, one stage at a time.",
         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
