@@ -3,6 +3,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.cli.common import stage_command
+from llmkit.errors import UserError
 from llmkit.stages import deferred
 
 run_export = deferred("llmkit.hf.export:run_export")
@@ -21,4 +22,9 @@ def export(
 ):
     """Write a checkpoint as a Hugging Face transformers folder or a GGUF file and record its logit parity."""
     flags = {k: v for k, v in (("format", format_), ("quant", quant)) if v is not None}
-    run_export(ctx, ctx.config(**flags), from_, to)
+    cfg = ctx.config(**flags)
+    if cfg.format != "gguf" and (quant is not None or cfg.quant != type(cfg).quant):  # given, not the default
+        raise UserError(f"--quant / quant={cfg.quant} sets the weights of a GGUF file, and this export writes a "
+                        f"transformers folder (format {cfg.format}): add --format gguf, or drop --quant "
+                        "(a transformers folder's weights: --set dtype=bfloat16, float16 or float32)")
+    run_export(ctx, cfg, from_, to)

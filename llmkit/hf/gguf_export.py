@@ -6,8 +6,10 @@ q/k rows of `llama` models permuted to llama.cpp's rotary layout, Llama 3 RoPE s
 `rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint is merged.
 
 Quantisation (`quant`): f16 / bf16 store every matrix in that type; q8_0, q4_0, q4_1 quantise every
-matrix in blocks of 32 (a row not a multiple of 32 falls back to f16), except that q4_x keeps the
-output matrix (the embedding when tied) in q8_0, as llama.cpp's quantiser keeps it above 4 bits.
+matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding when tied) in q8_0,
+as llama.cpp's quantiser keeps it above 4 bits. A matrix whose rows are not a multiple of 32 values
+cannot be cut into blocks and stays f16: export names them (a note, and `f16_fallback_tensors` in
+llmkit_export.json).
 Vectors (norms, biases) stay f32 in every file, as llama.cpp writes them.
 
 What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here) and
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 from llmkit.checkpoints import step_of
@@ -49,12 +52,17 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / gguf_file_name(cfg.quant)
-    stored = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe)
+    stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe)
+    matrices = [name for name, qtype in types.items() if qtype != "F32"]
+    fallback = [name for name in matrices if types[name] == "F16"] if cfg.quant not in ("f16", "bf16") else []
     record = {"format": "gguf", "file": path.name, "quant": cfg.quant, "source": str(step_dir),
               "step": step_of(step_dir), "architecture": GGUF_ARCH[family], "family": family,
               "context_length": context, "parameters": model.num_parameters(), "bytes": path.stat().st_size,
               "tokenizer": vocab.model, "pre_tokenizer": vocab.pre, "tokenizer_notes": "; ".join(vocab.notes),
-              "max_abs_logit_diff": None, "greedy_tokens_equal": None, "tokenizer_identical": None}
+              "max_abs_logit_diff": None, "greedy_tokens_equal": None, "tokenizer_identical": None,
+              "tensor_types": dict(Counter(types.values())), "f16_fallback_tensors": fallback}
+    if fallback:
+        print(fallback_note(cfg.quant, fallback, len(matrices)))
     if context < model.config.max_seq_len:
         print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
               f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
@@ -62,6 +70,14 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
         record.update(probe_gguf(path, model, tokenizer, stored, cfg))
     write_json(out_dir / EXPORT_RECORD, record)
     return record
+
+
+def fallback_note(quant: str, fallback: list[str], matrices: int, shown: int = 4) -> str:
+    """What a user reads when some matrices could not be quantised: which, and why."""
+    names = ", ".join(fallback[:shown]) + (f" and {len(fallback) - shown} more" if len(fallback) > shown else "")
+    return (f"note: {len(fallback)} of {matrices} matrices stay F16 in the {quant} file ({names}): their rows "
+            f"are not a multiple of {BLOCK} values, the block {quant} quantises; a model whose hidden and "
+            f"intermediate sizes are multiples of {BLOCK} is quantised whole")
 
 
 def gguf_layout(model_config, source: Path) -> tuple[str, int]:
@@ -83,9 +99,10 @@ def gguf_layout(model_config, source: Path) -> tuple[str, int]:
 
 
 def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
-               keep_rounded: bool = False) -> dict:
-    """Write the file; returns, with keep_rounded, the weights as the file holds them (dequantised,
-    in llmkit's names and layout), for measuring the reader apart from the rounding."""
+               keep_rounded: bool = False) -> tuple[dict, dict[str, str]]:
+    """Write the file; returns (with keep_rounded, the weights as the file holds them: dequantised,
+    in llmkit's names and layout, for measuring the reader apart from the rounding; each tensor's
+    GGML type by its GGUF name)."""
     import gguf
 
 
@@ -99,17 +116,18 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
     write_vocab(writer, vocab)
     hf_config = to_hf_config(cfg)
     writer.add_string(LLMKIT_HF_CONFIG_KEY, json.dumps(hf_config))
-    rounded = {}
+    rounded, types = {}, {}
     for name, gguf_name, array in gguf_tensors(model, arch):
         data, qtype = encode_tensor(array, quant, gguf_name, cfg.tie_embeddings)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        types[gguf_name] = qtype.name
         if keep_rounded and name is not None:
             rounded[name] = decode_tensor(data, qtype, array.shape, arch, gguf_name, cfg)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return rounded
+    return rounded, types
 
 
 FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",

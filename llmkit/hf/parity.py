@@ -46,8 +46,10 @@ def compare_with_transformers(model, tokenizer, hf_model, hf_tokenizer, cfg) -> 
 
     mismatched = [t for t in PROBE_TEXTS if hf_tokenizer.encode(t, add_special_tokens=False) != tokenizer.encode(t)
                   or hf_tokenizer.decode(tokenizer.encode(t)) != tokenizer.decode(tokenizer.encode(t))]
-    chat_ids = _as_ids(hf_tokenizer.apply_chat_template(PROBE_CHAT, add_generation_prompt=True, tokenize=True))
-    chat_equal = chat_ids == tokenizer.encode_chat(PROBE_CHAT, add_generation_prompt=True)[0]
+    chat_equal = None  # a base model's tokenizer may have no chat template: nothing to compare
+    if tokenizer.chat_template is not None:
+        chat_ids = _as_ids(hf_tokenizer.apply_chat_template(PROBE_CHAT, add_generation_prompt=True, tokenize=True))
+        chat_equal = chat_ids == tokenizer.encode_chat(PROBE_CHAT, add_generation_prompt=True)[0]
 
     inputs = probe_batch(tokenizer, model.config, cfg)
     with torch.no_grad():
@@ -58,11 +60,11 @@ def compare_with_transformers(model, tokenizer, hf_model, hf_tokenizer, cfg) -> 
     if diff > cfg.tolerance or not greedy_equal:
         print(f"warning: export parity: max |logit diff| {diff:.2e} (tolerance {cfg.tolerance:.0e}), "
               f"greedy tokens equal: {greedy_equal}")
-    if mismatched or not chat_equal:
+    if mismatched or chat_equal is False:
         print(f"warning: the exported tokenizer encodes {len(mismatched)} of {len(PROBE_TEXTS)} probe texts "
-              f"{'and the chat ' if not chat_equal else ''}differently from llmkit's")
+              f"{'and the chat ' if chat_equal is False else ''}differently from llmkit's")
     return {"max_abs_logit_diff": diff, "greedy_tokens_equal": greedy_equal,
-            "tokenizer_identical": not mismatched and chat_equal,
+            "tokenizer_identical": not mismatched and chat_equal is not False,
             "probe": {"rows": inputs.shape[0], "tokens": inputs.shape[1], "new_tokens": cfg.probe_new_tokens,
                       "texts": len(PROBE_TEXTS), "texts_encoded_differently": mismatched,
                       "chat_template_equal": chat_equal, "tolerance": cfg.tolerance}}
