@@ -1,12 +1,17 @@
-"""`llmkit report`: PNG plots of the metrics of one or several runs, plus a markdown summary."""
+"""`llmkit report`: PNG plots of the metrics of one or several runs, plus a markdown summary, in
+`report/<name>/`: by default the runs' names joined by "+", so that a report of other runs never
+replaces this one. `report.json` there names the runs a report was made from and the files it
+wrote: a report of the same runs replaces them, one of other runs is refused."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit.errors import UserError
+from llmkit.errors import ConfigError, UserError
 from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
 from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
@@ -33,16 +38,27 @@ HELDOUT = {"sft": "held-out exact match", "dpo": "held-out exact match",
            "ppo": "held-out exact match", "rm": "held-out pair accuracy"}
 
 
+REPORT_RECORD = "report.json"  # the runs a report was made from and the files it wrote
+
+
 @dataclass
 class ReportConfig:
-    name: str = "report"     # folder under the workspace's report/ where files are written
+    name: str = ""           # folder under the workspace's report/ ("": the runs' names joined by "+")
     smooth: int = 1          # moving-average window applied to plotted curves
+
+    def __post_init__(self):
+        if self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise ConfigError(f"report name must be a folder name (no / or ..), got {self.name!r}")
 
 
 def read_metrics(run: Path) -> list[dict]:
+    check_run(run)
+    return read_run_metrics(run)
+
+
+def check_run(run: Path) -> None:
     if not (run / METRICS_FILE).is_file():
         raise UserError(f"{run} has no {METRICS_FILE}; is it a checkpoint run?")
-    return read_run_metrics(run)
 
 
 def read_manifest(run: Path) -> dict:
@@ -139,6 +155,53 @@ def _fmt(value) -> str:
     return "?" if value is None else f"{value:.4g}"
 
 
+def report_name(runs: list[str], longest: int = 100) -> str:
+    """The default folder of a report of `runs` (as `run_ids` names them): `pretrain+sft`,
+    `eval-sft` for eval/sft, a run outside the workspace by its folder's name; a long list is
+    shortened to its first name and a hash of all."""
+    names = [Path(r).name if Path(r).is_absolute() else r.replace("/", "-") for r in runs]
+    name = "+".join(names)
+    if len(name) > longest:
+        name = f"{names[0][:40]}+{len(names) - 1}-more-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+def run_ids(paths: list[Path], root: Path) -> list[str]:
+    """The runs as a report records them: relative to the workspace when inside it."""
+    out = []
+    for p in paths:
+        try:
+            out.append(p.resolve().relative_to(Path(root).resolve()).as_posix())
+        except ValueError:
+            out.append(str(p.resolve()))
+    return out
+
+
+def make_room(out: Path, runs: list[str]) -> None:
+    """Clear `out` for a report of `runs`: the files an earlier report of the same runs wrote are
+    removed (a plot it no longer draws must not stay); a report of other runs, or a folder llmkit
+    did not write, is refused."""
+    if not out.exists():
+        return
+    record = out / REPORT_RECORD
+    try:
+        made = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+    except (OSError, ValueError):
+        made = {}
+    if made is None and out.is_dir() and all(f.suffix in (".png", ".md") for f in out.iterdir()):
+        made = {"runs": runs, "files": [f.name for f in out.iterdir()]}  # written before report.json
+    if not isinstance(made, dict) or not isinstance(made.get("files"), list):
+        raise UserError(f"{out} exists and is not a report llmkit wrote (no readable {REPORT_RECORD}); "
+                        "give this report its own folder with --set name=NAME, or move that one away")
+    if made.get("runs") != runs:
+        raise UserError(f"{out} holds the report of {', '.join(map(str, made.get('runs') or []))}, and this one "
+                        f"is of {', '.join(runs)}: give it its own folder with --set name=NAME, or delete {out} "
+                        "to replace it")
+    for name in made["files"]:
+        if isinstance(name, str) and Path(name).name == name:  # a file of this folder, nothing else
+            (out / name).unlink(missing_ok=True)
+
+
 def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
     if not runs:
         raise UserError("report: name at least one checkpoint run, e.g. `llmkit report pretrain`")
@@ -148,10 +211,14 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
         if not p.is_dir():
             raise UserError(f"report: no run {r!r} (looked for {p})")
         paths.append(p)
-    out = ctx.workspace.path(f"report/{cfg.name}")
     judged = [p for p in paths if (p / RANKING_FILE).is_file()]  # `llmkit judge --export` artifacts
     evals = [p for p in paths if is_eval_artifact(p)]  # `llmkit eval` reports: their own table
     runs = [p for p in paths if p not in judged and p not in evals]
+    for run in runs:  # before an earlier report is cleared
+        check_run(run)
+    ids = run_ids(paths, ctx.workspace.root)
+    out = ctx.workspace.path(f"report/{cfg.name or report_name(ids)}")
+    make_room(out, ids)
     written = write_report(runs, out, cfg) if runs else []
     written += ranking_report(judged, out, fresh=not runs)
     if evals:
@@ -159,5 +226,7 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         before = summary.read_text() + "\n" if (runs or judged) and summary.is_file() else ""
         summary.write_text(before + eval_markdown(evals))
+    files = [p.name for p in written] + [REPORT_RECORD, "summary.md"]
+    (out / REPORT_RECORD).write_text(json.dumps({"runs": ids, "files": files}, indent=1) + "\n", encoding="utf-8")
     print(f"report: {len(written)} plots and summary.md in {out}")
     return out

@@ -74,7 +74,7 @@ def test_tasks_run_offline_and_land_in_the_artifact_and_the_report(ws, monkeypat
     assert any(str(DEMO / "ceval_zh_test.jsonl") in json.dumps(i) for i in manifest["inputs"])
     report = runner.invoke(build_app(), ["report", "eval/pretrain", "-w", str(ws)])
     assert report.exit_code == 0, report.output
-    summary = (ws / "report/report/summary.md").read_text()
+    summary = (ws / "report/eval-pretrain/summary.md").read_text()
     assert "| pretrain | mmlu_reversal | acc |" in summary and "cmmlu_reversal" in summary
 
 

@@ -121,7 +121,7 @@ def test_each_harness_task_says_whether_its_scored_file_was_decontaminated(ws):
     assert notes["clean_model"]["harness/cmmlu_reversal/decontaminated"].startswith(  # not an --against
         "no — cmmlu_reversal_test.csv (clean_model <- tokens_clean <- decontaminated <- docs)")
     llmkit("report", "-w", ws, "eval/clean_model-harness")
-    summary = (ws / "report" / "report" / "summary.md").read_text()
+    summary = (ws / "report" / "eval-clean_model-harness" / "summary.md").read_text()
     assert "- clean_model-harness / mmlu_reversal: yes — mmlu_reversal_test.jsonl checked by decontaminated" \
         in summary
 

@@ -60,7 +60,7 @@ def test_export_ranks_the_right_model_first_rebuilds_as_the_journal_grows_and_re
 
     llmkit("report", "-w", ws, "prefs")
     llmkit("report", "-w", ws, "prefs")  # written anew, not appended to
-    report = ws / "report" / "report"
+    report = ws / "report" / "prefs"
     assert (report / "ranking-prefs.png").stat().st_size > 1000
     summary = (report / "summary.md").read_text()
     assert summary.count("Human judgements: prefs") == 1 and f"| 1 | {MODELS[0]} |" in summary

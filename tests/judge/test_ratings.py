@@ -94,4 +94,4 @@ def test_export_writes_ratings_score_means_and_ranked_lists_that_ingest_reads(tm
     pairs = {(r["prompt"], r["chosen"], r["rejected"]) for r in read_table(ws / "from_ranked").to_pylist()}
     assert pairs == {(r["prompt"], r["chosen"], r["rejected"]) for r in read_table(ws / "prefs").to_pylist()}
     llmkit("report", "-w", ws, "prefs")
-    assert f"| {MODELS[0]} | – | 5.00 [5.00, 5.00] (10) | – |" in (ws / "report" / "report" / "summary.md").read_text()
+    assert f"| {MODELS[0]} | – | 5.00 [5.00, 5.00] (10) | – |" in (ws / "report" / "prefs" / "summary.md").read_text()
