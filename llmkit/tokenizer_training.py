@@ -272,7 +272,20 @@ def _train_bpe(sentences: list[str], cfg: TokenizerConfig, coverage: float,
         input_sentence_size=0, shuffle_input_sentence=False,
         max_sentence_length=4 * cfg.max_sentence_chars + 16,
         num_threads=max(1, min(workers, 128)), minloglevel=2)
-    return out.getvalue()
+    return _without_thread_count(out.getvalue())
+
+
+def _without_thread_count(model: bytes) -> bytes:
+    """The model file without the thread count sentencepiece writes into it: its BPE trainer
+    uses threads only to normalise sentences (the pieces, their order and scores come from one
+    thread, ties broken by length then bytes), so without that field the same text gives the same
+    bytes at any --workers."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    proto.trainer_spec.ClearField("num_threads")
+    return proto.SerializeToString()
 
 
 def _user_error_of(e: RuntimeError, cfg: TokenizerConfig) -> Exception:
@@ -412,7 +425,7 @@ def run_tokenizer(ctx, cfg: TokenizerConfig):
             byte_fallback_chars=plan.byte_chars, jieba=cfg.jieba,
             heldout_docs=len(heldout), fertility=fert, no_fertility=no_fertility,
             roundtrip_failures=failures,
-            train_seconds=round(train_seconds, 2))
+            train_seconds=round(train_seconds, 2), train_threads=ctx.workers)
     rows = [("vocab size", b.stats["vocab_size"]), ("sample sentences", len(sentences)),
             ("coverage used", f"{plan.used:.6g}")]
     rows += [(f"{lang} tokens/char", s["tokens_per_char"]) for lang, s in fert.items()]

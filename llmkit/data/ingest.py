@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,8 +259,17 @@ def file_fingerprint(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:32]
 
 
-def _generated_id(path: Path, n: int) -> str:
-    return hashlib.blake2b(f"{path}:{n}".encode(), digest_size=8).hexdigest()
+def _generated_id(name: str, n: int) -> str:
+    return hashlib.blake2b(f"{name}:{n}".encode(), digest_size=8).hexdigest()
+
+
+def input_names(files: list[Path], cwd: Path) -> dict[str, str]:
+    """Each input file (as typed) named below the folder that holds them all, as datatrove names
+    a document below its data folder: what generated ids and removed rows' locations say, so the
+    same files give the same rows wherever they lie, whatever the path typed."""
+    full = [os.path.abspath(Path(cwd, f)) for f in files]
+    base = os.path.commonpath([os.path.dirname(f) for f in full]) if full else ""
+    return {str(f): Path(os.path.relpath(p, base)).as_posix() for f, p in zip(files, full)}
 
 
 def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
@@ -278,23 +288,27 @@ def file_groups(files: list[Path], task_bytes: int) -> list[list[Path]]:
 @dataclass(frozen=True)
 class IngestTasks(SealedTasks):
     """Task K reads file group K into `root/part-K/` (kept/, removed/); its marker holds what
-    it counted (`read_group`). Relative paths are read from the driver's directory `cwd`."""
+    it counted (`read_group`). Relative paths are read from the driver's directory `cwd`;
+    `names`: what rows call each file (`input_names`)."""
     root: Path
     groups: list
     cfg: IngestConfig
     cwd: Path
+    names: dict
 
     def __len__(self) -> int:
         return len(self.groups)
 
     def build(self, k: int, tmp: Path) -> dict:
         return read_group(self.groups[k], self.cfg, DatasetWriter(tmp / "kept"),
-                          DatasetWriter(tmp / "removed"), self.cwd)
+                          DatasetWriter(tmp / "removed"), self.cwd, self.names)
 
 
-def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Path) -> dict:
-    """Read, normalise and write the records of `files` (relative ones read from `cwd`); what
-    was counted, as a task's marker records it (conservation checked here)."""
+def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Path,
+               names: dict[str, str]) -> dict:
+    """Read, normalise and write the records of `files` (relative ones read from `cwd`, named
+    in rows by `names`); what was counted, as a task's marker records it (conservation checked
+    here)."""
     reasons: Counter = Counter()
     per_source: Counter = Counter()
     # fields of the records without the text field, with the characters of their strings
@@ -304,15 +318,16 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Pat
     kept, removed = _Buffer(kept_w, cfg.batch_rows), _Buffer(removed_w, cfg.batch_rows)
     for path in files:
         source = cfg.source or _stem(path)
-        opened = Path(cwd, path)  # locations and generated ids name it as typed, read anywhere
+        opened, name = Path(cwd, path), names[str(path)]  # read anywhere, named the same anywhere
         identify = cfg.kind == "text" and (cfg.lang_id or format_of(opened, cfg.format)
                                            in WEB_FORMATS)
         for n, (loc, rec) in enumerate(read_records(opened, cfg)):
-            loc = str(path) + loc[len(str(opened)):]
+            at = loc[len(str(opened)):]  # the line, record or byte offset in the file
+            loc = name + at
             records += 1  # counted as read; checked below against what was written
             kill_point("ingest:record")
             rid = rec.get(cfg.id_field) if isinstance(rec, dict) else None
-            rid = str(rid) if rid not in (None, "") else _generated_id(path, n)
+            rid = str(rid) if rid not in (None, "") else _generated_id(name, n)
             rows = rec if isinstance(rec, BadRecord) else normalise(rec, cfg)
             if isinstance(rows, (BadRecord, str)):
                 reason = rows.reason if isinstance(rows, BadRecord) else rows
@@ -321,7 +336,7 @@ def read_group(files: list[Path], cfg: IngestConfig, kept_w, removed_w, cwd: Pat
                 removed.add({"id": rid, "text": raw[:MAX_REMOVED_TEXT], "source": source,
                              "reason": reason, "location": loc})
                 reasons[reason] += 1
-                first_removed = first_removed or loc
+                first_removed = first_removed or str(path) + at  # a message: as typed
                 if cfg.kind == "text" and reason == f"missing_{cfg.text_field}":
                     fields_seen.update({k: len(v) if isinstance(v, str)
                                         and k != cfg.id_field else 0
@@ -351,9 +366,11 @@ def run_ingest(ctx, patterns: list[str], cfg: IngestConfig):
     files = expand_inputs(patterns)
     groups = file_groups(files, cfg.task_bytes)
     cwd = Path.cwd()  # relative paths are read from here, wherever a task runs
+    names = input_names(files, cwd)
     return run_data_stage(ctx, DataStage(
         "ingest", cfg, [Artifact(f, {"fingerprint": file_fingerprint(f)}) for f in files], "raw",
-        [Phase("files", len(groups), lambda work: IngestTasks(work.dir / "files", groups, cfg, cwd),
+        [Phase("files", len(groups), lambda work: IngestTasks(work.dir / "files", groups, cfg, cwd,
+                                                                names),
                spread=True)],
         lambda out, done: assemble(out, done["files"], cfg, len(files)),
         source=_named(files), unit="records"))

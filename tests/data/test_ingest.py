@@ -28,7 +28,7 @@ def test_jsonl_with_three_malformed_lines_quarantines_them_and_conserves_rows(ma
     assert kept.column("source").to_pylist() == ["docs", "docs"]
     assert sorted(removed.column("reason").to_pylist()) == [
         "invalid_utf8", "malformed_json", "non_string_text"]
-    assert removed.column("location").to_pylist()[0] == f"{p}:3"
+    assert removed.column("location").to_pylist()[0] == "docs.jsonl:3"  # named below its folder
     stats = json.loads((path / "manifest.json").read_text())["stats"]
     assert stats["rows_in"] == 5 == stats["rows_out"] + stats["rows_removed"]
     assert stats["removed_by_reason"]["malformed_json"] == 1

@@ -106,7 +106,7 @@ def test_a_warc_keeps_its_html_pages_and_quarantines_every_other_record_with_a_r
         "response https://example.org/garbled.html": "undecodable_page",
         "response https://example.org/big.html": "page_too_large",
         "response https://example.org/moved": "http_status"}
-    assert all(r["location"].startswith(f"{tmp_path / 'crawl.warc.gz'}@") for r in removed)
+    assert all(r["location"].startswith("crawl.warc.gz@") for r in removed)
     assert stats["removed_by_reason"] == {"http_status": 1, "not_html": 1, "page_too_large": 1,
                                           "undecodable_page": 1, "warc_request": 1}
 

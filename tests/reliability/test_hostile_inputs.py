@@ -82,7 +82,7 @@ def test_parquet_without_the_text_column_exits_2_naming_the_file_and_the_column(
     r = invoke("ingest", path, "-w", ws, "--set", "allow_empty=true")
     removed = pq.read_table(ws / "raw" / "removed").to_pylist()
     assert [(x["reason"], x["location"]) for x in removed] == [
-        ("missing_text", f"{path}#0"), ("missing_text", f"{path}#1")]
+        ("missing_text", "wrong.parquet#0"), ("missing_text", "wrong.parquet#1")]
     r = invoke("ingest", path, "-w", ws, "--set", "text_field=body", "--force")
     assert r.exit_code == 0 and manifest(ws, "raw")["stats"]["rows_out"] == 2
 
