@@ -15,6 +15,7 @@ from llmkit.errors import ConfigError, UserError
 from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
 from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
+from llmkit.train.threads import threads_label
 from llmkit.workspace import MANIFEST, Artifact
 
 # metric -> plot title; a plot is drawn when at least one run logged the metric
@@ -141,6 +142,10 @@ def summary_markdown(metrics: dict[Path, list[dict]], plots: list[Path],
         if column and stats.get("accuracy") is not None:
             cells[run][column] = f"{_fmt(stats.get('base_accuracy'))} -> {_fmt(stats['accuracy'])}"
             columns.append(column)
+        if stats.get("threads"):  # what the run computed on: a figure above means little without it
+            cells[run].update({"CPU threads": threads_label(stats["threads"]),
+                               "CPU kernels": stats.get("cpu_kernels", "")})
+            columns += ["CPU threads", "CPU kernels"]
     columns = list(dict.fromkeys(columns))  # each once, in first-seen order
     lines = ["# Training report", "", "| run | steps | " + " | ".join(columns) + " |",
              "|---" * (len(columns) + 2) + "|"]

@@ -18,6 +18,7 @@ from llmkit.progress import is_tty
 from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
 from llmkit.train.checkpoint import RUN_RECORD
 from llmkit.train.lora import PINNED_BASE  # a LoRA run holds its base input itself
+from llmkit.train.threads import threads_label
 from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed, shown
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
@@ -60,8 +61,9 @@ def artifact_status(path: Path, root: Path) -> ArtifactStatus:
         size = f"{stats['rows_out']:,} rows"
     elif "tokens" in stats:
         size = f"{stats['tokens']:,} tokens"
-    elif "steps" in stats:
-        size = f"{stats['steps']:,} steps"
+    elif "steps" in stats:  # a training run: what it computed on, too
+        size = ", ".join(filter(None, [f"{stats['steps']:,} steps", threads_label(stats.get("threads"), short=True),
+                                       stats.get("cpu_kernels")]))
     else:
         size = ""
     age = time.time() - (path / MANIFEST).stat().st_mtime
@@ -225,9 +227,9 @@ def print_status(ws) -> None:
             t.add_row(r.name, r.stage, f"[{colour[r.state]}]{r.state}", r.size, human_age(r.age_s))
         Console().print(t)
     else:
-        print(f"{'artifact':<20} {'stage':<12} {'state':<11} {'size':<26} age")
+        print(f"{'artifact':<20} {'stage':<12} {'state':<11} {'size':<34} age")
         for r in rows:
-            print(f"{r.name:<20} {r.stage:<12} {r.state:<11} {r.size:<26} {human_age(r.age_s)}")
+            print(f"{r.name:<20} {r.stage:<12} {r.state:<11} {r.size:<34} {human_age(r.age_s)}")
     for r in rows:
         if r.state == "damaged":
             print(f"{r.name}: some finished tasks lost files since; rerun `llmkit {r.stage}` "

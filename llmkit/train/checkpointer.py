@@ -25,7 +25,7 @@ from llmkit.train.distributed import barrier
 log = logging.getLogger("llmkit.train")
 
 # the Engine's progress a checkpoint carries besides weights, optimizer and task state
-COUNTERS = ("step", "tokens_seen", "skipped_steps", "bad_streak", "metrics")
+COUNTERS = ("step", "tokens_seen", "skipped_steps", "bad_streak", "metrics", "threads")
 
 
 class Checkpointer:
@@ -105,7 +105,8 @@ class Checkpointer:
         mine = state["ranks"][self.dist.rank]
         self.task.load_state_dict(mine["task"])
         ckpt.set_rng_state(mine["rng"])
-        return {**{k: state[k] for k in COUNTERS if k != "metrics"}, "metrics": state.get("metrics", {})}
+        older = {"metrics": {}, "threads": []}  # what a checkpoint written before these had
+        return {k: state.get(k, older[k]) if k in older else state[k] for k in COUNTERS}
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -140,6 +141,7 @@ class Checkpointer:
                 "step": step, "tokens_seen": counters["tokens_seen"],
                 "skipped_steps": counters["skipped_steps"], "bad_streak": counters["bad_streak"],
                 "world_size": self.dist.world_size, "metrics": counters["metrics"],
+                "threads": counters["threads"],
                 "train_config": dataclasses.asdict(self.cfg), "ranks": ranks})
             if self.tokenizer_dir is not None:
                 shutil.copytree(self.tokenizer_dir, step_dir / ckpt.TOKENIZER)

@@ -39,7 +39,7 @@ from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu, training_flops_per_token
 from llmkit.train.optim import deepspeed_config, make_optimizer
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task, to_device
-from llmkit.train.threads import CpuThreads
+from llmkit.train.threads import CpuThreads, cpu_kernel_path
 
 log = logging.getLogger("llmkit.train")
 
@@ -59,6 +59,8 @@ class FitResult:
     skipped_steps: int  # steps skipped for NaN/Inf
     metrics: dict  # the last logged record
     checkpoint: Path | None  # the newest complete step folder
+    threads: dict  # the CPU threads it computed on (`CpuThreads.record`)
+    cpu_kernels: str  # `cpu_kernel_path`: llmkit-avx512, torch or cuda
 
 
 class Engine:
@@ -113,7 +115,8 @@ class Engine:
                 self.metrics.close()
                 self.console.close()
         return FitResult(self.step, self.tokens_seen, self.skipped_steps, self.last_record,
-                         ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None)
+                         ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None,
+                         self.threads.record(self.step), cpu_kernel_path(self.dist.device))
 
     def _build(self) -> None:
         import deepspeed
@@ -132,6 +135,9 @@ class Engine:
         self.n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.flops_per_token = training_flops_per_token(model, self.task.flops_per_token())
         self.peak_flops = cfg.peak_flops or device_peak_flops(self.dist.device)
+        # a measured CPU peak is per thread in use (metrics.measured_cpu_peak_flops)
+        self.peak_threads = None if cfg.peak_flops or self.dist.device.startswith("cuda") else \
+            torch.get_num_threads()
         if self.dist.device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs use tensor cores (TF32)
             torch.backends.cudnn.allow_tf32 = True
@@ -162,6 +168,7 @@ class Engine:
         self.step, self.tokens_seen = counters["step"], counters["tokens_seen"]
         self.skipped_steps, self.bad_streak = counters["skipped_steps"], counters["bad_streak"]
         self.last_record = counters["metrics"]
+        self.threads.resume(counters["threads"], self.step)
         self.console.note(f"resumed from {step_dir} (step {self.step})")
         return True
 
@@ -169,7 +176,7 @@ class Engine:
         """Write (or find, if this step is saved already) the current step's checkpoint."""
         return self.checkpointer.save({"step": self.step, "tokens_seen": self.tokens_seen,
                                        "skipped_steps": self.skipped_steps, "bad_streak": self.bad_streak,
-                                       "metrics": self.last_record})
+                                       "metrics": self.last_record, "threads": self.threads.history})
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -180,7 +187,8 @@ class Engine:
             self.step += 1
             last = self.step == cfg.max_steps
             tokens, stopping = record.pop("tokens"), record.pop("_stop")
-            self.threads.watch(record["step_s"])
+            record["threads"] = self.threads.count  # those this step computed on
+            self.threads.watch(self.step, record["step_s"], tokens)
             if self.step == 1:
                 self._warn_if_undertrained(tokens)
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
@@ -250,7 +258,7 @@ class Engine:
             "lr": lr,
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "tokens_per_s": tokens_per_s,
-            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak_flops * self.dist.world_size),
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self._peak_flops() * self.dist.world_size),
             "data_s": data_s,
             "step_s": step_s,
             "tokens_seen": self.tokens_seen,
@@ -262,6 +270,10 @@ class Engine:
         record["tokens"] = int(global_tokens)
         record["_stop"] = int(self._stop_signal or signal.SIGTERM) if stop else 0
         return record
+
+    def _peak_flops(self) -> float:
+        """The devices' peak FLOP/s at the threads computing now (see `_build`)."""
+        return self.peak_flops * (self.threads.count / self.peak_threads if self.peak_threads else 1)
 
     def evaluate(self) -> dict:
         """Mean loss (and task metrics) over up to eval_batches batches per process, with

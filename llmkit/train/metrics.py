@@ -366,4 +366,4 @@ def format_record(record: dict) -> str:
     return " | ".join(parts)
 
 
-_QUIET = {"step", "data_s", "step_s", "tokens_seen"}
+_QUIET = {"step", "data_s", "step_s", "tokens_seen", "threads"}  # a change of threads is a note of its own

@@ -33,6 +33,7 @@ from llmkit.train.checkpoint import open_run, training_run
 from llmkit.train.engine import Engine
 from llmkit.train.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, pinned_start, trainable_share
 from llmkit.train.quant import unpool_large_allocations
+from llmkit.train.threads import threads_label
 
 # the stats most stages take from the engine's last logged record: stat name -> record key
 LOSSES = {"final_loss": "loss", "val_loss": "val_loss"}
@@ -77,13 +78,16 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
                         model_config=fit.model_config).fit()
         after = fit.score(fit.model, dist) if fit.score else {}
         if dist.is_main:
-            b.stats.update(fit.stats, steps=result.step, tokens_seen=result.tokens_seen)
+            b.stats.update(fit.stats, steps=result.step, tokens_seen=result.tokens_seen,
+                           threads=result.threads, cpu_kernels=result.cpu_kernels)
             b.stats.update({name: result.metrics.get(key) for name, key in fit.metrics.items()})
             b.stats.update(fit.after(result, task) if fit.after else {})
             for name, value in after.items():
                 b.stats.update({f"base_{name}": before[name], name: value})
     if dist.is_main:
         print_summary(f"{b.name} done", [("steps", result.step), *fit.summary(b.stats),
+                                         ("CPU threads", threads_label(result.threads)),
+                                         ("CPU kernels", result.cpu_kernels),
                                          ("seconds", round(time.time() - b.started, 1))])
     return b
 

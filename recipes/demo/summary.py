@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from llmkit.train.threads import threads_label
+
 
 def stats(ws: Path, name: str) -> dict:
     path = ws / name / "manifest.json"
@@ -22,6 +24,7 @@ def seconds(ws: Path) -> float:
 
 
 METHODS = ("kto", "orpo", "simpo", "rloo")
+RUNS = ("pretrain", "sft", "rm", "dpo", "ppo", *METHODS)  # the training runs
 
 
 def summary(ws: Path) -> dict:
@@ -50,6 +53,9 @@ def summary(ws: Path) -> dict:
                     for m in METHODS if stats(ws, m)},
         "eval": stats(ws, "eval/sft"),
         "export": {"max_abs_logit_diff": stats(ws, "export/hf").get("max_abs_logit_diff")},
+        # what each training run computed on: its CPU threads (count, changes) and kernels
+        "threads": {name: {k: stats(ws, name).get(k) for k in ("threads", "cpu_kernels")}
+                    for name in RUNS if stats(ws, name)},
         "seconds": seconds(ws),
     }
 
@@ -77,6 +83,8 @@ def table(s: dict) -> str:
         *((f"{m} exact match (sft → {m})", f"{f(r['base_accuracy'])} → {f(r['accuracy'])}")
           for m, r in s["methods"].items()),
         ("export max |Δlogit| vs transformers", f(s["export"]["max_abs_logit_diff"])),
+        ("training CPU threads, kernels", "; ".join(f"{name} {threads_label(t['threads']) or '?'} "
+                                                    f"{t['cpu_kernels'] or '?'}" for name, t in s["threads"].items())),
         ("stage seconds (sum)", f(s["seconds"])),
     ]
     width = max(len(k) for k, _ in rows)

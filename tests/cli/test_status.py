@@ -121,3 +121,12 @@ def test_pipeline_order_breaks_ties_by_stage():
         ("raw", "ingest", []), ("report/x", "report", [])]]
     assert [r.name for r in pipeline_order(rows)] == [
         "raw", "sft_train", "tokens", "b_pretrain", "a_sft", "report/x"]
+
+
+def test_a_training_run_shows_the_threads_and_cpu_kernels_it_computed_on(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    with ws.builder("dpo", stage="dpo", config=C(), quiet=True) as b:
+        b.stats.update(steps=1000, cpu_kernels="llmkit-avx512", threads={
+            "setting": "auto", "start": 2, "steps": {"2": 40, "1": 960},
+            "changes": [{"step": 41, "threads": 1, "why": "step times swing (9x the median)"}]})
+    assert status("-w", ws.root)["dpo"][2:7] == ["1,000", "steps,", "1-2", "threads,", "llmkit-avx512"]

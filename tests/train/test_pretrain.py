@@ -14,6 +14,7 @@ from llmkit.model_config import ModelConfig
 from llmkit import checkpoints as ckpt
 from llmkit.train.metrics import read_metrics
 from llmkit.train.pretrain import ModelSection, PretrainTask
+from tests.train.conftest import REPO
 from tests.conftest import write_jsonl
 from tests.test_tokenizer import small_corpus
 
@@ -79,6 +80,28 @@ def test_stage_trains_a_complete_checkpoint_run(trained, ws):
     assert "up to date" in pretrain(ws, "max_steps=8").output
 
 
+def test_a_run_records_its_threads_and_cpu_kernels_where_its_figures_are_read(trained, ws, tmp_path):
+    import importlib.util
+
+    from llmkit.train.threads import cpu_kernel_path
+
+    stats = json.loads((trained / "manifest.json").read_text())["stats"]
+    threads, kernels = stats["threads"], stats["cpu_kernels"]
+    assert threads["setting"] == "auto" and threads["start"] >= 1 and sum(threads["steps"].values()) == 8
+    assert kernels == cpu_kernel_path("cpu") in ("llmkit-avx512", "torch")
+    assert all(isinstance(r["threads"], int) for r in read_metrics(trained))  # each step's count
+    shown = {line.split()[0]: line for line in llmkit("status", "-w", ws).output.splitlines() if line.strip()}
+    assert " thread" in shown["pretrain"] and kernels in shown["pretrain"]
+    llmkit("report", "pretrain", "-w", ws)
+    report = next((ws / "report").rglob("summary.md")).read_text()
+    assert "| CPU threads | CPU kernels |" in report and " thread" in report.split("CPU kernels |")[1]
+    spec = importlib.util.spec_from_file_location("demo_summary", REPO / "recipes" / "demo" / "summary.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.summary(ws)["threads"]["pretrain"] == {"threads": threads, "cpu_kernels": kernels}
+    assert "pretrain " in demo.table(demo.summary(ws)).split("training CPU threads, kernels")[1]
+
+
 def test_interrupted_stage_resumes_where_its_last_checkpoint_left_off(tmp_path, trained):
     import shutil
 
@@ -90,6 +113,8 @@ def test_interrupted_stage_resumes_where_its_last_checkpoint_left_off(tmp_path, 
     out = pretrain(run, "max_steps=8").output
     assert "resumed from" in out and "step-00000006" in out
     assert [r["loss"] for r in read_metrics(run / "pretrain")] == [r["loss"] for r in straight]
+    threads = json.loads((run / "pretrain" / "manifest.json").read_text())["stats"]["threads"]
+    assert sum(threads["steps"].values()) == 8  # steps 1-6 as the checkpoint recorded them, 7-8 now
 
 
 def test_resume_from_with_force_rewinds_the_run_to_an_older_step(tmp_path, trained):

@@ -1,3 +1,5 @@
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -9,7 +11,8 @@ import torch
 from llmkit.config import config_to_dict
 from llmkit.train import threads
 from llmkit.train.config import TrainConfig
-from llmkit.train.threads import CpuThreads
+from llmkit.train.metrics import read_metrics
+from llmkit.train.threads import CpuThreads, OthersLoad, next_threads, threads_label
 
 from tests.train.conftest import make_engine
 
@@ -105,13 +108,13 @@ def test_a_setting_is_taken_as_given_and_the_previous_threads_come_back(torch_th
 def test_swinging_step_times_warn_once_with_the_fix():
     said = []
     watch = CpuThreads(count=2, previous=2, on_cpu=True, enabled=True, note=said.append)
-    for step_s in [9.0, 1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 1.1]:  # the first step is never counted
-        watch.watch(step_s)
+    for step, step_s in enumerate([9.0, 1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 1.1], 1):  # the first is never counted
+        watch.watch(step, step_s)
     assert not said
-    for step_s in [4.5, 1.0, 5.0]:
-        watch.watch(step_s)
+    for step, step_s in enumerate([4.5, 1.0, 5.0], 9):
+        watch.watch(step, step_s)
     [warning] = said
-    assert warning.startswith("warning: step times swing") and "4.50 s" in warning
+    assert warning.startswith("warning: step times swing") and "4.8x their median" in warning
     assert "--set threads=1" in warning and "OMP_NUM_THREADS=1" in warning
 
 
@@ -119,8 +122,8 @@ def test_swinging_step_times_warn_once_with_the_fix():
 def test_no_swing_warning_where_threads_are_not_the_cause(count, on_cpu):
     said = []
     watch = CpuThreads(count=count, previous=count, on_cpu=on_cpu, enabled=True, note=said.append)
-    for step_s in [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0]:
-        watch.watch(step_s)
+    for step, step_s in enumerate([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0], 1):
+        watch.watch(step, step_s)
     assert not said
 
 
@@ -155,3 +158,146 @@ def test_a_run_whose_step_times_swing_says_so_once_with_the_fix(tmp_path, torch_
     engine.fit()
     said = capsys.readouterr().err
     assert said.count("warning: step times swing") == 1 and "--set threads=1" in said
+
+
+# -- adapting during the run -------------------------------------------------------------------
+
+STEADY = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]
+
+
+@pytest.mark.parametrize("costs, threads", [
+    (STEADY, 2),
+    (STEADY + [4.0], 2),  # one slow step is a hiccup (a collection, a page fault)
+    (STEADY + [4.0, 1.0, 30.0], 1),  # two: another process takes a core now and then
+    ([1.0, 30.0, 1.0, 30.0], 2),  # too few steps to tell
+])
+def test_threads_drop_by_one_when_step_times_swing(costs, threads):
+    assert next_threads(2, 2, 2, costs, None, 0, 2)[0] == threads
+    assert next_threads(1, 2, 2, costs, None, 0, 2) == (1, None)  # never below one
+
+
+@pytest.mark.parametrize("others, threads", [(0.2, 4), (0.7, 3), (1.4, 3), (2.6, 1), (9.0, 1)])
+def test_threads_leave_the_cores_other_processes_keep_busy(others, threads):
+    count, why = next_threads(4, 4, 4, STEADY, others, 0, 2)
+    assert count == threads and (why is None) == (threads == 4)
+    assert why is None or "of the 4 cores busy" in why
+
+
+def test_threads_go_back_up_once_the_cores_were_free_long_enough():
+    assert next_threads(1, 2, 2, STEADY, 0.0, 1, 2) == (1, None)
+    assert next_threads(1, 2, 2, STEADY, 0.0, 2, 2) == (2, "the cores are free again")
+    assert next_threads(2, 2, 2, STEADY, 0.0, 9, 2) == (2, None)  # at the ceiling already
+
+
+class ScriptedLoad:
+    """OthersLoad's interface with the readings given: one per step, None = no new reading."""
+
+    def __init__(self, readings, cpus=(0, 1)):
+        self.readings, self.cpus = iter(readings), set(cpus)
+
+    def read(self):
+        return next(self.readings)
+
+
+def test_a_competitor_lowers_the_threads_and_its_end_raises_them_with_a_growing_wait(torch_threads):
+    # per step: (seconds per token, the others' cores read after it; None = no new reading)
+    steps = [(1.0, None)] + [(1.0, 0.0)] * 6  # 1-7: a quiet machine
+    steps += [(1.0, None), (9.0, None), (1.0, None), (8.0, None)]  # 8-11: a competitor stalls two
+    steps += [(1.6, 1.0)] * 3 + [(1.6, 0.0)] * 2  # 12-16 on 1 thread: it runs, then leaves
+    steps += [(1.0, None), (9.0, None), (1.0, None), (1.0, None), (9.0, None)]  # 17-21: it is back
+    steps += [(1.6, 1.0)] * 3 + [(1.6, 0.0)] * 4  # 22-28: twice the free readings needed now
+    steps += [(1.0, None)] * 2  # 29-30
+    said = []
+    load = ScriptedLoad(reading for _, reading in steps[1:])  # the first step reads nothing
+    watch = CpuThreads(2, 2, on_cpu=True, enabled=True, note=said.append, most=2, load=load, setting="auto")
+    for step, (cost, _) in enumerate(steps, 1):
+        watch.watch(step, cost)
+        assert torch.get_num_threads() == watch.count
+    record = watch.record(len(steps))
+    assert [(c["step"], c["threads"]) for c in record["changes"]] == [(12, 1), (17, 2), (22, 1), (29, 2)]
+    assert "swing" in record["changes"][0]["why"] and record["changes"][1]["why"] == "the cores are free again"
+    assert record == {"setting": "auto", "start": 2, "steps": {"2": 11 + 5 + 2, "1": 5 + 7},
+                      "changes": record["changes"]}
+    assert len(said) == 4 and said[0].startswith("training on 1 CPU thread from step 12 (was 2): step times swing")
+
+
+@pytest.mark.parametrize("others, threads", [(1.9, 2), (2.6, 1)])
+def test_the_threads_go_back_up_while_others_use_only_the_cores_left_over(others, threads, torch_threads):
+    load = ScriptedLoad([None, others, others], cpus=range(4))  # 2 of 4 cores for this run at most
+    watch = CpuThreads(1, 2, on_cpu=True, enabled=False, most=2, load=load)
+    for step in range(1, 5):
+        watch.watch(step, 1.0)
+    assert watch.count == threads
+
+
+def test_a_resumed_run_continues_the_thread_history():
+    watch = CpuThreads(1, 1, on_cpu=True, enabled=True, most=2, load=ScriptedLoad([]))
+    earlier = [{"step": 1, "threads": 2}, {"step": 40, "threads": 1, "why": "x"}, {"step": 70, "threads": 2, "why": "y"}]
+    watch.resume(earlier, 50)  # the change at step 70 belonged to steps retrained now
+    assert watch.record(60)["steps"] == {"2": 39, "1": 21}
+    watch.resume([], 50)  # a checkpoint from before histories were kept
+    assert watch.record(60) == {"setting": "", "start": 1, "steps": {"1": 10}, "changes": []}
+
+
+def test_others_load_is_the_busy_time_of_the_cores_less_this_process(tmp_path):
+    stat, now, own = tmp_path / "stat", [0.0], [0.0]
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    stat.write_text(stat_lines((0, 0), (0, 0), (0, 0)))
+    load = OthersLoad({0, 1}, stat=stat, clock=lambda: now[0], own=lambda: own[0])
+    now[0], own[0] = 2.0, 1.5  # over 2 s: this process 1.5 CPU-s, the cores busy 3.5 s in all
+    busy = round(1.75 / tick)
+    stat.write_text(stat_lines((round(2 / tick) - busy, busy), (round(2 / tick) - busy, busy), (0, round(2 / tick))))
+    assert load.read(min_s=5.0) is None  # too short a span: the next reading covers it
+    assert load.read() == pytest.approx(1.0, abs=0.02)
+    assert OthersLoad({0}, stat=tmp_path / "missing", clock=lambda: now[0] + 9).read() is None
+
+
+@pytest.mark.parametrize("steps, label", [
+    ({"2": 10}, "2 threads"), ({"1": 10, "2": 0}, "1 thread"),
+    ({"2": 4, "1": 96}, "1-2 threads (1 on 96% of steps)"), ({}, "")])
+def test_threads_label(steps, label):
+    assert threads_label({"start": 2, "steps": steps}) == label
+    assert threads_label(None) == ""
+
+
+@pytest.mark.skipif(threads.usable_cores() < 2, reason="needs two cores")
+def test_a_busy_process_started_mid_run_on_its_cores_leaves_the_run_on_fewer_threads(
+        tmp_path, monkeypatch, torch_threads):
+    """Real time, a real competitor: a niced busy loop pinned to the run's cores from half a
+    second (and 10 steps) in on. Whatever else loads this machine, the run ends on fewer threads than it started
+    with and its steps take about what they took before the loop (not a stall's many times)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "busy_cores", lambda cpus: 0.0)  # start on every core
+    cores = threads.usable_cores()
+    torch.set_num_threads(cores)
+    engine = make_engine(tmp_path / "run", max_steps=100_000)
+    weight, loss, seen = torch.randn(256, 256), engine.task.loss, {}
+    loop = f"import os; os.nice(19); os.sched_setaffinity(0, {os.sched_getaffinity(0)})\nwhile True: pass"
+
+    def with_matmuls(model, batch):  # big enough to run on every thread
+        now = time.monotonic()
+        seen.setdefault("start", now)
+        if "busy" not in seen and now - seen["start"] > 0.5 and engine.step >= 10:
+            seen["busy"], seen["busy_step"] = subprocess.Popen([sys.executable, "-c", loop]), engine.step + 1
+        if "busy" in seen and torch.get_num_threads() < cores:
+            seen.setdefault("fewer", now)
+        if now - seen.get("fewer", now + 1) > 0.5 or now - seen["start"] > 8.0:
+            engine.cfg.max_steps = engine.step + 1  # this step is the last
+        x = weight
+        for _ in range(4):
+            x = torch.tanh(x @ weight)
+        return loss(model, batch)
+
+    engine.task.loss = with_matmuls
+    try:
+        result = engine.fit()
+    finally:
+        if "busy" in seen:
+            seen["busy"].kill()
+            seen["busy"].wait()
+    records = read_metrics(tmp_path / "run")
+    assert "fewer" in seen, f"still on {records[-1]['threads']} threads 7.5 s after a busy loop started"
+    assert result.threads["start"] == cores and records[-1]["threads"] < cores
+    before = [r["step_s"] for r in records[1:seen["busy_step"] - 1]]
+    after = [r["step_s"] for r in records if r["step"] > seen["busy_step"] and r["threads"] < cores][-20:]
+    assert statistics.median(after) < 3 * statistics.median(before)
