@@ -1,154 +1,143 @@
-"""WARC and WET files (`.warc`, `.wet`; gzip members, zstd): a document per page.
+"""WARC and WET files (`.warc`, `.wet`; gzipped, zstd): a document per page.
 
-Read with fastwarc (resiliparse's WARC library, Apache-2.0): a C++ parser several times faster
-than warcio, the pure-Python reference (warcio writes the tests' files). A gzipped file is cut
-into its gzip members here (zlib, a member at a time) and each member parsed alone, so one
-broken record costs only itself: a member that does not decompress (cut short, corrupt) is one
-`corrupt_gzip_member` row and reading goes on at the next member; a record whose
-Content-Length is too long is `truncated_record`, too short (bytes left over in its member)
-`content_length_mismatch`. (A plain or zstd WARC is one stream: after a header it cannot
-parse, the rest of the file is one `malformed_warc` row.) Every record counts as read, and is
-either a document or a quarantined row with its reason:
+Read with fastwarc (resiliparse's WARC library, Apache-2.0): a Rust parser several times faster
+than warcio, the pure-Python reference (warcio writes the tests' files). It parses a stream that
+`llmkit.data.compressed_streams` decompresses a piece at a time, so memory stays at a chunk plus
+one kept page, whatever a record or a gzip member holds. A gzipped file is read member by member
+(one per record, as Common Crawl writes them, or one for the whole file, as `gzip` does): a
+broken member costs only itself, reading goes on at the next one. A stream that breaks off (a
+gzip member cut short or corrupt, a zstd file cut short) ends in one row naming why,
+`corrupt_gzip_member` or `truncated_file`, in place of the record it cut; the records before it
+are kept. A record whose Content-Length is too long for its stream is `truncated_record`; too
+short (bytes left over in its member) `content_length_mismatch`. After a header it cannot parse,
+the rest of a stream is one `malformed_warc` row. Every record counts as read, and is either
+a document or a quarantined row with its reason:
 - `response` (and `resource`) records holding HTML go through the HTML reader's `page_record`
   (charset, main text, title, the extraction's time limit); other payloads are `not_html`,
-  an HTTP status other than 200 is `http_status`, a page over `max_page_bytes` is
-  `page_too_large` (its body never kept);
+  an HTTP status other than 200 is `http_status`;
 - `conversion` records (WET) are text already: UTF-8, used as they are;
+- a page or text over `max_page_bytes` is `page_too_large`: its body is skipped, never kept;
 - request, metadata, warcinfo, revisit and continuation records are `warc_<type>`.
 Columns: `url`, `domain` (the URL's host), `date` (WARC-Date), `charset` and `title` beside
-`text`. The location of a record is `file@offset`, the offset of its WARC header (of its gzip
-member in a gzipped file).
+`text`. The location of a record is `file@offset`, the offset of its WARC header in the
+decompressed stream; in a gzipped file `file@member`, the offset of its gzip member, and
+`file@member+offset` for a record after the first in a member.
 """
 
 from __future__ import annotations
 
-import io
-import zlib
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from llmkit.data.compressed_streams import (GZIP_MAGIC, ZSTD_MAGIC, Decompressed, ZstdStream,
+                                            gzip_members)
 from llmkit.data.io import BadRecord
 from llmkit.data.readers.html import RAW_CHARS, page_record, web_extra
 from llmkit.errors import UserError
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
-GZIP_MAGIC = b"\x1f\x8b\x08"  # a gzip member's first bytes (deflate)
-CHUNK = 1 << 20
-MEMBER_SLACK = 1 << 16  # room for a record's WARC and HTTP headers beside its page
 
 
 def read_warc(path: Path, cfg):
     web_extra()
     with open(path, "rb") as f:
-        gzipped = f.read(2) == GZIP_MAGIC[:2]
-    if gzipped:
-        yield from _read_members(path, cfg)
+        magic = f.read(len(ZSTD_MAGIC))
+    if magic.startswith(GZIP_MAGIC[:2]):
+        for member in gzip_members(path):
+            yield from _read_stream(path, member, cfg, member.offset, "corrupt_gzip_member")
+    elif magic == ZSTD_MAGIC:
+        yield from _read_stream(path, ZstdStream(path), cfg, None, "truncated_file")
     else:
-        yield from _read_stream(path, open(path, "rb"), 0, cfg)
+        yield from _read_stream(path, open(path, "rb"), cfg, None, None)
 
 
-def _read_stream(path: Path, stream, base: int, cfg, member: bool = False):
-    """The records of a WARC stream; `base` is its offset in the file. In a gzip `member`, a
-    parse error after a record means that record's Content-Length lied (bytes were left
-    over): the record is quarantined as `content_length_mismatch`."""
+class _Read(NamedTuple):
+    location: str
+    rec: dict | BadRecord
+    complete: bool  # its stream held all of it
+    what: str
+
+
+def _read_stream(path: Path, stream, cfg, member: int | None, broken: str | None):
+    """The records of one stream: a gzip `member` (its offset in the file) or the whole file;
+    the last one waits for the stream's end, which decides how the stream ends in `_last`."""
     from fastwarc.warc import ArchiveIterator
 
-    n, held = 0, None  # in a member, a record waits until the member is known to end well
+    def where(pos: int) -> str:
+        return f"{path}@{pos}" if member is None else f"{path}@{member}" + (f"+{pos}" * bool(pos))
+
+    last, failure = None, None
     with stream:
-        records = iter(ArchiveIterator(stream, parse_http=True, stream_detect=not member))
+        records = iter(ArchiveIterator(stream, parse_http=True,  # plain: lz4 detected
+                                       stream_detect=not isinstance(stream, Decompressed)))
         while True:
             try:
                 record = next(records)
             except StopIteration:
                 break
             except OSError as e:  # fastwarc's word for a header it cannot parse
-                if n == 0 and base == 0:
-                    raise UserError(f"{path}: not a WARC file ({e}); WARC/WET files start "
-                                    "with a `WARC/1.x` header, gzipped or not") from None
-                if held is not None:
-                    held = (held[0], BadRecord("content_length_mismatch", held[2],
-                                               f"bytes left after the record: {e}"))
-                elif not member:
-                    yield f"{path}@end", BadRecord("malformed_warc", "", str(e))
+                failure = str(e)
                 break
-            n += 1
-            if held is not None:
-                yield held[:2]
-            what = f"{record.record_type} {record.headers.get('WARC-Target-URI')}"
-            held = (f"{path}@{base + record.stream_pos}", _record(record, cfg), what)
-            if not member:
-                yield held[:2]
-                held = None
-    if held is not None:
-        yield held[:2]
+            if last is not None:
+                yield last[:2]
+            last = _Read(where(record.stream_pos), *_read_record(record, cfg), _what(record))
+    if failure is not None and last is None and member in (None, 0) and \
+            getattr(stream, "error", None) is None:
+        raise UserError(f"{path}: not a WARC file ({failure}); WARC/WET files start "
+                        "with a `WARC/1.x` header, gzipped or not")
+    rest = where(stream.pos) if isinstance(stream, Decompressed) else f"{path}@end"
+    yield from _last(last, failure, getattr(stream, "error", None), broken, member, rest)
 
 
-def _read_members(path: Path, cfg):
-    """A gzipped WARC member by member (a record each, as Common Crawl writes them): a member
-    that does not decompress (cut short, corrupt) is one `corrupt_gzip_member` record, and
-    reading goes on at the next member, so one bad record costs only itself."""
-    for offset, data, error in gzip_members(path, cfg.max_page_bytes + MEMBER_SLACK):
-        if error is not None:
-            yield f"{path}@{offset}", BadRecord("corrupt_gzip_member", "", error)
-        elif data.strip(b"\r\n"):
-            yield from _read_stream(path, io.BytesIO(data), offset, cfg, member=True)
+def _last(last: _Read | None, failure: str | None, error: str | None, broken: str | None,
+          member: int | None, rest: str):
+    """The rows that end a stream: its last record, then
+    - if the stream broke off (`error`), one `broken` row, in place of that record if the
+      break cut it short;
+    - if a header could not be parsed (`failure`): in a member, that record becomes
+      `content_length_mismatch` (its Content-Length left bytes over); elsewhere the rest of the
+      stream (from `rest`) is one `malformed_warc` row."""
+    if error is not None:
+        cut = last is not None and not last.complete
+        if last is not None and not cut:
+            yield last[:2]
+        yield (last.location if cut else rest), BadRecord(broken, last.what if cut else "", error)
+    elif failure is not None and member is not None and last is not None:
+        yield last.location, BadRecord("content_length_mismatch", last.what,
+                                       f"bytes left after the record: {failure}")
+    else:
+        if last is not None:
+            yield last[:2]
+        if failure is not None:
+            yield rest, BadRecord("malformed_warc", "", failure)
 
 
-def gzip_members(path: Path, keep: int):
-    """(offset, its first `keep` decompressed bytes, None) for each gzip member of the file, or
-    (offset, None, error) for one that cannot be decompressed; after such a one, the next
-    member is found by its magic bytes. Memory stays at `keep` plus a chunk."""
-    with open(path, "rb") as f:
-        buf = f.read(CHUNK)
-        while buf:
-            start = f.tell() - len(buf)
-            member, out, size, error = zlib.decompressobj(31), [], 0, None
-            try:
-                while True:
-                    data = buf
-                    while data and not member.eof:  # at most CHUNK out at a time: a page
-                        piece = member.decompress(data, CHUNK)  # of one letter inflates
-                        if size < keep:                         # a thousandfold
-                            out.append(piece[:keep - size])
-                        size += len(piece)
-                        data = member.unconsumed_tail
-                    if member.eof:  # unused_data: what followed the member in its chunk
-                        buf = member.unused_data or f.read(CHUNK)
-                        break
-                    buf = f.read(CHUNK)
-                    if not buf:
-                        error = "gzip member cut short"
-                        break
-            except zlib.error as e:
-                error = f"gzip: {e}"
-            if error is None:
-                yield start, b"".join(out), None
-                continue
-            yield start, None, error
-            buf = _next_member(f, start + 1)
+def _read_record(record, cfg) -> tuple[dict | BadRecord, bool]:
+    """The record read, and whether its stream held all of it. What `_record` left of its
+    body is skipped here, a buffer at a time."""
+    length = record.content_length
+    if record.headers.get("Content-Length") is None:  # the stream ended inside its header
+        return BadRecord("truncated_record", _headers(record, _what(record)),
+                         "WARC header without Content-Length"), False
+    rec = _record(record, cfg)
+    record.consume()
+    if record.reader.tell() < length:
+        return BadRecord("truncated_record", _what(record),
+                         f"{record.reader.tell()} of {length} bytes"), False
+    return rec, True
 
 
-def _next_member(f, pos: int) -> bytes:
-    """The file from the first gzip magic at or after `pos` (b"" if none), a chunk of it."""
-    f.seek(pos)
-    while True:
-        chunk = f.read(CHUNK)
-        if len(chunk) < len(GZIP_MAGIC):
-            return b""
-        found = chunk.find(GZIP_MAGIC)
-        if found >= 0:
-            f.seek(pos + found)
-            return f.read(CHUNK)
-        pos += len(chunk) - len(GZIP_MAGIC) + 1
-        f.seek(pos)
+def _what(record) -> str:
+    return f"{record.record_type} {record.headers.get('WARC-Target-URI')}"
 
 
 def _record(record, cfg) -> dict | BadRecord:
     kind = str(record.record_type)
     url = record.headers.get("WARC-Target-URI")
-    what = f"{kind} {url}"
+    what = _what(record)
     if kind == "conversion":
-        rec = _body(record, what)
+        rec = _too_large(record, cfg, what) or _body(record, what)
         if not isinstance(rec, BadRecord):
             text = rec.decode("utf-8", errors="replace")
             rec = {"text": text, "title": None, "charset": "utf-8"} if text.strip() else \
@@ -173,13 +162,17 @@ def _page(record, kind: str, cfg, what: str) -> dict | BadRecord:
         (record.headers.get("Content-Type") or "").split(";")[0].strip().lower()
     if ctype not in HTML_TYPES:
         return BadRecord("not_html", _headers(record, what), f"Content-Type {ctype!r}")
-    if record.content_length > cfg.max_page_bytes:
-        return BadRecord("page_too_large", what, f"{record.content_length} bytes > "
-                         f"max_page_bytes={cfg.max_page_bytes}")
-    body = _body(record, what)
+    body = _too_large(record, cfg, what) or _body(record, what)
     if isinstance(body, BadRecord):
         return body
     return page_record(body, record.http_charset if http else None, cfg, what)
+
+
+def _too_large(record, cfg, what: str) -> BadRecord | None:
+    if record.content_length > cfg.max_page_bytes:  # never read: skipped a buffer at a time
+        return BadRecord("page_too_large", what, f"{record.content_length} bytes > "
+                         f"max_page_bytes={cfg.max_page_bytes}")
+    return None
 
 
 def _body(record, what: str) -> bytes | BadRecord:
