@@ -301,15 +301,20 @@ class Builder:
         self.work_dir = ws.root / ".work" / f"{name.replace('/', '_')}-{self.fingerprint[:12]}"
         self._lock: Path | None = None
         self.up_to_date = not force and self._existing_fingerprint() == self.fingerprint
-        # an artifact up to date is this stage's own, whatever kind an older llmkit recorded
+        # an artifact up to date is this stage's own, whatever kind an older llmkit recorded; a run
+        # continued in place may read what it keeps inside (a LoRA run's pinned base)
         check_target(self.final, root=ws.root, stage=stage, kind=kind or stage,
-                     force=force or self.up_to_date, inputs=[a.path for a in inputs], shown=name)
+                     force=force or self.up_to_date, shown=name,
+                     inputs=[a.path for a in inputs if not (in_place and self._inside(a.path))])
         if self.up_to_date:
             self._clear_leftovers()
             if not quiet:
                 print(f"{name}: up to date ({self.final})")
         elif not force:
             self._refuse_to_replace_a_run()
+
+    def _inside(self, path: Path) -> bool:
+        return self.final.resolve() in Path(path).resolve().parents
 
     def _clear_leftovers(self) -> None:
         """What a run killed after renaming its artifact into place left: its work dir and,

@@ -41,26 +41,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fill_single_process_env() -> None:
-    """Describe a world of one when no launcher did; a launcher's values are left alone."""
+def fill_single_process_env() -> bool:
+    """Describe a world of one when no launcher did (True); a launcher's values are left alone."""
     if all(v in os.environ for v in LAUNCHER_VARS):
-        return
+        return False
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         missing = [v for v in LAUNCHER_VARS if v not in os.environ]
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" in missing:
             os.environ["MASTER_PORT"] = str(free_port())
-        return
+        return False
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))
+    return True
 
 
 def setup_distributed() -> DistEnv:
     """Initialise torch.distributed through DeepSpeed (idempotent) and return this process's place."""
     import torch
 
-    fill_single_process_env()
+    alone = fill_single_process_env()
     on_gpu = torch.cuda.is_available()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_gpu else "cpu")
     import deepspeed
@@ -77,6 +78,10 @@ def setup_distributed() -> DistEnv:
         compatible["deepspeed_shm_comm"] = False
         backend, device = "gloo", "cpu"
     if not torch.distributed.is_initialized():
+        if alone:  # a world of one keeps its store in memory: the TCP store looks 127.0.0.1 up by
+            # DNS, a query off the machine that an offline run must not make; DeepSpeed adopts it
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0,
+                                                 world_size=1, timeout=timedelta(seconds=collective_timeout_s()))
         deepspeed.init_distributed(dist_backend=backend, verbose=False,
                                    timeout=timedelta(seconds=collective_timeout_s()))
         # torn down before the interpreter's own exit: left to it, gloo's threads can race the
