@@ -11,11 +11,15 @@ Shift-JIS as cp932, EUC-KR as cp949), the superset real files are written in. A 
 guess (cp1252, koi8-r) would decode anything, turning a few bad bytes into a wrong text, so
 such files stay UTF-8 and their bad records are quarantined: name their codec with
 `--set encoding=…`.
+
+A web page's charset is declared (HTTP header, `<meta charset>`), and `contradicted` says when
+its bytes rule the declaration out (llmkit.data.readers.html then tries the next candidate).
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -94,6 +98,36 @@ def _is_utf8(sample: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def contradicted(codec: str, body: bytes) -> bool:
+    """Whether `body` cannot be in `codec` (a codecs name), as charset detectors decide it:
+    - UTF-16/32 markup holds NULs (every ASCII character is a byte and a NUL): bytes with no
+      NUL and no byte-order mark are not UTF-16, and decoded as such their ASCII pairs turn
+      into CJK characters;
+    - bytes that are valid UTF-8 holding multi-byte sequences are UTF-8, not a one-byte
+      charset (latin-1 would read "Café" as "CafÃ©"): a latin-1 text is almost never valid
+      UTF-8, as each accented letter would have to be followed by just the right symbol."""
+    if codec.startswith(("utf-16", "utf-32")):
+        return b"\x00" not in body and not body.startswith((codecs.BOM_UTF16_LE,
+                                                             codecs.BOM_UTF16_BE))
+    return _one_byte_per_character(codec) and _holds_multibyte_utf8(body)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_byte_per_character(codec: str) -> bool:
+    """latin-1, cp1252, koi8-r… (a 7-bit one too: bytes over 0x7f are not in it at all), but
+    not GBK, Big5, Shift-JIS, which read some bytes in pairs."""
+    high = bytes(range(0x80, 0x100))
+    return not codec.startswith("utf") and len(high.decode(codec, errors="replace")) == len(high)
+
+
+def _holds_multibyte_utf8(body: bytes) -> bool:
+    """Valid UTF-8 (but for a character its end may cut in two) holding a non-ASCII one."""
+    try:
+        return not codecs.getincrementaldecoder("utf-8")().decode(body, final=False).isascii()
+    except UnicodeDecodeError:
+        return False
 
 
 def check_encoding(encoding: str) -> str | None:

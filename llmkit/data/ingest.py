@@ -64,6 +64,7 @@ class IngestConfig(DataConfig):
     lang_id: bool = False           # identify every text row's language (web pages always are)
     max_page_bytes: int = 8 << 20   # web pages larger than this are quarantined (page_too_large)
     extract_timeout_s: float = 10.0  # a page whose main text takes longer is quarantined (extraction_timeout); 0: no limit
+    max_nesting_depth: int = 256    # a page whose elements nest deeper is quarantined (nesting_too_deep): libxml2's limit
 
     def __post_init__(self):
         if self.format is not None and self.format not in FORMATS:
@@ -72,9 +73,10 @@ class IngestConfig(DataConfig):
             raise ConfigError(check_encoding(self.encoding))
         if self.extract_timeout_s < 0:
             raise ConfigError(f"extract_timeout_s must be ≥ 0, got {self.extract_timeout_s}")
-        if self.batch_rows < 1 or self.task_bytes < 1 or self.max_page_bytes < 1:
-            raise ConfigError(f"batch_rows, task_bytes and max_page_bytes must be ≥ 1, got "
-                              f"{self.batch_rows}, {self.task_bytes}, {self.max_page_bytes}")
+        if min(self.batch_rows, self.task_bytes, self.max_page_bytes, self.max_nesting_depth) < 1:
+            raise ConfigError(f"batch_rows, task_bytes, max_page_bytes and max_nesting_depth must "
+                              f"be ≥ 1, got {self.batch_rows}, {self.task_bytes}, "
+                              f"{self.max_page_bytes}, {self.max_nesting_depth}")
 
 
 def _stem(path: Path) -> str:
