@@ -1,7 +1,8 @@
-"""Every command block of the README runs, so an example cannot rot.
+"""Every command block of the README and of the docs pages runs, so an example cannot rot.
 
-`sh` blocks are run line by line, in order, in one scratch directory that holds a small copy of
-`recipes/demo/data` (the README's commands name those files), with the sizes made tiny: step
+`sh` blocks are run line by line, in order — the README's, then each page of docs/ in name order,
+whose commands build on what the README's built — in one scratch directory that holds a small copy
+of `recipes/demo/data` (the commands name those files), with the sizes made tiny: step
 counts and the vocabulary are scaled down and each training stage gets a tiny model and batch.
 `console` blocks are `$ command` lines followed by the output they must print. `python` blocks are
 executed after the commands, in the same directory. `make` lines are not run here: `make test` is
@@ -27,6 +28,8 @@ from llmkit.train.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 DEMO_DATA = "recipes/demo/data"
 ROWS_PER_FILE = 120  # of each shipped data file in the scratch copy
 
@@ -48,12 +51,13 @@ TINY = {
 }
 
 
-def readme_blocks(lang: str) -> list[str]:
-    return [body for fence, body in FENCE.findall((REPO / "README.md").read_text()) if fence == lang]
+def blocks(lang: str, pages: list[Path] = PAGES) -> list[str]:
+    """The bodies of the `lang` fences of `pages`, in page order."""
+    return [body for page in pages for fence, body in FENCE.findall(page.read_text()) if fence == lang]
 
 
 def commands() -> list[str]:
-    text = "\n".join(readme_blocks("sh")).replace("\\\n", " ")  # join continued lines
+    text = "\n".join(blocks("sh")).replace("\\\n", " ")  # join continued lines
     lines = [line.strip() for line in text.splitlines()]
     return [line for line in lines if line and not line.startswith(("#", "make "))]
 
@@ -123,8 +127,9 @@ def scratch(tmp_path_factory):
     return root, outputs
 
 
-def test_the_readme_has_commands_to_run():
-    assert len(commands()) >= 15 and readme_blocks("console") and readme_blocks("python")
+def test_the_readme_and_the_docs_have_commands_to_run():
+    assert blocks("sh", [README]) and blocks("console", [README]) and blocks("python", [README])
+    assert len(commands()) >= 15 and blocks("sh", PAGES[1:])  # the docs pages' commands run too
 
 
 def test_every_readme_command_runs(scratch):
@@ -138,7 +143,7 @@ def test_every_readme_command_runs(scratch):
 
 def test_every_readme_console_example_prints_what_it_shows(scratch, monkeypatch):
     monkeypatch.chdir(scratch[0])
-    for block in readme_blocks("console"):
+    for block in blocks("console"):
         for example in block.split("$ ")[1:]:
             line, *shown = example.strip().splitlines()
             result = CliRunner().invoke(build_app(), shlex.split(line)[1:])
@@ -148,13 +153,13 @@ def test_every_readme_console_example_prints_what_it_shows(scratch, monkeypatch)
 
 def test_every_readme_python_example_runs(scratch, monkeypatch):
     monkeypatch.chdir(scratch[0])
-    for block in readme_blocks("python"):
+    for block in blocks("python"):
         exec(compile(block, "README.md", "exec"), {})
 
 
 def test_the_architecture_map_names_the_package_as_it_is():
-    """Every module and package of llmkit is named in the README's map, and nothing else is."""
-    section = (REPO / "README.md").read_text().split("## Architecture", 1)[1]
+    """Every module and package of llmkit is named in docs/architecture.md's map, and nothing else is."""
+    section = (REPO / "docs" / "architecture.md").read_text().split("## The map", 1)[1]
     tree = FENCE.search(section).group(2)
     package = REPO / "llmkit"
     named = set(re.findall(r"\b(\w+\.py|\w+/)", tree)) - {"llmkit/"}
