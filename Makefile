@@ -32,7 +32,7 @@ web: setup
 	$(MAKE) --no-print-directory -C recipes/web LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python
 
 # SmolLM2-135M-Instruct from its GGUF file: import, SFT, DPO, general ability before and after
-# (recipes/smollm2; not in demo; its measured times are in the README)
+# (recipes/smollm2; not in demo; its measured times are in bench/results/)
 smollm2: setup
 	$(BIN)/pip install -q -e ".[gguf]"
 	$(MAKE) --no-print-directory -C recipes/smollm2 LLMKIT=$(BIN)/llmkit PYTHON=$(BIN)/python

@@ -92,7 +92,7 @@ def family(request, tmp_path_factory):
 
 def test_transformers_reads_the_gguf_with_the_same_logits(family):
     """Where FAMILIES says transformers' own reader cannot rebuild the model, it does not (a newer
-    transformers that can fails this test: then say so in the README), and `llmkit import` does
+    transformers that can fails this test: then say so in docs/export-import.md), and `llmkit import` does
     (the test below)."""
     try:
         theirs = transformers.AutoModelForCausalLM.from_pretrained(

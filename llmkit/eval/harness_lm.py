@@ -8,7 +8,7 @@ the two score the same ids and compare to 1e-4 (tests/eval/test_harness_parity.p
 - the prefix of an empty context and of each rolling window is `bos`, else `eos`, as transformers'
   tokenizer config names them (`prefix_token_id`); generation adds that eos's text to `until`.
 This is not `Tokenizer.document_start_ids()`, the `</s>` llmkit's own metrics start a text with:
-the price of comparability with everyone else's lm-eval figures (README, "Published benchmarks");
+the price of comparability with everyone else's lm-eval figures (docs/eval.md, "Published benchmarks");
 `prompt_start="document"` starts texts that way instead, to compare with llmkit's `choice`.
 
 Scoring goes through `PrefixScorer` (distinct inputs once, shared prefixes' keys and values once,

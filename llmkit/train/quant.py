@@ -86,7 +86,7 @@ def unpool_large_allocations(model) -> bool:
     ~20% below plain LoRA's, not the ~35% its 4x smaller base allows. Mapping blocks afresh costs
     page faults: at smol-135m 64 KiB doubled a step's CPU time, 256 KiB kept most of its saving
     (loop peak 937-966 MB against 909, LoRA's 1,466) for less, 512 KiB and up lost most of it
-    (README). Elsewhere (macOS, musl, Windows) there is no mallopt and nothing to do."""
+    (docs/training.md). Elsewhere (macOS, musl, Windows) there is no mallopt and nothing to do."""
     if not sys.platform.startswith("linux") or not any(is_quantized(m) for m in model.modules()):
         return False
     try:
