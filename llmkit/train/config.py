@@ -44,7 +44,7 @@ class TrainConfig:
     max_bad_steps: int = 10  # stop after this many consecutive skipped (NaN/Inf) steps
     resume_from: str | None = None  # step folder to resume from; None = the newest complete one
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
-    threads: int = field(default=0, metadata=RUN_OPTION)  # CPU threads; 0 = this process's free cores (OMP_NUM_THREADS wins)
+    threads: int = field(default=0, metadata=RUN_OPTION)  # CPU threads; 0 = this process's free cores, followed during the run (OMP_NUM_THREADS wins)
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.r > 0): train those, the weights stay frozen
 
     # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
