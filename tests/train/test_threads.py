@@ -210,6 +210,7 @@ def test_a_competitor_lowers_the_threads_and_its_end_raises_them_with_a_growing_
     said = []
     load = ScriptedLoad(reading for _, reading in steps[1:])  # the first step reads nothing
     watch = CpuThreads(2, 2, on_cpu=True, enabled=True, note=said.append, most=2, load=load, setting="auto")
+    torch.set_num_threads(2)  # as `CpuThreads.start` does (a test worker computes on one)
     for step, (cost, _) in enumerate(steps, 1):
         watch.watch(step, cost)
         assert torch.get_num_threads() == watch.count
