@@ -10,7 +10,8 @@ and 185 tokens/s). So `threads: 0` takes the cores this process may use (its CPU
 cgroup quota, never more than torch's own default, shared among the processes of one node) less
 the ones other processes keep busy when the run starts, and then adapts while it runs
 (`next_threads`): one thread fewer when step times swing or other processes keep a core it uses
-busy, all of them again once the others have left the cores free for a while. An explicit
+busy, all of them again once the others have left the cores free for a while. Niced processes
+do not count as busy (`_cpu_times`): they yield to a run at normal priority; a swing still does. An explicit
 OMP_NUM_THREADS is kept as it is, and `threads: N` is taken as given (a swing then only warns).
 Each count and change is recorded (`CpuThreads.history`: metrics.jsonl's `threads`, the run's
 manifest). Numerics do not depend on the choice for small tensors, but may in the last bits for
@@ -72,8 +73,14 @@ def busy_cores(cpus, seconds: float = SAMPLE_S, stat: Path = Path("/proc/stat"))
     return busy
 
 
-def _cpu_times(stat: Path, cpus) -> dict[int, tuple[int, int]]:
-    """{cpu: (idle + iowait jiffies, all jiffies)} of the `cpuN` lines of /proc/stat."""
+def _cpu_times(stat: Path, cpus, niced_yield: bool | None = None) -> dict[int, tuple[int, int]]:
+    """{cpu: (free jiffies, all jiffies)} of the `cpuN` lines of /proc/stat. Free: idle and
+    iowait, and the time of niced processes (`nice` > 0) while this one is not niced itself
+    (`niced_yield`, default: it is not): the scheduler gives a `nice -n 19` job ~1.5% of a core
+    beside a normal one, so it stalls no thread (measured: 2 threads beside a niced busy loop step
+    as fast as on a quiet machine, and a demo that gave that core up took 1.6x as long)."""
+    if niced_yield is None:
+        niced_yield = os.getpriority(os.PRIO_PROCESS, 0) <= 0
     try:
         lines = stat.read_text().splitlines()
     except OSError:
@@ -83,7 +90,7 @@ def _cpu_times(stat: Path, cpus) -> dict[int, tuple[int, int]]:
         name, *fields = line.split()
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
             ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+            out[int(name[3:])] = (ticks[3] + ticks[4] + ticks[1] * niced_yield, sum(ticks))
     return out
 
 

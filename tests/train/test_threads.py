@@ -98,6 +98,31 @@ def test_a_busy_loop_beside_the_run_lowers_the_auto_threads(monkeypatch, torch_t
     assert count < cores and why
 
 
+@pytest.mark.skipif(threads.usable_cores() < 2, reason="needs two cores")
+def test_niced_busy_loops_do_not_count_as_taking_the_cores():
+    """A `nice -n 19` job gets ~1.5% of a core beside a run at normal priority: giving it the core
+    would cost the run half its speed (the demo beside one took 1.6x as long)."""
+    cpus = os.sched_getaffinity(0)
+    before = threads.busy_cores(cpus, seconds=0.5)  # whatever else loads the machine now
+    loops = [subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"])
+             for _ in cpus]
+    try:
+        time.sleep(0.2)  # the loops running, niced
+        beside = threads.busy_cores(cpus, seconds=0.5)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert beside < before + 0.6, (before, beside)
+
+
+def test_niced_processes_time_is_free_unless_the_run_is_niced_itself(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 10 30 5 50 5 0 0 0\n")  # user nice system idle iowait
+    assert threads._cpu_times(stat, {0}, niced_yield=True) == {0: (85, 100)}
+    assert threads._cpu_times(stat, {0}, niced_yield=False) == {0: (55, 100)}
+
+
 def test_a_setting_is_taken_as_given_and_the_previous_threads_come_back(torch_threads):
     torch.set_num_threads(2)
     with CpuThreads.start(1, CPU) as chosen:
@@ -264,8 +289,8 @@ def test_threads_label(steps, label):
 @pytest.mark.skipif(threads.usable_cores() < 2, reason="needs two cores")
 def test_a_busy_process_started_mid_run_on_its_cores_leaves_the_run_on_fewer_threads(
         tmp_path, monkeypatch, torch_threads):
-    """Real time, a real competitor: a niced busy loop pinned to the run's cores from half a
-    second (and 10 steps) in on. Whatever else loads this machine, the run ends on fewer threads than it started
+    """Real time, a real competitor: a busy loop at the run's own priority pinned to its cores
+    from half a second (and 10 steps) in on. Whatever else loads this machine, the run ends on fewer threads than it started
     with and its steps take about what they took before the loop (not a stall's many times)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "busy_cores", lambda cpus: 0.0)  # start on every core
@@ -273,7 +298,7 @@ def test_a_busy_process_started_mid_run_on_its_cores_leaves_the_run_on_fewer_thr
     torch.set_num_threads(cores)
     engine = make_engine(tmp_path / "run", max_steps=100_000)
     weight, loss, seen = torch.randn(256, 256), engine.task.loss, {}
-    loop = f"import os; os.nice(19); os.sched_setaffinity(0, {os.sched_getaffinity(0)})\nwhile True: pass"
+    loop = f"import os; os.sched_setaffinity(0, {os.sched_getaffinity(0)})\nwhile True: pass"
 
     def with_matmuls(model, batch):  # big enough to run on every thread
         now = time.monotonic()
