@@ -16,18 +16,22 @@ from llmkit.errors import ConfigError
 from llmkit.packed_linear import packed_linears
 
 if TYPE_CHECKING:
+    from llmkit.gated_deltanet import RecurrentState
     from llmkit.model import Transformer
     from llmkit.model_config import ModelConfig
 
 
 class KVCache:
-    """Keys and values of every layer for up to max_len tokens; the first `length` are filled.
-    Storage is allocated on first use with the keys' dtype and device (so it follows autocast)."""
+    """Keys and values of every attention layer for up to max_len tokens; the first `length` are filled.
+    Storage is allocated on first use with the keys' dtype and device (so it follows autocast).
+    A linear-attention layer (`llmkit.gated_deltanet`) keeps its `RecurrentState` in `recurrent`
+    instead: a fixed size, whatever the length."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int):
         self.shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k: list[torch.Tensor | None] = [None] * cfg.n_layers
         self.v: list[torch.Tensor | None] = [None] * cfg.n_layers
+        self.recurrent: list[RecurrentState | None] = [None] * cfg.n_layers
         self.length = 0
 
     def update(self, layer: int, k, v):
@@ -51,6 +55,7 @@ class KVCache:
                     kept = t.new_empty(self.shape)
                     kept[:, :, :self.length] = t[rows, :, :self.length]
                     store[layer] = kept
+        self.recurrent = [None if state is None else state.select_rows(rows) for state in self.recurrent]
 
 
 def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None,
@@ -153,14 +158,16 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
     Each distinct prompt is computed once (its cache rows then copied to the rows that repeat it),
     and the tokens every prompt starts with (a chat template's system turn) once for all: the cache
     then holds that prefix first and each row's left-padded rest after it. Attention sees the same
-    keys at the same positions either way; only a sliding window reads slot distances, so a
-    windowed model keeps the plain layout."""
+    keys at the same positions either way; only a sliding window reads slot distances, and a
+    linear-attention layer's state would decay over the padding between prefix and rest, so those
+    models keep the plain layout."""
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     unique, first_of, inverse = distinct_rows(torch.cat([input_ids, mask], 1))
     ids, mask = input_ids[first_of], mask[first_of]
     B, T = ids.shape
     rows = [r[T - n:] for r, n in zip(ids.tolist(), mask.sum(-1).tolist())]
-    shared = shared_prefix_length(rows) if B > 1 and model.config.sliding_window is None else 0
+    plain = model.config.sliding_window is not None or model.config.layer_types is not None
+    shared = shared_prefix_length(rows) if B > 1 and not plain else 0
     cache = KVCache(model.config, 1 if shared else B, max_len)
     if shared:
         model.hidden_states(ids.new_tensor([rows[0][:shared]]), kv_cache=cache)

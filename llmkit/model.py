@@ -1,7 +1,9 @@
 """The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
 attention and a Mixtral-style mixture of experts; the deltas of the public families llmkit imports are
 fields of ModelConfig: an explicit head_dim (Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5),
-q/k norm (Qwen3), Llama 3.1's RoPE scaling.
+q/k norm (Qwen3), Llama 3.1's RoPE scaling, Qwen3.5's
+gated attention (an output gate, partial rotary, zero-centred norms) and its Gated DeltaNet layers
+(`layer_types`: `llmkit.gated_deltanet`, a recurrent state where attention keeps a KV cache).
 
 Parameter names and the RoPE layout are those of Hugging Face `LlamaForCausalLM` (`MixtralForCausalLM`
 on-disk names for MoE), so `model.state_dict()` loads into transformers as is (`llmkit.hf.mapping`
@@ -43,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from llmkit import cpu_kernels
 from llmkit.errors import ConfigError
+from llmkit.gated_deltanet import GatedDeltaNet
 from llmkit.model_config import ModelConfig
 from llmkit.model_losses import chunked_cross_entropy
 from llmkit.packed_linear import grouped_products
@@ -56,27 +59,30 @@ ATTENTION_KERNELS = ("auto", "flex", "dense")
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, zero_centred: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.zero_centred = zero_centred  # the scale is 1 + weight (Qwen3.5), so weight decay pulls it to 1
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
-        if cpu_kernels.elementwise(x, self.weight):
-            return cpu_kernels.rms_norm(x, self.weight, self.eps)
+        weight = 1 + self.weight if self.zero_centred else self.weight
+        if cpu_kernels.elementwise(x, weight):
+            return cpu_kernels.rms_norm(x, weight, self.eps)
         # normalise in float32 (as transformers does) so bf16 training keeps precision
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * weight
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "layernorm":
         return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)  # bias-free: same names as RMSNorm
-    return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+    return RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.zero_centred_norm)
 
 
 def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_seq_len, head_dim] in the HF Llama layout (frequencies repeated over both halves)."""
-    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device).float() / cfg.head_dim)
+    """cos, sin [max_seq_len, rotary_dim] in the HF Llama layout (frequencies repeated over both halves)."""
+    dim = cfg.rotary_dim
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
     if cfg.rope_scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, cfg.rope_scaling)
     angles = torch.outer(torch.arange(cfg.max_seq_len, device=device).float(), inv_freq)
@@ -104,7 +110,9 @@ def rotate_half(x):
 
 def rotary(x, cos, sin):
     """x [B, heads, T, D] rotated by position; cos, sin [T, D] or [B, 1, T, D]. Without gradients
-    on CPU, in place (x is a projection's fresh output)."""
+    on CPU, in place (x is a projection's fresh output). Narrower tables rotate the first dimensions only."""
+    if cos.shape[-1] < x.shape[-1]:  # partial rotary (Qwen3.5)
+        return torch.cat([rotary(x[..., :cos.shape[-1]], cos, sin), x[..., cos.shape[-1]:]], dim=-1)
     if cpu_kernels.elementwise(x, cos, sin) and x.stride(-1) == 1:
         return cpu_kernels.rotate_(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -126,18 +134,22 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim, bias=bias)
+        self.output_gate = cfg.attention_output_gate  # q_proj's rows alternate per head: query, gate
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_heads * cfg.head_dim * (1 + self.output_gate), bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps), RMSNorm(cfg.head_dim, cfg.norm_eps)
+            head_norm = functools.partial(RMSNorm, cfg.head_dim, cfg.norm_eps, cfg.zero_centred_norm)
+            self.q_norm, self.k_norm = head_norm(), head_norm()
 
     def forward(self, x, cos, sin, mask, is_causal, kv_cache):
         B, T, _ = x.shape
         q, k, v = grouped_products(self, "qkv", x)
-        q = q.view(B, T, self.n_heads, self.head_dim)
+        if self.output_gate:
+            q, gate = q.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = q.reshape(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -150,13 +162,14 @@ class Attention(nn.Module):
         dense = mask is None or isinstance(mask, torch.Tensor)
         if kv_cache is not None and dense and cpu_kernels.attends(q, k, v):  # a decoding step on CPU
             key_mask = None if mask is None else mask.expand(B, 1, 1, -1).reshape(B, -1)
-            return self.o_proj(cpu_kernels.decode_attention(q, k, v, key_mask))
-        if dense:
+            y = cpu_kernels.decode_attention(q, k, v, key_mask).view(B, T, self.n_heads, -1).transpose(1, 2)
+        elif dense:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         else:  # a flex BlockMask
             attend = fused_flex_attention() if q.is_cuda else flex_attention
             y = attend(q, k, v, block_mask=mask, enable_gqa=gqa)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(y * torch.sigmoid(gate.reshape(B, T, -1)) if self.output_gate else y)
 
 
 @functools.cache
@@ -260,7 +273,11 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = make_norm(cfg)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.is_linear = bool(cfg.layer_types) and cfg.layer_types[layer_idx] == "linear_attention"
+        if self.is_linear:  # a Gated DeltaNet mixer (Qwen3.5): a recurrent state instead of keys and values
+            self.linear_attn = GatedDeltaNet(cfg, layer_idx)
+        else:
+            self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = make_norm(cfg)
         self.is_moe = cfg.n_experts > 0
         if self.is_moe:
@@ -268,8 +285,10 @@ class Block(nn.Module):
         else:
             self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, is_causal, kv_cache, token_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache)
+    def forward(self, x, cos, sin, mask, is_causal, kv_cache, token_mask, doc_ids=None):
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h, token_mask, kv_cache, doc_ids) if self.is_linear
+                 else self.self_attn(h, cos, sin, mask, is_causal, kv_cache))
         h = self.post_attention_layernorm(x)
         if self.is_moe:
             h, aux = self.block_sparse_moe(h, token_mask)
@@ -314,7 +333,7 @@ class Transformer(nn.Module):
         if seed is not None and device.type != "meta":
             generator = torch.Generator(device=device).manual_seed(seed)
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        residual_projections = ("o_proj.weight", "down_proj.weight", "w2.weight")
+        residual_projections = ("o_proj.weight", "down_proj.weight", "w2.weight", "out_proj.weight")
         for name, p in self.named_parameters():
             if name.endswith(".bias"):
                 nn.init.zeros_(p)
@@ -323,6 +342,11 @@ class Transformer(nn.Module):
             else:
                 std = residual_std if name.endswith(residual_projections) else cfg.init_std
                 nn.init.normal_(p, 0.0, std, generator=generator)
+        for module in self.modules():  # the parameters whose neutral value is not the loop's
+            if isinstance(module, RMSNorm) and module.zero_centred:
+                nn.init.zeros_(module.weight)
+            elif isinstance(module, GatedDeltaNet):
+                module.init_decay(generator)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied matrix once
@@ -375,9 +399,10 @@ class Transformer(nn.Module):
         aux_losses = []
         for block in self.model.layers:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x, aux = checkpoint(block, x, cos, sin, mask, is_causal, kv_cache, token_mask, use_reentrant=False)
+                x, aux = checkpoint(block, x, cos, sin, mask, is_causal, kv_cache, token_mask, doc_ids,
+                                    use_reentrant=False)
             else:
-                x, aux = block(x, cos, sin, mask, is_causal, kv_cache, token_mask)
+                x, aux = block(x, cos, sin, mask, is_causal, kv_cache, token_mask, doc_ids)
             if aux is not None:
                 aux_losses.append(aux)
         if kv_cache is not None:

@@ -30,6 +30,17 @@ class ModelConfig:
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
     attention_bias: bool = False  # a bias on the q, k and v projections, none on o (Qwen2 / Qwen2.5)
     qk_norm: bool = False  # RMSNorm over each head of q and of k before RoPE (Qwen3)
+    layer_types: list[str] | None = None  # each layer's mixer: "full_attention" or "linear_attention" (Gated
+    #                                       DeltaNet, llmkit.gated_deltanet: Qwen3.5's 3 of 4); None = all full
+    rotary_fraction: float = 1.0  # share of each head's dimensions RoPE rotates, the rest pass as they are
+    #                               (Qwen3.5: 0.25)
+    attention_output_gate: bool = False  # q_proj also yields a sigmoid gate per output channel (Qwen3.5)
+    zero_centred_norm: bool = False  # every RMSNorm scales by 1 + weight, the weight starting at 0 (Qwen3.5)
+    linear_n_key_heads: int = 16  # Gated DeltaNet query/key heads (linear_attention layers only)
+    linear_n_value_heads: int = 32  # its value heads: a multiple of linear_n_key_heads
+    linear_key_head_dim: int = 128  # width of one query/key head
+    linear_value_head_dim: int = 128  # width of one value head
+    linear_conv_kernel: int = 4  # taps of the causal depthwise convolution before the delta rule
     n_experts: int = 0  # 0 = dense SwiGLU MLP; >= 2 = top-k mixture of experts in every block
     experts_top_k: int = 2  # experts each token is routed to (MoE only)
     router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss put in model.aux_loss
@@ -65,14 +76,45 @@ class ModelConfig:
             raise ConfigError("model.rope_theta, norm_eps and init_std must be > 0, router_aux_loss_coef >= 0")
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling)
+        if self.layer_types is not None:
+            self.layer_types = checked_layer_types(self)
+        if not 0 < self.rotary_fraction <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ConfigError(f"model.rotary_fraction ({self.rotary_fraction}) must be in (0, 1] and leave an even "
+                              f"number >= 2 of rotated dimensions of head_dim ({self.head_dim})")
         if self.family is not None and self.family not in FAMILIES:
             raise ConfigError(f"model.family {self.family!r} is not one llmkit implements; "
                               f"choose one of {', '.join(FAMILIES)} or null")
 
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of each head RoPE rotates."""
+        return int(self.head_dim * self.rotary_fraction)
+
 
 # the Hugging Face families this file implements (llmkit.hf.mapping reads and writes their configs)
-FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_5_text")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+LAYER_TYPES = ("full_attention", "linear_attention")  # the mixers a block can hold (model.layer_types)
+
+
+def checked_layer_types(cfg: ModelConfig) -> list[str] | None:
+    """cfg.layer_types checked against n_layers and the Gated DeltaNet shape; None for all full (so a
+    config without linear layers equals the default)."""
+    types = list(cfg.layer_types)
+    unknown = sorted({t for t in types if t not in LAYER_TYPES}, key=str)
+    if unknown or len(types) != cfg.n_layers:
+        raise ConfigError(f"model.layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                          f"{cfg.n_layers} layers, got {len(types)} entries" + (f" with {unknown}" if unknown else ""))
+    linear = ("linear_n_key_heads", "linear_n_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+              "linear_conv_kernel")
+    if "linear_attention" in types and any(getattr(cfg, k) < 1 for k in linear):
+        raise ConfigError(f"model.{', '.join(linear)} must be >= 1")
+    if "linear_attention" in types and cfg.linear_n_value_heads % cfg.linear_n_key_heads:
+        raise ConfigError(f"model.linear_n_value_heads ({cfg.linear_n_value_heads}) must be a multiple of "
+                          f"linear_n_key_heads ({cfg.linear_n_key_heads})")
+    return types if "linear_attention" in types else None
 
 
 def check_rope_scaling(scaling: dict) -> None:

@@ -1,9 +1,9 @@
 """`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
-Qwen2/2.5, Qwen3, Mistral, Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by
-transformers) -> a checkpoint run with one complete step folder, `step-00000000/`, that carries the
-model's own tokenizer (`tokenizer.json` with its chat template, as AutoTokenizer reads the folder, or
-a sentencepiece `tokenizer.model`). Everything is read and checked before the run's folder is made,
-so a refused import leaves nothing behind."""
+Qwen2/2.5, Qwen3, Qwen3.5 (its language model), Mistral, Mixtral; safetensors, sharded or
+not) or a GGUF file (dequantised by transformers) -> a checkpoint run with one complete step folder,
+`step-00000000/`, that carries the model's own tokenizer (`tokenizer.json` with its chat template, as
+AutoTokenizer reads the folder, or a sentencepiece `tokenizer.model`). Everything is read and checked
+before the run's folder is made, so a refused import leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from llmkit.checkpoints import read_weights, weights_problem
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
 from llmkit.hf.gguf_read import load_gguf_with_transformers
-from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
+from llmkit.hf.mapping import LEFT_OUT, from_hf_config, from_hf_state_dict
 from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
 from llmkit.model_config import ModelConfig
 from llmkit.progress import print_summary
@@ -72,8 +72,19 @@ def read_hf_folder(src: Path) -> SourceModel:
     src = Path(src)
     hf_config = read_json(src / HF_CONFIG)
     model_config = imported_model_config(hf_config, src)  # before the weights: a refusal costs nothing
-    return SourceModel(src, hf_config, model_config, fitted_state_dict(read_hf_weights(src), model_config, src),
-                       src)
+    weights = read_hf_weights(src)
+    note_left_out(src, weights)
+    return SourceModel(src, hf_config, model_config, fitted_state_dict(weights, model_config, src), src)
+
+
+def note_left_out(src: Path, weights: dict) -> None:
+    """Say on stderr which parts of a checkpoint llmkit's model has no place for (Qwen3.5's vision
+    tower and multi-token prediction head) and so leaves out."""
+    import sys
+
+    for prefix, what in LEFT_OUT.items():
+        if n := sum(k.startswith(prefix) for k in weights):
+            print(f"note: {src}: {what} ({n} tensors) left out; the language model is imported", file=sys.stderr)
 
 
 def read_gguf(path: Path, scratch: Path) -> SourceModel:

@@ -28,7 +28,11 @@ def hf_family(cfg: ModelConfig) -> str:
              "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0),
              "mixtral": dict(qk_norm=False, attention_bias=False),
              "mistral": dict(qk_norm=False, attention_bias=False, n_experts=0),
-             "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None)}[family]
+             "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None),
+             "qwen3_5_text": dict(qk_norm=True, attention_bias=False, n_experts=0, sliding_window=None,
+                                  attention_output_gate=True, zero_centred_norm=True)}[family]
+    if family != "qwen3_5_text":  # only Qwen3.5 has these
+        needs.update(layer_types=None, rotary_fraction=1.0, attention_output_gate=False, zero_centred_norm=False)
     wrong = [k for k, v in needs.items() if (getattr(cfg, k) or 0) != (v or 0)]
     if wrong:
         raise ConfigError(f"a {family} model cannot have {', '.join(f'{k}={getattr(cfg, k)}' for k in wrong)}")
@@ -36,7 +40,8 @@ def hf_family(cfg: ModelConfig) -> str:
 
 
 def features_family(cfg: ModelConfig) -> str:
-    return ("qwen3" if cfg.qk_norm else "qwen2" if cfg.attention_bias else
+    qwen3_5 = cfg.layer_types or cfg.attention_output_gate or cfg.zero_centred_norm or cfg.rotary_fraction != 1
+    return ("qwen3_5_text" if qwen3_5 else "qwen3" if cfg.qk_norm else "qwen2" if cfg.attention_bias else
             "mixtral" if cfg.n_experts else "mistral" if cfg.sliding_window else "llama")
 
 
@@ -65,6 +70,12 @@ def to_hf_config(cfg: ModelConfig) -> dict:
                    max_window_layers=0 if cfg.sliding_window else cfg.n_layers)
     else:
         out["sliding_window"] = cfg.sliding_window
+    if family == "qwen3_5_text":
+        rope.update(partial_rotary_factor=cfg.rotary_fraction)
+        out.update(attention_bias=False, layer_types=cfg.layer_types or ["full_attention"] * cfg.n_layers,
+                   linear_num_key_heads=cfg.linear_n_key_heads, linear_num_value_heads=cfg.linear_n_value_heads,
+                   linear_key_head_dim=cfg.linear_key_head_dim, linear_value_head_dim=cfg.linear_value_head_dim,
+                   linear_conv_kernel_dim=cfg.linear_conv_kernel)
     if cfg.n_experts:
         # transformers' loss is top_k times ours per layer; scale the coefficient so the penalty matches
         out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_top_k,
@@ -73,18 +84,23 @@ def to_hf_config(cfg: ModelConfig) -> dict:
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_5_text": "Qwen3_5ForCausalLM"}
 
 
 def from_hf_config(hf: dict) -> ModelConfig:
     """ModelConfig from a transformers config.json of a family llmkit implements (FAMILIES); any
-    setting of it that llmkit does not implement is a ConfigError naming it."""
+    setting of it that llmkit does not implement is a ConfigError naming it. Qwen3.5's multimodal
+    config (`qwen3_5`) gives its language model's (`text_config`): the vision tower is left out."""
+    if hf.get("model_type") == "qwen3_5":
+        hf = {"model_type": "qwen3_5_text", **(hf.get("text_config") or {})}
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise ConfigError(f"config.json model_type {family!r} is not supported; llmkit implements "
                           f"{', '.join(FAMILIES)}")
     refused = [f"{k}={hf[k]!r}" for k, ok in [("hidden_act", "silu"), ("mlp_bias", False),
-                                               ("partial_rotary_factor", 1.0)] if hf.get(k, ok) != ok]
+                                               ("partial_rotary_factor", 1.0)] if hf.get(k, ok) != ok
+               and not (k == "partial_rotary_factor" and family == "qwen3_5_text")]
     if hf.get("attention_bias") and family != "qwen2":  # Llama / Qwen3's flag also puts a bias on o_proj
         refused.append(f"attention_bias=True ({family} biases o_proj too)")
     if refused:
@@ -99,6 +115,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
         init_std=hf.get("initializer_range", 0.02), attention_bias=family == "qwen2",
         qk_norm=family == "qwen3", sliding_window=read_sliding_window(hf),
     )
+    if family == "qwen3_5_text":
+        shape.update(read_qwen3_5(hf))
     if family == "mixtral":
         top_k = hf.get("num_experts_per_tok", 2)
         shape.update(n_experts=hf["num_local_experts"], experts_top_k=top_k,
@@ -121,6 +139,23 @@ def read_rope(hf: dict) -> tuple[float, dict | None]:
         raise ConfigError(f"config.json RoPE scaling {kind!r} is not implemented (llmkit implements default "
                           "and llama3 RoPE)")
     return theta, {"rope_type": "llama3", **{k: rope.get(k) for k in LLAMA3_ROPE_KEYS}}
+
+
+def read_qwen3_5(hf: dict) -> dict:
+    """Qwen3.5's fields (defaults as Qwen3_5TextConfig's): gated attention with zero-centred q/k norms
+    and partial rotary, Gated DeltaNet layers where `layer_types` says (3 of every 4 by default)."""
+    n = hf["num_hidden_layers"]
+    rope = hf.get("rope_parameters") or {}
+    types = hf.get("layer_types") or ["linear_attention" if (i + 1) % hf.get("full_attention_interval", 4)
+                                      else "full_attention" for i in range(n)]
+    return dict(head_dim=hf.get("head_dim", 256), tie_embeddings=hf.get("tie_word_embeddings", False),
+                qk_norm=True, attention_output_gate=True, zero_centred_norm=True, layer_types=types,
+                rotary_fraction=rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)),
+                linear_n_key_heads=hf.get("linear_num_key_heads", 16),
+                linear_n_value_heads=hf.get("linear_num_value_heads", 32),
+                linear_key_head_dim=hf.get("linear_key_head_dim", 128),
+                linear_value_head_dim=hf.get("linear_value_head_dim", 128),
+                linear_conv_kernel=hf.get("linear_conv_kernel_dim", 4))
 
 
 def read_sliding_window(hf: dict) -> int | None:
@@ -149,13 +184,19 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
+# weights llmkit's model has no place for, which import leaves out: name prefix -> what they are
+LEFT_OUT = {"model.visual.": "the vision tower (images and video are not supported)",
+            "mtp.": "the multi-token prediction head"}  # both Qwen3.5's
+
+
 def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A state_dict for Transformer(cfg).load_state_dict(strict=True) from a transformers checkpoint
     (on-disk names) or a transformers 5 in-memory state_dict (fused Mixtral experts)."""
     out = {}
     for key, value in sd.items():
-        if "rotary_emb" in key:
+        if "rotary_emb" in key or key.startswith(tuple(LEFT_OUT)):
             continue
+        key = key.replace("model.language_model.", "model.", 1)  # Qwen3.5's multimodal wrapper
         if cfg.n_experts and ".mlp." in key:
             prefix, rest = key.split(".mlp.")
             moe = f"{prefix}.block_sparse_moe"
