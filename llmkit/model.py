@@ -1,7 +1,7 @@
 """The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
 attention and a Mixtral-style mixture of experts; the deltas of the public families llmkit imports are
 fields of ModelConfig: an explicit head_dim (Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5),
-q/k norm (Qwen3), Llama 3.1's RoPE scaling, Qwen3.5's
+q/k norm (Qwen3), Llama 3.1's RoPE scaling, layers without RoPE (SmolLM3's NoPE layers), Qwen3.5's
 gated attention (an output gate, partial rotary, zero-centred norms) and its Gated DeltaNet layers
 (`layer_types`: `llmkit.gated_deltanet`, a recurrent state where attention keeps a KV cache).
 
@@ -140,6 +140,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm
+        self.uses_rope = layer_idx not in (cfg.nope_layers or ())  # a NoPE layer (SmolLM3) skips the rotation
         if cfg.qk_norm:
             head_norm = functools.partial(RMSNorm, cfg.head_dim, cfg.norm_eps, cfg.zero_centred_norm)
             self.q_norm, self.k_norm = head_norm(), head_norm()
@@ -155,7 +156,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        if self.uses_rope:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)
         gqa = self.n_kv_heads != self.n_heads

@@ -30,6 +30,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
     attention_bias: bool = False  # a bias on the q, k and v projections, none on o (Qwen2 / Qwen2.5)
     qk_norm: bool = False  # RMSNorm over each head of q and of k before RoPE (Qwen3)
+    nope_layers: list[int] | None = None  # layers (0-based) whose attention skips RoPE, position coming from
+    #                                       the causal mask alone (SmolLM3: every 4th); None = RoPE everywhere
     layer_types: list[str] | None = None  # each layer's mixer: "full_attention" or "linear_attention" (Gated
     #                                       DeltaNet, llmkit.gated_deltanet: Qwen3.5's 3 of 4); None = all full
     rotary_fraction: float = 1.0  # share of each head's dimensions RoPE rotates, the rest pass as they are
@@ -76,6 +78,8 @@ class ModelConfig:
             raise ConfigError("model.rope_theta, norm_eps and init_std must be > 0, router_aux_loss_coef >= 0")
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling)
+        if self.nope_layers is not None:
+            self.nope_layers = checked_nope_layers(self.nope_layers, self.n_layers)
         if self.layer_types is not None:
             self.layer_types = checked_layer_types(self)
         if not 0 < self.rotary_fraction <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
@@ -92,8 +96,17 @@ class ModelConfig:
 
 
 # the Hugging Face families this file implements (llmkit.hf.mapping reads and writes their configs)
-FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_5_text")
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm3", "qwen3_5_text")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def checked_nope_layers(layers, n_layers: int) -> list[int] | None:
+    """Sorted distinct layer indices; None for none (so a config without NoPE layers equals the default)."""
+    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
+    if bad or len(set(layers)) != len(layers):
+        raise ConfigError(f"model.nope_layers must list distinct layer indices in 0..{n_layers - 1} "
+                          f"(n_layers={n_layers}), got {list(layers)}")
+    return sorted(layers) or None
 
 
 LAYER_TYPES = ("full_attention", "linear_attention")  # the mixers a block can hold (model.layer_types)

@@ -1,8 +1,9 @@
 """The public families llmkit imports (Qwen2 tied and untied, Qwen3 with its own head_dim, Llama with
-llama3 RoPE scaling, a SmolLM2-shaped Llama, Mistral with a window, Mixtral): tiny random models built
-and saved by transformers, read by llmkit.hf.mapping, give transformers' logits to 1e-4 in fp32 and its
-greedy tokens; each delta switched off makes them differ. Mistral and Mixtral come with the tokenizer
-files their published folders have (`tokenizer.model` beside `tokenizer.json`)."""
+llama3 RoPE scaling, a SmolLM2-shaped Llama, SmolLM3 with a NoPE layer, Mistral with a window,
+Mixtral): tiny random models built and saved by transformers, read by llmkit.hf.mapping, give
+transformers' logits to 1e-4 in fp32 and its greedy tokens; each delta switched off makes them
+differ. Mistral and Mixtral come with the tokenizer files their published folders have
+(`tokenizer.model` beside `tokenizer.json`)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ FAMILIES = {  # name -> (transformers config class, its settings, the ModelConfi
     "smollm2": ("LlamaConfig", dict(rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
                                     tie_word_embeddings=True, num_key_value_heads=4), "rope_theta"),
     "mistral-window": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False), "sliding_window"),
+    "smollm3-nope": ("SmolLM3Config", dict(no_rope_layers=[1, 0], tie_word_embeddings=True, pad_token_id=None,
+                                           bos_token_id=None, eos_token_id=None), "nope_layers"),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
                 "experts_top_k"),
 }
 OFF = {"attention_bias": False, "qk_norm": False, "rope_scaling": None, "rope_theta": 10000.0,
-       "sliding_window": None, "experts_top_k": 1}
+       "sliding_window": None, "experts_top_k": 1, "nope_layers": None}
 TWO_TOKENIZER_FILES = {"mistral-window", "mixtral"}  # sentencepiece and tokenizer.json, as published
 
 

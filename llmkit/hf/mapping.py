@@ -1,7 +1,8 @@
 """Hugging Face interchange of the model: config.json <-> ModelConfig and transformers' weight names
 <-> llmkit's (the same names: `Transformer` follows `LlamaForCausalLM`, Qwen2's q/k/v biases, Qwen3's
-q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE), for `llmkit export` (to_*) and
-`llmkit import` (from_*), for the families of `llmkit.model_config.FAMILIES`."""
+q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE; SmolLM3 is Llama's names with
+RoPE left out of its `no_rope_layers`), for `llmkit export` (to_*) and `llmkit import` (from_*), for
+the families of `llmkit.model_config.FAMILIES`."""
 
 from __future__ import annotations
 
@@ -19,18 +20,19 @@ if TYPE_CHECKING:
 
 def hf_family(cfg: ModelConfig) -> str:
     """The transformers model_type a model exports as: the family it was imported from, else the one
-    its features need (q/k norm: qwen3; q/k/v bias: qwen2; experts: mixtral; a window: mistral;
-    else llama). A family that cannot express the features is a ConfigError."""
+    its features need (NoPE layers: smollm3; q/k norm: qwen3; q/k/v bias: qwen2; experts: mixtral;
+    a window: mistral; else llama). A family that cannot express the features is a ConfigError."""
     if cfg.norm != "rmsnorm":
         raise ConfigError("model.norm='layernorm' has no Hugging Face equivalent; export needs rmsnorm")
     family = cfg.family or features_family(cfg)
-    needs = {"qwen3": dict(qk_norm=True, attention_bias=False, n_experts=0),
-             "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0),
-             "mixtral": dict(qk_norm=False, attention_bias=False),
-             "mistral": dict(qk_norm=False, attention_bias=False, n_experts=0),
-             "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None),
+    needs = {"qwen3": dict(qk_norm=True, attention_bias=False, n_experts=0, nope_layers=None),
+             "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0, nope_layers=None),
+             "mixtral": dict(qk_norm=False, attention_bias=False, nope_layers=None),
+             "mistral": dict(qk_norm=False, attention_bias=False, n_experts=0, nope_layers=None),
+             "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None, nope_layers=None),
+             "smollm3": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None),
              "qwen3_5_text": dict(qk_norm=True, attention_bias=False, n_experts=0, sliding_window=None,
-                                  attention_output_gate=True, zero_centred_norm=True)}[family]
+                                  nope_layers=None, attention_output_gate=True, zero_centred_norm=True)}[family]
     if family != "qwen3_5_text":  # only Qwen3.5 has these
         needs.update(layer_types=None, rotary_fraction=1.0, attention_output_gate=False, zero_centred_norm=False)
     wrong = [k for k, v in needs.items() if (getattr(cfg, k) or 0) != (v or 0)]
@@ -41,8 +43,9 @@ def hf_family(cfg: ModelConfig) -> str:
 
 def features_family(cfg: ModelConfig) -> str:
     qwen3_5 = cfg.layer_types or cfg.attention_output_gate or cfg.zero_centred_norm or cfg.rotary_fraction != 1
-    return ("qwen3_5_text" if qwen3_5 else "qwen3" if cfg.qk_norm else "qwen2" if cfg.attention_bias else
-            "mixtral" if cfg.n_experts else "mistral" if cfg.sliding_window else "llama")
+    return ("qwen3_5_text" if qwen3_5 else "smollm3" if cfg.nope_layers else "qwen3" if cfg.qk_norm else
+            "qwen2" if cfg.attention_bias else "mixtral" if cfg.n_experts else "mistral" if cfg.sliding_window
+            else "llama")
 
 
 def to_hf_config(cfg: ModelConfig) -> dict:
@@ -60,15 +63,21 @@ def to_hf_config(cfg: ModelConfig) -> dict:
     )
     if cfg.rope_scaling:
         out["rope_scaling"] = cfg.rope_scaling
-    if family in ("llama", "qwen3"):
+    if family in ("llama", "qwen3", "smollm3"):
         out["attention_bias"] = False
-    if family == "llama":
+    if family in ("llama", "smollm3"):
         out["mlp_bias"] = False
-    elif family in ("qwen2", "qwen3"):
+    if family == "smollm3":  # 1 = the layer uses RoPE, as transformers spells it
+        out.update(no_rope_layers=[int(i not in (cfg.nope_layers or ())) for i in range(cfg.n_layers)],
+                   use_sliding_window=False, layer_types=["full_attention"] * cfg.n_layers,
+                   # SmolLM3Config's defaults are Llama 3's ids, beyond a smaller vocabulary; export writes
+                   # the tokenizer's
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if family in ("qwen2", "qwen3"):
         # transformers windows the layers from max_window_layers on; llmkit windows all or none
         out.update(use_sliding_window=cfg.sliding_window is not None, sliding_window=cfg.sliding_window,
                    max_window_layers=0 if cfg.sliding_window else cfg.n_layers)
-    else:
+    elif family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
     if family == "qwen3_5_text":
         rope.update(partial_rotary_factor=cfg.rotary_fraction)
@@ -84,7 +93,7 @@ def to_hf_config(cfg: ModelConfig) -> dict:
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "qwen3_5_text": "Qwen3_5ForCausalLM"}
 
 
@@ -111,9 +120,11 @@ def from_hf_config(hf: dict) -> ModelConfig:
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
         max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta, rope_scaling=scaling,
-        norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
+        norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_embeddings=hf.get("tie_word_embeddings", family == "smollm3"),  # as each config class defaults
         init_std=hf.get("initializer_range", 0.02), attention_bias=family == "qwen2",
         qk_norm=family == "qwen3", sliding_window=read_sliding_window(hf),
+        nope_layers=read_nope_layers(hf) if family == "smollm3" else None,
     )
     if family == "qwen3_5_text":
         shape.update(read_qwen3_5(hf))
@@ -158,6 +169,22 @@ def read_qwen3_5(hf: dict) -> dict:
                 linear_conv_kernel=hf.get("linear_conv_kernel_dim", 4))
 
 
+def read_nope_layers(hf: dict) -> list[int] | None:
+    """SmolLM3's layers without RoPE: the 0s of `no_rope_layers` (one flag per layer, 1 = uses RoPE), else
+    every `no_rope_layer_interval`-th layer (default 4), as SmolLM3Config derives them."""
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        interval = hf.get("no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ConfigError(f"config.json no_rope_layer_interval must be a whole number >= 1, got {interval!r}")
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) < n:
+        raise ConfigError(f"config.json no_rope_layers has {len(flags)} flags for num_hidden_layers={n}; "
+                          "give one per layer (1 = RoPE, 0 = none)")
+    return [i for i, uses_rope in enumerate(flags[:n]) if not uses_rope] or None
+
+
 def read_sliding_window(hf: dict) -> int | None:
     """The attention window of every layer, or None. Qwen2/3 window only with use_sliding_window, and
     then only the layers from max_window_layers on: llmkit windows all layers or none, so a split is
@@ -171,6 +198,12 @@ def read_sliding_window(hf: dict) -> int | None:
             raise ConfigError(f"config.json windows attention in layers {first}.. only (use_sliding_window with "
                               f"max_window_layers={first}); llmkit windows every layer or none")
         return window
+    if hf["model_type"] == "smollm3":  # transformers windows the layers layer_types names, llmkit all or none
+        windowed = "sliding_attention" in (hf.get("layer_types") or [])
+        if hf.get("use_sliding_window") and window is not None and windowed:
+            raise ConfigError("config.json windows attention in SmolLM3's sliding_attention layers "
+                              "(use_sliding_window), which llmkit does not implement")
+        return None
     return window if hf["model_type"] != "llama" else None
 
 

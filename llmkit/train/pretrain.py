@@ -48,6 +48,7 @@ class ModelSection:
     tie_embeddings: bool | None = None  # share the embedding matrix with the output head
     attention_bias: bool | None = None  # bias on the q, k, v projections (Qwen2)
     qk_norm: bool | None = None  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    nope_layers: list[int] | None = None  # layers without RoPE (SmolLM3's NoPE layers); None = the preset's (none)
     n_experts: int | None = None  # 0 = dense MLP; >= 2 = mixture of experts
     experts_top_k: int | None = None  # experts per token (MoE)
     router_aux_loss_coef: float | None = None  # weight of the MoE load-balancing loss
