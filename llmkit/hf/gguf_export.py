@@ -1,9 +1,10 @@
 """`llmkit export --format gguf`: a checkpoint -> one GGUF file for llama.cpp / Ollama, written with
 the `gguf` package's pure-Python writer and quantisers, laid out as llama.cpp's
 convert_hf_to_gguf.py lays out the same model: its architecture (`llama` for Llama 3, SmolLM2,
-Mistral and llmkit's own models; `qwen2`; `qwen3`), tensor names (`blk.N.attn_q.weight`, …), the
-q/k rows of `llama` models permuted to llama.cpp's rotary layout, Llama 3 RoPE scaling as the
-`rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint is merged.
+Mistral and llmkit's own models; `qwen2`; `qwen3`; `smollm3`), tensor names (`blk.N.attn_q.weight`,
+…), the q/k rows of `llama` and `smollm3` models permuted to llama.cpp's rotary layout, Llama 3 RoPE
+scaling as the `rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint
+is merged.
 
 Quantisation (`quant`): f16 / bf16 store every matrix in that type; q8_0, q4_0, q4_1 quantise every
 matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding when tied) in q8_0,
@@ -12,11 +13,14 @@ cannot be cut into blocks and stays f16: export names them (a note, and `f16_fal
 llmkit_export.json).
 Vectors (norms, biases) stay f32 in every file, as llama.cpp writes them.
 
-What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here) and
-layernorm models. A sliding window shorter than the context is written as the file's context
-length: llama.cpp's llama/qwen2 graphs attend to the whole context, which within the window is
-the same. `llmkit.hf_config` (the model's transformers config.json) rides along for `llmkit import`,
-which restores what transformers' GGUF reader cannot read from llama.cpp's keys."""
+What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here),
+layernorm models, and layers without RoPE other than llama.cpp's `smollm3` pattern (every 4th layer,
+fixed in its code: no GGUF key says which). transformers reads no `smollm3` GGUF file, so those are
+not read back (`make llama-cpp` builds the client that can). A sliding window shorter than the
+context is written as the file's context length: llama.cpp's llama/qwen2 graphs attend to the whole
+context, which within the window is the same. `llmkit.hf_config` (the model's transformers
+config.json) rides along for `llmkit import`, which restores what transformers' GGUF reader cannot
+read from llama.cpp's keys."""
 
 from __future__ import annotations
 
@@ -34,7 +38,9 @@ from llmkit.hf.mapping import hf_family, to_hf_config
 from llmkit.loading import load
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3"}
+ROTARY_PERMUTED = ("llama", "smollm3")  # llama.cpp rotates adjacent pairs in these graphs (see permute_rotary_rows)
+LLAMA_CPP_NOPE_STEP = 4  # llama.cpp's smollm3 graph skips RoPE where (layer + 1) % 4 == 0
 BLOCK = 32  # values per block of q8_0 / q4_0 / q4_1
 
 
@@ -50,6 +56,8 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     model, tokenizer = load(step_dir)  # a LoRA step folder loads with its adapters merged
     family, context = gguf_layout(model.config, step_dir)
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
+    if family == "smollm3" and vocab.chat_template:  # as convert_hf_to_gguf.py: llama.cpp's jinja has no [:]
+        vocab.chat_template = vocab.chat_template.replace("[:]", "")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / gguf_file_name(cfg.quant)
     stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe)
@@ -66,7 +74,10 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     if context < model.config.max_seq_len:
         print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
               f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
-    if cfg.probe:
+    if cfg.probe and not transformers_reads(GGUF_ARCH[family]):
+        print(f"note: transformers cannot read {GGUF_ARCH[family]} GGUF files, so the file was not read back; "
+              "llama.cpp's binding (`make llama-cpp`) loads it")
+    elif cfg.probe:
         record.update(probe_gguf(path, model, tokenizer, stored, cfg))
     write_json(out_dir / EXPORT_RECORD, record)
     return record
@@ -94,8 +105,22 @@ def gguf_layout(model_config, source: Path) -> tuple[str, int]:
         raise UserError(f"{source} is a mixture-of-experts model ({model_config.n_experts} experts): llmkit's GGUF "
                         "export does not write MoE models; export --format hf and convert that folder with "
                         "llama.cpp's convert_hf_to_gguf.py")
+    nope = model_config.nope_layers or []
+    if family == "smollm3" and nope != [i for i in range(model_config.n_layers) if (i + 1) % LLAMA_CPP_NOPE_STEP == 0]:
+        raise UserError(f"{source} cannot be exported as GGUF: its layers without RoPE are {nope}, and llama.cpp's "
+                        f"smollm3 architecture leaves RoPE out of every {LLAMA_CPP_NOPE_STEP}th layer (3, 7, …) "
+                        "whatever the file says; export --format hf instead")
     window = model_config.sliding_window
     return family, min(model_config.max_seq_len, window or model_config.max_seq_len)
+
+
+def transformers_reads(arch: str) -> bool:
+    """Whether transformers' GGUF reader (export's probe, `llmkit import --from FILE.gguf`) knows `arch`."""
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return True  # no transformers: probe_gguf says so itself
+    return arch in GGUF_SUPPORTED_ARCHITECTURES
 
 
 def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
@@ -169,9 +194,9 @@ def gguf_tensors(model, arch: str):
         if gguf_name is None:
             raise UserError(f"the model's tensor {name} has no llama.cpp name in the {arch} architecture")
         array = tensor.detach().float().cpu().numpy()
-        if arch == "llama" and gguf_name.endswith("attn_q.weight"):
+        if arch in ROTARY_PERMUTED and gguf_name.endswith("attn_q.weight"):
             array = permute_rotary_rows(array, cfg.n_heads)
-        elif arch == "llama" and gguf_name.endswith("attn_k.weight"):
+        elif arch in ROTARY_PERMUTED and gguf_name.endswith("attn_k.weight"):
             array = permute_rotary_rows(array, cfg.n_kv_heads)
         yield name, gguf_name, array
     if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
@@ -250,8 +275,8 @@ def decode_tensor(data, qtype, shape, arch: str, gguf_name: str, cfg):
     import torch
 
     values = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(shape)
-    if arch == "llama" and gguf_name.endswith("attn_q.weight"):
+    if arch in ROTARY_PERMUTED and gguf_name.endswith("attn_q.weight"):
         values = unpermute_rotary_rows(values, cfg.n_heads)
-    elif arch == "llama" and gguf_name.endswith("attn_k.weight"):
+    elif arch in ROTARY_PERMUTED and gguf_name.endswith("attn_k.weight"):
         values = unpermute_rotary_rows(values, cfg.n_kv_heads)
     return torch.from_numpy(np.ascontiguousarray(values))
