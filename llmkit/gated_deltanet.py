@@ -30,6 +30,7 @@ Callers must know:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -161,6 +162,19 @@ def heads_first(q, k, v, g, beta):
     return q * q.shape[-1] ** -0.5, k, v, g, beta
 
 
+def in_float32(rule):
+    """`rule` with autocast off, so its products stay float32 under a bf16 / fp16 autocast, as FLA's
+    kernels keep them (in bf16 the chunks' triangular systems lose ~0.5% of the output)."""
+
+    @functools.wraps(rule)
+    def float32_rule(q, *args, **kwargs):
+        with torch.autocast(q.device.type, enabled=False):
+            return rule(q, *args, **kwargs)
+
+    return float32_rule
+
+
+@in_float32
 def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, starts=None):
     """(o [B, T, value heads, v_head_dim] in v's dtype, final state [B, value heads, k_head_dim,
     v_head_dim] float32): the rule one token at a time. q, k [B, T, key heads, k_head_dim], v [B, T,
@@ -182,6 +196,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, starts=None):
     return torch.stack(out, dim=2).transpose(1, 2).to(dtype), S
 
 
+@in_float32
 def chunked_gated_delta_rule(q, k, v, g, beta, state=None, starts=None, chunk_size: int = CHUNK_SIZE):
     """The recurrent rule's results, computed a chunk at a time (arguments and results as
     `recurrent_gated_delta_rule`'s). Inside a chunk the writes form a unit lower-triangular system

@@ -125,3 +125,11 @@ def test_both_forms_cut_the_state_at_document_starts():
     assert_close(chunked_state, recurrent_state)
     after = recurrent_gated_delta_rule(q[:1, 100:], k[:1, 100:], v[:1, 100:], g[:1, 100:], beta[:1, 100:])[0]
     assert_close(chunked[:1, 100:], after)  # the last document as if it were alone
+
+
+def test_both_forms_keep_float32_under_a_bf16_autocast():
+    q, k, v, g, beta, state = rule_inputs(LENGTHS[-1])
+    exact = recurrent_gated_delta_rule(q, k, v, g, beta, state)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for rule in (chunked_gated_delta_rule, recurrent_gated_delta_rule):
+            assert_close(rule(q, k, v, g, beta, state)[0], exact, tol=1e-5)

@@ -129,6 +129,20 @@ def test_logits_equal_transformers_on_left_and_right_padded_batches(qwen35):
     assert max_diff(ours[0, 9:], alone[0]) < 1e-4, name
 
 
+def test_packed_documents_give_the_logits_each_gives_alone(qwen35):
+    """SFT packing: documents side by side in one row (doc_ids, positions restarting) see nothing
+    of each other, in the attention layers (the mask) and in the Gated DeltaNet ones (state cut)."""
+    name, _, folder = qwen35
+    docs = [ids(1, n, seed=n) for n in (CHUNK_SIZE - 5, 30, 17)]
+    doc_ids = torch.cat([torch.full((d.shape[1],), i) for i, d in enumerate(docs)])[None]
+    positions = torch.cat([torch.arange(d.shape[1]) for d in docs])[None]
+    model = llmkit_model(folder)
+    with torch.no_grad():
+        packed = model(torch.cat(docs, dim=1), positions, doc_ids)
+        alone = torch.cat([model(d) for d in docs], dim=1)
+    assert max_diff(packed, alone) < 1e-4, name
+
+
 @pytest.mark.parametrize("change", [dict(zero_centred_norm=False), dict(rotary_fraction=1.0)])
 def test_each_qwen3_5_detail_switched_off_changes_the_logits(qwen35, change):
     name, hf, folder = qwen35
