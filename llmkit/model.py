@@ -355,7 +355,8 @@ class Transformer(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 * (parameters used in matmuls) + 12 * L * H * Q * T attention term
-        (PaLM appendix B, as nanoGPT's MFU); MoE counts only the top_k routed experts."""
+        (PaLM appendix B, as nanoGPT's MFU) over the full-attention layers; MoE counts only the top_k
+        routed experts."""
         cfg = self.config
         n = self.num_parameters()
         if not cfg.tie_embeddings:
@@ -364,7 +365,8 @@ class Transformer(nn.Module):
             per_expert = 3 * cfg.hidden_size * cfg.intermediate_size
             n -= cfg.n_layers * (cfg.n_experts - cfg.experts_top_k) * per_expert
         context = min(seq_len, cfg.sliding_window or seq_len)
-        return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+        attending = cfg.n_layers - (cfg.layer_types or []).count("linear_attention")  # a state costs no context term
+        return 6 * n + 12 * attending * cfg.n_heads * cfg.head_dim * context
 
     def forward(self, input_ids, position_ids=None, doc_ids=None, kv_cache=None, attention_mask=None,
                 logits_at=None, targets=None, label_smoothing=0.0):

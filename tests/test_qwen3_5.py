@@ -303,3 +303,10 @@ def test_lora_sft_on_packed_chats_trains_the_linear_attention_projections(tmp_pa
     (base, _), (tuned, _) = llmkit.load(ws / "base"), llmkit.load(ws / "sft")
     with torch.no_grad():
         assert max_diff(base(ids()), tuned(ids())) > 1e-3
+
+
+def test_flops_count_the_attention_term_of_the_full_attention_layers_only():
+    cfg = from_hf_config(text_config(PATTERNS["three-linear-one-full"]).to_dict())
+    model, seq = Transformer(cfg), 1000
+    n = model.num_parameters() - model.model.embed_tokens.weight.numel()  # untied: the lookup is no matmul
+    assert model.flops_per_token(seq) == 6 * n + 12 * 1 * cfg.n_heads * cfg.head_dim * seq  # one of four attends
