@@ -310,3 +310,19 @@ def test_flops_count_the_attention_term_of_the_full_attention_layers_only():
     model, seq = Transformer(cfg), 1000
     n = model.num_parameters() - model.model.embed_tokens.weight.numel()  # untied: the lookup is no matmul
     assert model.flops_per_token(seq) == 6 * n + 12 * 1 * cfg.n_heads * cfg.head_dim * seq  # one of four attends
+
+
+def test_the_harness_scores_a_hybrid_model_without_sharing_prefixes(qwen35):
+    """A linear-attention layer's state is not a prefix's keys and values: lm-eval requests that
+    share a few-shot prefix are scored whole, as each alone."""
+    import contextlib
+
+    from llmkit.eval.harness_scoring import PrefixScorer
+    from llmkit.lm_scoring import LMScorer
+
+    model = llmkit_model(qwen35[2])
+    shot = ids(1, 40, seed=3)[0].tolist()
+    requests = [(shot + ids(1, 6, seed=s)[0].tolist(), 3) for s in range(4)]
+    ours = PrefixScorer(model, torch.device("cpu"), contextlib.nullcontext, batch_tokens=200).score(requests)
+    alone = LMScorer(model, device="cpu", batch_tokens=1).target_logprobs(requests)
+    assert max(abs(lp - ref) for (lp, _), ref in zip(ours, alone)) < 1e-4

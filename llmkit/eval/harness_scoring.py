@@ -16,6 +16,8 @@ and only the scored positions go through the LM head.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -116,6 +118,9 @@ class PrefixScorer:
     def __init__(self, model, device, autocast, batch_tokens: int = 8192, min_shared: int = MIN_SHARED):
         self.model, self.device, self.autocast = model, device, autocast
         self.batch_tokens, self.min_shared = batch_tokens, min_shared
+        if any(t != "full_attention" for t in model.config.layer_types or ()):
+            # a recurrent layer's state is not a prefix's keys and values to share: score whole
+            self.min_shared = math.inf
 
     def score(self, requests: Sequence[tuple[Sequence[int], int]]) -> list[tuple[float, bool]]:
         """(summed log-probability, greedy) of each request's last n ids."""

@@ -102,9 +102,10 @@ def gguf_layout(model_config, source: Path) -> tuple[str, int]:
                         "family has both bias and q/k norm: train the model with settings one of them "
                         "has (--set model.norm=rmsnorm, attention_bias or qk_norm, not both)") from None
     if family not in GGUF_ARCH:
-        raise UserError(f"{source} is a mixture-of-experts model ({model_config.n_experts} experts): llmkit's GGUF "
-                        "export does not write MoE models; export --format hf and convert that folder with "
-                        "llama.cpp's convert_hf_to_gguf.py")
+        what = (f"a mixture-of-experts model ({model_config.n_experts} experts)" if model_config.n_experts
+                else f"a {family} model")
+        raise UserError(f"{source} is {what}: llmkit's GGUF export does not write it yet; export --format hf "
+                        "and convert that folder with llama.cpp's convert_hf_to_gguf.py")
     nope = model_config.nope_layers or []
     if family == "smollm3" and nope != [i for i in range(model_config.n_layers) if (i + 1) % LLAMA_CPP_NOPE_STEP == 0]:
         raise UserError(f"{source} cannot be exported as GGUF: its layers without RoPE are {nope}, and llama.cpp's "

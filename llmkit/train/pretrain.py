@@ -49,6 +49,15 @@ class ModelSection:
     attention_bias: bool | None = None  # bias on the q, k, v projections (Qwen2)
     qk_norm: bool | None = None  # RMSNorm over each head of q and k before RoPE (Qwen3)
     nope_layers: list[int] | None = None  # layers without RoPE (SmolLM3's NoPE layers); None = the preset's (none)
+    layer_types: list[str] | None = None  # each layer's mixer: full_attention | linear_attention (Qwen3.5); None = all full
+    rotary_fraction: float | None = None  # share of each head's dimensions RoPE rotates (Qwen3.5: 0.25)
+    attention_output_gate: bool | None = None  # a sigmoid gate on attention's output (Qwen3.5)
+    zero_centred_norm: bool | None = None  # norms scale by 1 + weight (Qwen3.5)
+    linear_n_key_heads: int | None = None  # Gated DeltaNet query/key heads
+    linear_n_value_heads: int | None = None  # Gated DeltaNet value heads
+    linear_key_head_dim: int | None = None  # width of one Gated DeltaNet query/key head
+    linear_value_head_dim: int | None = None  # width of one Gated DeltaNet value head
+    linear_conv_kernel: int | None = None  # taps of the causal convolution before the delta rule
     n_experts: int | None = None  # 0 = dense MLP; >= 2 = mixture of experts
     experts_top_k: int | None = None  # experts per token (MoE)
     router_aux_loss_coef: float | None = None  # weight of the MoE load-balancing loss
