@@ -60,8 +60,8 @@ def project(tmp_path, monkeypatch):
     return project
 
 
-def plant(ws: Path, command: str, other_stage: str) -> str:
-    """User files and artifacts where `command` writes; returns its folder ('' or 'eval/')."""
+def plant(ws: Path, command: str, other_stage: str) -> None:
+    """User files and artifacts where `command` writes (the workspace, or eval/ for eval)."""
     folder = ws / BY_COMMAND[command].folder
     (folder / "notes").mkdir(parents=True, exist_ok=True)
     (folder / "notes" / "todo.txt").write_text("todo\n")
@@ -70,10 +70,9 @@ def plant(ws: Path, command: str, other_stage: str) -> str:
         (folder / name).mkdir(exist_ok=True)
         (folder / name / "manifest.json").write_text(json.dumps({"stage": stage, "fingerprint": "f"}))
         (folder / name / "part-00000.parquet").write_bytes(b"data")
-    return BY_COMMAND[command].folder
 
 
-def hostile_targets(project: Path, folder: str, option: str) -> dict[str, str]:
+def hostile_targets(project: Path, option: str) -> dict[str, str]:
     """target -> what the refusal says. --out names an artifact in the workspace, --to a path."""
     ws, here = project / "ws", "ws/" if option == "--to" else ""
     return {".": "refusing", "..": "refusing", str(ws): "the workspace",
@@ -86,11 +85,11 @@ def hostile_targets(project: Path, folder: str, option: str) -> dict[str, str]:
 def test_every_command_refuses_to_write_over_what_llmkit_did_not_build(project, command):
     ws = project / "ws"
     other = "tokenizer" if command != "tokenizer" else "clean"
-    folder = plant(ws, command, other)
+    plant(ws, command, other)
     before = {"project": tree(project), "outside": tree(project.parent / "outside")}
     base = [command, *required_args(command), "-w", str(ws)]
     for option in writes(command):
-        for target, said in hostile_targets(project, folder, option).items():
+        for target, said in hostile_targets(project, option).items():
             r = runner.invoke(APP, [*base, option, target])
             assert r.exit_code == 2, (option, target, r.output)
             assert said in r.output and "Traceback" not in r.output, (option, target, r.output)
