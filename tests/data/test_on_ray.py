@@ -189,7 +189,7 @@ def test_a_cluster_started_in_another_directory_runs_stages_given_relative_paths
     assert f"ray: the cluster at {env['address']} (ray.address=auto)" in out
     for artifact in ("raw", "clean"):
         assert_same_artifact(here / "ws_local" / artifact, here / "ws" / artifact)
-    assert stats_of(here / "ws" / "raw")["rows_removed"] > 0  # locations named as typed
+    assert stats_of(here / "ws" / "raw")["rows_removed"] > 0  # locations named below the inputs' common folder
     assert list(where.iterdir()) == []  # nothing written where the cluster runs
 
 
