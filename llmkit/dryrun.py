@@ -60,13 +60,23 @@ class Shape:
     head_dim: int | None = None  # None = hidden_size // n_heads
     attention_bias: bool = False
     qk_norm: bool = False
+    attention_output_gate: bool = False  # q_proj twice as wide (Qwen3.5)
+    layer_types: tuple | None = None  # "linear_attention" layers are Gated DeltaNet mixers
+    linear_n_key_heads: int = 16
+    linear_n_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel: int = 4
 
     @classmethod
     def of(cls, config) -> "Shape":
         """From a ModelConfig, or a dict of its fields (a checkpoint's config.json)."""
         get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
         names = cls.__dataclass_fields__
-        return cls(**{k: get(k) for k in names if get(k) is not None})
+        fields = {k: get(k) for k in names if get(k) is not None}
+        if fields.get("layer_types") is not None:
+            fields["layer_types"] = tuple(fields["layer_types"])
+        return cls(**fields)
 
     @property
     def head_width(self) -> int:
@@ -93,8 +103,28 @@ def parameters(m: Shape) -> int:
     block = sum(a * b * n for a, b, n in block_linears(m).values()) + 2 * h  # + two norms
     block += (m.n_heads * m.head_width + 2 * m.kv_width) if m.attention_bias else 0
     block += 2 * m.head_width if m.qk_norm else 0
+    block += h * m.n_heads * m.head_width if m.attention_output_gate else 0
+    linear = sum(t == "linear_attention" for t in m.layer_types or ())
+    blocks = m.n_layers * block + linear * (linear_mixer_parameters(m) - attention_parameters(m))
     embeddings = m.vocab_size * h * (1 if m.tie_embeddings else 2)
-    return m.n_layers * block + embeddings + h  # + the final norm
+    return blocks + embeddings + h  # + the final norm
+
+
+def attention_parameters(m: Shape) -> int:
+    """One full-attention mixer's parameters (what a linear-attention layer has instead)."""
+    q = m.n_heads * m.head_width
+    return (2 * m.hidden_size * (q + m.kv_width) + (q + 2 * m.kv_width) * m.attention_bias
+            + 2 * m.head_width * m.qk_norm + m.hidden_size * q * m.attention_output_gate)
+
+
+def linear_mixer_parameters(m: Shape) -> int:
+    """One Gated DeltaNet mixer's parameters (`llmkit.gated_deltanet.GatedDeltaNet`)."""
+    keys, values = m.linear_n_key_heads * m.linear_key_head_dim, m.linear_n_value_heads * m.linear_value_head_dim
+    conv = 2 * keys + values  # q, k and v pass through the convolution
+    heads = m.linear_n_value_heads
+    return (m.hidden_size * (conv + values + 2 * heads)  # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+            + conv * m.linear_conv_kernel + 2 * heads + m.linear_value_head_dim  # conv, dt_bias, A_log, norm
+            + values * m.hidden_size)  # out_proj
 
 
 def lora_parameters(m: Shape, r: int, target) -> int:

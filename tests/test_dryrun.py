@@ -28,7 +28,14 @@ SHAPES = [
 IDS = ["gqa", "untied", "moe", "layernorm", "qkv-bias", "head-dim-qk-norm"]
 
 
-@pytest.mark.parametrize("fields", SHAPES, ids=IDS)
+QWEN3_5 = dict(vocab_size=100, hidden_size=32, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=48,
+               head_dim=16, qk_norm=True, attention_output_gate=True, rotary_fraction=0.25,
+               zero_centred_norm=True, linear_n_key_heads=2, linear_n_value_heads=4, linear_key_head_dim=8,
+               linear_value_head_dim=12, linear_conv_kernel=4,
+               layer_types=["linear_attention"] * 3 + ["full_attention"])
+
+
+@pytest.mark.parametrize("fields", [*SHAPES, QWEN3_5], ids=[*IDS, "qwen3_5-hybrid"])
 def test_parameters_are_the_models(fields):
     config = ModelConfig(**fields, max_seq_len=32)
     assert parameters(Shape.of(config)) == Transformer(config).num_parameters()
