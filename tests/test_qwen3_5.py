@@ -27,7 +27,7 @@ from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
 from llmkit.model import Transformer
 from llmkit.model_config import ModelConfig
 from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
-from tests.train.posttrain_fixtures import write_dataset
+from tests.train.posttrain_fixtures import lora_sft_on_import
 
 LINEAR, FULL = "linear_attention", "full_attention"
 SHAPE = dict(vocab_size=832, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
@@ -285,18 +285,9 @@ def test_one_sft_step_has_transformers_gradients(qwen35):
 def test_lora_sft_on_packed_chats_trains_the_linear_attention_projections(tmp_path):
     """`llmkit sft --set lora.r=4` (packing on: the Gated DeltaNet layers see each chat alone):
     all-linear LoRA puts adapters on the linear-attention projections too, and they learn."""
-    from safetensors.torch import load_file
-
     save_qwen35(tmp_path / "hf", [LINEAR, FULL])
     ws = tmp_path / "ws"
-    invoke("import", "--from", tmp_path / "hf", "--out", "base", "-w", ws)
-    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"What is {i}+{i}?"},
-                                         {"role": "assistant", "content": str(2 * i)}]} for i in range(12)]
-    write_dataset(ws, "sft_train", rows)
-    invoke("sft", "--from", "base", "-w", ws, "--set", "lora.r=4", "--set", "max_steps=3", "--set", "warmup_steps=0",
-           "--set", "micro_batch_size=2", "--set", "eval_every=0", "--set", "seq_len=256", "--set", "lr=1e-2")
-    step = ws / "sft" / (ws / "sft" / "latest").read_text().strip()
-    adapters = load_file(step / "adapter_model.safetensors")
+    adapters = lora_sft_on_import(tmp_path / "hf", ws)
     for module in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
         b = next(v for k, v in adapters.items() if f"layers.0.linear_attn.{module}.lora_B" in k)
         assert b.abs().sum() > 0, module  # zero before training

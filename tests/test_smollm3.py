@@ -29,7 +29,7 @@ from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.model import Transformer
 from llmkit.model_config import ModelConfig
 from tests.test_hf_tokenizer import save_folder, train_bpe
-from tests.train.posttrain_fixtures import write_dataset
+from tests.train.posttrain_fixtures import lora_sft_on_import
 
 runner = CliRunner()
 TEMPLATE = (Path(__file__).parent / "assets" / "smollm3_chat_template.jinja").read_text(encoding="utf-8")
@@ -157,19 +157,9 @@ def test_one_sft_step_gradients_equal_transformers_backward(smollm3):
 def test_lora_sft_runs_on_an_imported_smollm3_and_changes_its_replies(tmp_path):
     """`llmkit sft --set lora.r=4` on the chat template's /no_think mode (its system message): the
     adapters of a NoPE layer and of a RoPE layer learn."""
-    from safetensors.torch import load_file
-
     save_smollm3(tmp_path / "hf", None)
     ws = tmp_path / "ws"
-    invoke("import", "--from", tmp_path / "hf", "--out", "base", "-w", ws)
-    rows = [{"id": f"r{i}", "messages": [{"role": "system", "content": "/no_think"},
-                                         {"role": "user", "content": f"What is {i}+{i}?"},
-                                         {"role": "assistant", "content": str(2 * i)}]} for i in range(12)]
-    write_dataset(ws, "sft_train", rows)
-    invoke("sft", "--from", "base", "-w", ws, "--set", "lora.r=4", "--set", "max_steps=3", "--set", "warmup_steps=0",
-           "--set", "micro_batch_size=2", "--set", "eval_every=0", "--set", "seq_len=256", "--set", "lr=1e-2")
-    step = ws / "sft" / (ws / "sft" / "latest").read_text().strip()
-    adapters = load_file(step / "adapter_model.safetensors")
+    adapters = lora_sft_on_import(tmp_path / "hf", ws, system="/no_think")
     for layer in (2, 3):  # layer 3 has no RoPE
         b = next(v for k, v in adapters.items() if f"layers.{layer}.self_attn.q_proj.lora_B" in k)
         assert b.abs().sum() > 0, layer  # zero before training

@@ -150,3 +150,26 @@ def write_checkpoint_run(ws_root: Path, name: str, model: torch.nn.Module, token
         tokenizer.save(step / ckpt.TOKENIZER)
         ckpt.mark_complete(step)
     return b.final
+
+
+def lora_sft_on_import(hf_folder: Path, ws: Path, system: str | None = None) -> dict:
+    """Import the transformers folder `hf_folder` as `base` and train rank-4 LoRA adapters on
+    twelve one-line chats (with a `system` message when given) for three steps into `sft`; returns
+    the adapters' tensors (a family's LoRA test reads which modules learned)."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from llmkit.cli.app import build_app
+
+    def invoke(*args):
+        r = CliRunner().invoke(build_app(), [str(a) for a in args])
+        assert r.exit_code == 0, r.output
+
+    invoke("import", "--from", hf_folder, "--out", "base", "-w", ws)
+    head = [{"role": "system", "content": system}] if system else []
+    write_dataset(ws, "sft_train", [
+        {"id": f"r{i}", "messages": [*head, {"role": "user", "content": f"What is {i}+{i}?"},
+                                     {"role": "assistant", "content": str(2 * i)}]} for i in range(12)])
+    invoke("sft", "--from", "base", "-w", ws, "--set", "lora.r=4", "--set", "max_steps=3", "--set", "warmup_steps=0",
+           "--set", "micro_batch_size=2", "--set", "eval_every=0", "--set", "seq_len=256", "--set", "lr=1e-2")
+    return load_file(ckpt.resolve_step_dir(ws / "sft") / "adapter_model.safetensors")
