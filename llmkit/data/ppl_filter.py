@@ -4,15 +4,14 @@ Two passes over the input dataset:
 1. score: every document's perplexity under the scoring model — an llmkit checkpoint (`--model`,
    batched, sliding window for long documents) or a KenLM model (`backend: kenlm`, the CCNet
    convention: lines normalised, split into sentencepiece pieces when `kenlm_tokenizer` is
-   given, scored by `kenlm.Model.score`). A task per input part (`ScoreTasks`); scores of
-   finished batches are kept in the workspace's scratch folder, so a killed run resumes where
-   it stopped.
+   given, scored by `kenlm.Model.score`). A task per input part; scores of finished batches
+   are kept in the workspace's scratch folder, so a killed run resumes where it stopped.
 2. filter: rows get a `ppl` column; a row is removed when its perplexity is above `max_ppl`
    (reason `ppl_above_threshold`), or, without a threshold, when it falls in a bucket not in
    `keep_buckets` (reason `ppl_bucket_<bucket>`). Buckets are CCNet's: head below the first
    percentile of the whole dataset (or of the row's `group_by` value: source, lang…), middle
-   below the second, tail above. A task per input part again (`SplitTasks`), given the
-   percentiles of all the scores.
+   below the second, tail above. A task per input part again, given the percentiles of all
+   the scores. Both passes are llmkit.data.score_filter's, which quality shares.
 
 Perplexity is exp(negative log-likelihood / units). With an llmkit model the units are `byte`s of
 UTF-8 text by default: per byte, random characters of any script score above real text of any
@@ -34,9 +33,9 @@ from typing import Literal
 
 import numpy as np
 
-from llmkit.data.driver import Assembled, DataConfig, DataStage, Phase, SealedTasks, Work, run_data_stage
-from llmkit.data.io import dataset_files, open_parquet
-from llmkit.data.pipeline import SplitTasks
+from llmkit.data.driver import Assembled, DataConfig, DataStage, run_data_stage
+from llmkit.data.io import dataset_files
+from llmkit.data.score_filter import ScoreFilter, scored_median_mean
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval_files import eval_input, resolve_checkpoint
 from llmkit.executor import worker_slot
@@ -44,6 +43,7 @@ from llmkit.lm_scoring import LMScorer, text_documents
 from llmkit.loading import load
 
 BUCKETS = ("head", "middle", "tail")
+REASONS = (None, "ppl_above_threshold", *(f"ppl_bucket_{b}" for b in BUCKETS))
 
 
 @dataclass
@@ -156,62 +156,22 @@ def perplexities(nll: np.ndarray, units: np.ndarray) -> np.ndarray:
         return np.where(units > 0, np.exp(nll / np.maximum(units, 1)), np.nan)
 
 
-# -- pass 1: scores, a task per input part -----------------------------------------------------
-
 @dataclass(frozen=True)
-class ScoreTasks(SealedTasks):
-    """Task K scores input part K: `root/part-K/scores.npz` holds each row's perplexity and
-    its group's index into the part's own list of `group_by` values. Each batch's scores are
-    kept as they are done (`root/part-K.batches/`), so a killed task resumes at its first
-    unscored batch."""
-    root: Path
-    parts: list
+class PplScoring:
+    """The `score_filter.Scoring` of ppl-filter: perplexities of each text's first `max_chars`."""
     cfg: PplFilterConfig
     model: object  # the scoring model's Artifact (None for KenLM)
     step: str | None
 
-    def __len__(self) -> int:
-        return len(self.parts)
+    def key(self) -> tuple:
+        return str(getattr(self.model, "path", None)), self.step, self.cfg.backend
 
-    def scores_file(self, k: int) -> Path:
-        return self.folder(k) / "scores.npz"
+    def open(self):
+        """The scoring model, on this process's device."""
+        return open_scorer(task_config(self.cfg), self.model, self.step)
 
-    def build(self, k: int, tmp: Path) -> dict:
-        scratch = self.root / f"part-{k:05d}.batches"
-        scratch.mkdir(parents=True, exist_ok=True)
-        ppl, codes, groups = score_part(self.parts[k], self.scorer, self.cfg, scratch)
-        np.savez(tmp / "scores.npz", ppl=ppl, codes=codes, groups=np.array(groups, dtype=object))
-        return {"rows": len(ppl)}
-
-    def rows(self, k: int) -> int:
-        return self.info(k)["rows"]
-
-    def scorer(self):
-        """The scoring model, loaded once per process, on this process's device."""
-        key = (str(getattr(self.model, "path", None)), self.step, self.cfg.backend)
-        if key not in _SCORERS:
-            _SCORERS.clear()
-            _SCORERS[key] = open_scorer(task_config(self.cfg), self.model, self.step)
-        return _SCORERS[key]
-
-    def collect(self) -> tuple[np.ndarray, np.ndarray, list]:
-        """Every row's perplexity in input order, its group (an index into the returned
-        `group_by` values, in order of first appearance), and those values: what one pass
-        over the whole dataset would give."""
-        names: dict = {}
-        scores, codes = [], []
-        for k in range(len(self.parts)):
-            with np.load(self.scores_file(k), allow_pickle=True) as f:
-                scores.append(f["ppl"])
-                to_global = np.array([names.setdefault(v, len(names)) for v in f["groups"]],
-                                     np.int64)
-                codes.append(to_global[f["codes"]] if len(f["codes"]) else f["codes"])
-        if not scores:
-            return np.zeros(0), np.zeros(0, np.int64), []
-        return np.concatenate(scores), np.concatenate(codes).astype(np.int64), list(names)
-
-
-_SCORERS: dict = {}
+    def score(self, texts: list, scorer) -> np.ndarray:
+        return perplexities(*scorer().score([(t or "")[:self.cfg.max_chars] for t in texts]))
 
 
 def task_config(cfg: PplFilterConfig) -> PplFilterConfig:
@@ -229,53 +189,6 @@ def task_config(cfg: PplFilterConfig) -> PplFilterConfig:
     return cfg
 
 
-def score_part(part: Path, scorer, cfg: PplFilterConfig, scratch: Path
-               ) -> tuple[np.ndarray, np.ndarray, list]:
-    """Perplexity of every row of one parquet part, each row's group (an index into the
-    returned `group_by` values; all 0 without group_by), and those values. `scorer()` gives
-    the scorer, asked for only when a batch is not scored yet in `scratch`."""
-    columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
-    names: dict = {}
-    scores, codes = [], []
-    pf = open_parquet(part)
-    if cfg.group_by and cfg.group_by not in pf.schema_arrow.names:
-        raise UserError(f"group_by={cfg.group_by!r}: {part} has no such column "
-                        f"(it has {', '.join(pf.schema_arrow.names)})")
-    for k, batch in enumerate(pf.iter_batches(columns=columns, batch_size=cfg.batch_rows,
-                                              use_threads=False)):
-        done = scratch / f"ppl-{k:06d}.npy"
-        if done.is_file():
-            ppl = np.load(done)
-        else:
-            texts = [(t or "")[:cfg.max_chars] for t in batch.column("text").to_pylist()]
-            ppl = perplexities(*scorer().score(texts))
-            np.save(done.with_suffix(".tmp.npy"), ppl)
-            done.with_suffix(".tmp.npy").replace(done)
-        scores.append(ppl)
-        values = batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
-        codes.append(np.array([names.setdefault(v, len(names)) for v in values], np.int64))
-    if not scores:
-        return np.zeros(0), np.zeros(0, np.int64), []
-    return np.concatenate(scores), np.concatenate(codes), list(names)
-
-
-# -- pass 2: filter, a task per input part ------------------------------------------------------
-
-def filter_part(task: int, part: Path, writer, *, ppl: np.ndarray, codes: np.ndarray,
-                edges: np.ndarray | None, cfg: PplFilterConfig) -> int:
-    """A `SplitTasks` split: part `task`'s rows with their `ppl`, removed by `removal_reasons`
-    (`ppl`, `codes`: the part's, from `ScoreTasks.collect`)."""
-    start = 0
-    for batch in open_parquet(part).iter_batches(batch_size=cfg.batch_rows, use_threads=False):
-        end = start + batch.num_rows
-        reasons = removal_reasons(ppl[start:end], codes[start:end], edges, cfg)
-        writer.write(*split_batch(batch, ppl[start:end], reasons))
-        start = end
-    if start != len(ppl):  # a bug, never a user error
-        raise AssertionError(f"ppl-filter: {len(ppl)} scored, {start} read in {part}")
-    return start
-
-
 # -- decisions ---------------------------------------------------------------------------------
 
 def bucket_edges(ppl: np.ndarray, codes: np.ndarray, percentiles: list[float]) -> np.ndarray:
@@ -291,30 +204,27 @@ def bucket_edges(ppl: np.ndarray, codes: np.ndarray, percentiles: list[float]) -
     return edges
 
 
-def removal_reasons(ppl: np.ndarray, codes: np.ndarray, edges: np.ndarray | None,
-                    cfg: PplFilterConfig) -> list:
-    """Each row's removal reason (None = kept): above max_ppl, or in a bucket not kept (`edges`
+def removal_codes(ppl: np.ndarray, codes: np.ndarray, edges: np.ndarray | None,
+                  cfg: PplFilterConfig) -> np.ndarray:
+    """Each row's index into REASONS (0: kept): above max_ppl, or in a bucket not kept (`edges`
     from bucket_edges). An unscorable (empty) document is kept: emptiness is clean's business."""
     if cfg.max_ppl is not None:
-        return [("ppl_above_threshold" if p > cfg.max_ppl else None) for p in ppl]
+        return (ppl > cfg.max_ppl).astype(np.int8)  # NaN > x is False: kept
     bucket = np.where(ppl < edges[codes, 0], 0, np.where(ppl < edges[codes, 1], 1, 2))
     keep = np.isin(bucket, [BUCKETS.index(b) for b in cfg.keep_buckets]) | np.isnan(ppl)
-    return [None if k else f"ppl_bucket_{BUCKETS[b]}" for k, b in zip(keep, bucket)]
+    return np.where(keep, 0, 2 + bucket).astype(np.int8)
 
 
-def split_batch(batch, ppl: np.ndarray, reasons: list):
-    """(kept table, removed table with `reason`), both with the `ppl` column."""
-    import pyarrow as pa
+def removal_reasons(ppl: np.ndarray, codes: np.ndarray, edges: np.ndarray | None,
+                    cfg: PplFilterConfig) -> list:
+    """`removal_codes` in words (None = kept)."""
+    return [REASONS[c] for c in removal_codes(ppl, codes, edges, cfg)]
 
-    table = pa.Table.from_batches([batch])
-    if "ppl" in table.column_names:  # a dataset filtered before: its old scores are replaced
-        table = table.drop_columns(["ppl"])
-    table = table.append_column("ppl", pa.array(ppl, pa.float64()))
-    removed = np.array([r is not None for r in reasons], dtype=bool)
-    kept = table.filter(pa.array(~removed))
-    gone = table.filter(pa.array(removed))
-    gone = gone.append_column("reason", pa.array([r for r in reasons if r is not None], pa.string()))
-    return kept, gone
+
+def decide(ppl: np.ndarray, codes: np.ndarray, *, cfg: PplFilterConfig) -> np.ndarray:
+    """The filter's decision over the whole dataset (the buckets' edges from all its scores)."""
+    edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
+    return removal_codes(ppl, codes, edges, cfg)
 
 
 def scoring_input(ws, cfg: PplFilterConfig, model: str | None):
@@ -337,52 +247,29 @@ def open_scorer(cfg: PplFilterConfig, model_art, step: str | None):
 
 
 def run_ppl_filter(ctx, cfg: PplFilterConfig, model: str | None = None):
-    """Score (a task per input part: `ScoreTasks`), then filter (`SplitTasks`: perplexity
-    buckets need every score first). A --rank run does its share of the scoring, and of the
-    filtering once every part is scored; a plain run does what is left and commits."""
+    """Score, then filter (llmkit.data.score_filter: perplexity buckets need every score
+    first). A --rank run does its share of the scoring, and of the filtering once every part
+    is scored; a plain run does what is left and commits."""
     src = ctx.input("dedup")
     model_art, step = scoring_input(ctx.workspace, cfg, model)
     cfg = dataclasses.replace(cfg, model_step=step)
-    parts = dataset_files(src.path)
+    stage = ScoreFilter("ppl-filter", "ppl", REASONS, PplScoring(cfg, model_art, step),
+                        partial(decide, cfg=cfg), cfg.group_by, cfg.batch_rows)
     design = kept_by_design(cfg)
     return run_data_stage(ctx, DataStage(
-        "ppl-filter", cfg, [src, model_art], "filtered",
-        [Phase("score", len(parts), lambda work: ScoreTasks(
-            work.dir / "score", parts, cfg, model_art, step), spread=True),
-         Phase("filter", len(parts), partial(filter_tasks, parts=parts, cfg=cfg))],
-        assemble, source=str(src.path), notes=[("policy", design)] if design else []))
+        "ppl-filter", cfg, [src, model_art], "filtered", stage.phases(dataset_files(src.path)),
+        partial(assemble, cfg=cfg), source=str(src.path),
+        notes=[("policy", design)] if design else []))
 
 
-def filter_tasks(work: Work, *, parts: list, cfg: PplFilterConfig) -> SplitTasks:
-    """The filter's tasks, given every row's score (and the buckets' edges from all of them)."""
-    scores = work.done["score"]
-    ppl, codes, _ = scores.collect()
-    edges = None if cfg.max_ppl is not None else bucket_edges(ppl, codes, cfg.percentiles)
-    bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
-    return SplitTasks("ppl-filter", work.dir / "filter", parts,
-                      _PartFilter(ppl, codes, bounds, edges, cfg))
-
-
-def assemble(out_dir: Path, done: dict) -> Assembled:
+def assemble(out_dir: Path, done: dict, *, cfg: PplFilterConfig) -> Assembled:
     counts = done["filter"].assemble(out_dir)
-    ppl, _, groups = done["score"].collect()
-    return Assembled({**counts.stats(), "ppl": _ppl_stats(ppl, done["filter"].split.edges, groups)},
-                     counts.first_removed)
-
-
-@dataclass(frozen=True)
-class _PartFilter:
-    """`filter_part` with each part's slice of the whole dataset's scores."""
-    ppl: np.ndarray
-    codes: np.ndarray
-    bounds: np.ndarray  # part k's rows are [bounds[k], bounds[k + 1]) in input order
-    edges: np.ndarray | None
-    cfg: PplFilterConfig
-
-    def __call__(self, task: int, part: Path, writer) -> int:
-        rows = slice(self.bounds[task], self.bounds[task + 1])
-        return filter_part(task, part, writer, ppl=self.ppl[rows], codes=self.codes[rows],
-                           edges=self.edges, cfg=self.cfg)
+    ppl, codes, groups = done["score"].collect()
+    stats = scored_median_mean(ppl)
+    if cfg.max_ppl is None:
+        edges = bucket_edges(ppl, codes, cfg.percentiles)
+        stats["bucket_edges"] = {str(g): edges[k].tolist() for k, g in enumerate(groups)}
+    return Assembled({**counts.stats(), "ppl": stats}, counts.first_removed)
 
 
 def kept_by_design(cfg: PplFilterConfig) -> str | None:
@@ -396,12 +283,3 @@ def kept_by_design(cfg: PplFilterConfig) -> str | None:
     per = f" of each {cfg.group_by}" if cfg.group_by else ""
     return (f"kept {'+'.join(kept)} buckets (percentiles {lo:g}/{hi:g}{per}): "
             f"{sum(width[b] for b in kept):g}% of rows by design")
-
-
-def _ppl_stats(ppl: np.ndarray, edges: np.ndarray | None, groups: list) -> dict:
-    scored = ppl[~np.isnan(ppl)]
-    out = {"median": float(np.median(scored)) if len(scored) else None,
-           "mean": float(np.mean(scored)) if len(scored) else None}
-    if edges is not None:
-        out["bucket_edges"] = {str(g): edges[k].tolist() for k, g in enumerate(groups)}
-    return out

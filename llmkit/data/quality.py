@@ -7,8 +7,8 @@
    per language, goes in its manifest. Its fingerprint covers the examples and the training
    keys only: a new `keep_top` re-filters without retraining. Without examples, `--model` names
    a classifier trained before.
-2. score, a task per input part (`QualityScoreTasks`; each batch's scores kept as it is done,
-   so a killed run resumes): each row's `quality`, P(good) from its first `max_chars` characters.
+2. score, a task per input part (llmkit.data.score_filter, which ppl-filter shares; each
+   batch's scores kept as it is done, so a killed run resumes): each row's `quality`, P(good) from its first `max_chars` characters.
 3. filter, a task per input part (`SplitTasks`): a row is removed when its quality is below
    `min_quality` (reason `quality_below_threshold`), or, without a threshold, when it is not
    among the best `keep_top` share of its `group_by` group (`quality_below_top_share`): exactly
@@ -28,16 +28,14 @@ from typing import Literal
 
 import numpy as np
 
-from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks, Work,
-                                run_data_stage)
-from llmkit.data.io import dataset_files, open_parquet
-from llmkit.data.pipeline import SplitTasks
+from llmkit.data.driver import Assembled, DataConfig, DataStage, run_data_stage
+from llmkit.data.io import dataset_files
 from llmkit.data.quality_classifier import (INFO, TEXT_FORMAT, FastTextConfig, HiddenConfig,
                                             fit_classifier, load_classifier)
+from llmkit.data.score_filter import ScoreFilter, scored_median_mean
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval_files import eval_input, resolve_checkpoint
 from llmkit.progress import print_summary
-from llmkit.workspace import kill_point
 
 REASONS = (None, "quality_below_threshold", "quality_below_top_share", "quality_no_text")
 TRAINING_KEYS = ("backend", "max_chars", "label_column", "label_threshold", "holdout", "seed")
@@ -130,99 +128,29 @@ def existing_classifier(ws, name: str):
     return art
 
 
-# -- step 2: scores, a task per input part -----------------------------------------------------
-
-_SCORERS: dict = {}
-
+# -- step 2: scores ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class QualityScoreTasks(SealedTasks):
-    """Task K scores input part K: `root/part-K/scores.npz` holds each row's quality and its
-    group's index into the part's own list of `group_by` values. Each batch's scores are kept
-    as they are done (`root/part-K.batches/`), so a killed task resumes at its first unscored
-    batch."""
-    root: Path
-    parts: list
-    cfg: QualityConfig
+class QualityScoring:
+    """The `score_filter.Scoring` of quality: the classifier's P(good) of each text."""
     classifier: Path
 
-    def __len__(self) -> int:
-        return len(self.parts)
+    def key(self) -> str:
+        return str(self.classifier)
 
-    def scores_file(self, k: int) -> Path:
-        return self.folder(k) / "scores.npz"
+    def open(self):
+        return load_classifier(self.classifier)
 
-    def build(self, k: int, tmp: Path) -> dict:
-        scratch = self.root / f"part-{k:05d}.batches"
-        scratch.mkdir(parents=True, exist_ok=True)
-        quality, codes, groups = score_part(self.parts[k], self.scorer, self.cfg, scratch)
-        np.savez(tmp / "scores.npz", quality=quality, codes=codes,
-                 groups=np.array(groups, dtype=object))
-        return {"rows": len(quality)}
-
-    def rows(self, k: int) -> int:
-        return self.info(k)["rows"]
-
-    def scorer(self):
-        """The classifier, loaded once per process."""
-        key = str(self.classifier)
-        if key not in _SCORERS:
-            _SCORERS.clear()
-            _SCORERS[key] = load_classifier(self.classifier)
-        return _SCORERS[key]
-
-    def collect(self) -> tuple[np.ndarray, np.ndarray, list]:
-        """Every row's quality in input order, its group (an index into the returned
-        `group_by` values, in order of first appearance) and those values."""
-        names: dict = {}
-        scores, codes = [np.zeros(0)], [np.zeros(0, np.int64)]
-        for k in range(len(self.parts)):
-            with np.load(self.scores_file(k), allow_pickle=True) as f:
-                scores.append(f["quality"])
-                to_global = np.array([names.setdefault(v, len(names)) for v in f["groups"]],
-                                     np.int64)
-                codes.append(to_global[f["codes"]] if len(f["codes"]) else f["codes"])
-        return np.concatenate(scores), np.concatenate(codes).astype(np.int64), list(names)
+    def score(self, texts: list, scorer) -> np.ndarray:
+        """P(good) of each text; NaN for a missing or blank one, which has nothing to judge."""
+        quality = np.full(len(texts), np.nan)
+        has_text = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+        if has_text:
+            quality[has_text] = scorer().score([texts[i] for i in has_text])
+        return quality
 
 
-def score_part(part: Path, scorer, cfg: QualityConfig, scratch: Path
-               ) -> tuple[np.ndarray, np.ndarray, list]:
-    """Quality of every row of one parquet part (NaN without text), each row's group and the
-    `group_by` values. `scorer()` gives the classifier, asked for only when a batch is not
-    scored yet in `scratch`."""
-    columns = ["text"] + ([cfg.group_by] if cfg.group_by else [])
-    pf = open_parquet(part)
-    if cfg.group_by and cfg.group_by not in pf.schema_arrow.names:
-        raise UserError(f"group_by={cfg.group_by!r}: {part} has no such column "
-                        f"(it has {', '.join(pf.schema_arrow.names)})")
-    names: dict = {}
-    scores, codes = [np.zeros(0)], [np.zeros(0, np.int64)]
-    for k, batch in enumerate(pf.iter_batches(columns=columns, batch_size=cfg.batch_rows,
-                                              use_threads=False)):
-        done = scratch / f"quality-{k:06d}.npy"
-        if done.is_file():
-            quality = np.load(done)
-        else:
-            quality = score_texts(batch.column("text").to_pylist(), scorer)
-            np.save(done.with_suffix(".tmp.npy"), quality)
-            done.with_suffix(".tmp.npy").replace(done)
-            kill_point("quality:batch")
-        scores.append(quality)
-        values = batch.column(cfg.group_by).to_pylist() if cfg.group_by else [None] * batch.num_rows
-        codes.append(np.array([names.setdefault(v, len(names)) for v in values], np.int64))
-    return np.concatenate(scores), np.concatenate(codes), list(names)
-
-
-def score_texts(texts: list, scorer) -> np.ndarray:
-    """P(good) of each text; NaN for a missing or blank one, which has nothing to judge."""
-    quality = np.full(len(texts), np.nan)
-    has_text = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-    if has_text:
-        quality[has_text] = scorer().score([texts[i] for i in has_text])
-    return quality
-
-
-# -- step 3: decisions and the filter ---------------------------------------------------------
+# -- step 3: the decision ----------------------------------------------------------------------
 
 def removal_codes(quality: np.ndarray, codes: np.ndarray, cfg: QualityConfig) -> np.ndarray:
     """Each row's index into REASONS (0: kept)."""
@@ -248,41 +176,6 @@ def top_share(quality: np.ndarray, codes: np.ndarray, share: float) -> np.ndarra
     return keep
 
 
-@dataclass(frozen=True)
-class QualityFilter:
-    """A `SplitTasks` split: part `task`'s rows with their `quality`, removed as `reasons`
-    says (both the whole dataset's, in input order; part k is rows [bounds[k], bounds[k+1]))."""
-    quality: np.ndarray
-    reasons: np.ndarray
-    bounds: np.ndarray
-    batch_rows: int
-
-    def __call__(self, task: int, part: Path, writer) -> int:
-        start = first = int(self.bounds[task])
-        for batch in open_parquet(part).iter_batches(batch_size=self.batch_rows, use_threads=False):
-            end = start + batch.num_rows
-            writer.write(*split_batch(batch, self.quality[start:end], self.reasons[start:end]))
-            start = end
-        if start != self.bounds[task + 1]:  # a bug, never a user error
-            raise AssertionError(f"quality: part {part} has {start - first} rows, "
-                                 f"{self.bounds[task + 1] - first} were scored")
-        return start - first
-
-
-def split_batch(batch, quality: np.ndarray, reasons: np.ndarray):
-    """(kept table, removed table with `reason`), both with the `quality` column."""
-    import pyarrow as pa
-
-    table = pa.Table.from_batches([batch])
-    if "quality" in table.column_names:  # scored before: the old scores are replaced
-        table = table.drop_columns(["quality"])
-    table = table.append_column("quality", pa.array(quality, pa.float64()))
-    removed = reasons > 0
-    gone = table.filter(pa.array(removed))
-    gone = gone.append_column("reason", pa.array([REASONS[r] for r in reasons[removed]], pa.string()))
-    return table.filter(pa.array(~removed)), gone
-
-
 # -- the stage -------------------------------------------------------------------------------
 
 def run_quality(ctx, cfg: QualityConfig, *, good=(), bad=(), labels=(), model: str | None = None,
@@ -294,13 +187,11 @@ def run_quality(ctx, cfg: QualityConfig, *, good=(), bad=(), labels=(), model: s
     if train_only:
         return classifier
     src = ctx.input("dedup")
-    parts = dataset_files(src.path)
+    stage = ScoreFilter("quality", "quality", REASONS, QualityScoring(Path(classifier.path)),
+                        partial(removal_codes, cfg=cfg), cfg.group_by, cfg.batch_rows)
     design = kept_by_design(cfg)
     return run_data_stage(ctx, DataStage(
-        "quality", cfg, [src, classifier], "quality",
-        [Phase("score", len(parts), lambda work: QualityScoreTasks(
-            work.dir / "score", parts, cfg, Path(classifier.path)), spread=True),
-         Phase("filter", len(parts), partial(filter_tasks, parts=parts, cfg=cfg))],
+        "quality", cfg, [src, classifier], "quality", stage.phases(dataset_files(src.path)),
         assemble, source=str(src.path), notes=[("policy", design)] if design else []))
 
 
@@ -316,19 +207,10 @@ def classifier_for(ctx, cfg: QualityConfig, name: str, *, good: list, bad: list,
     return existing_classifier(ctx.workspace, name)
 
 
-def filter_tasks(work: Work, *, parts: list, cfg: QualityConfig) -> SplitTasks:
-    """The filter's tasks, given every row's quality (a top share needs all of them)."""
-    scores = work.done["score"]
-    quality, codes, _ = scores.collect()
-    bounds = np.cumsum([0, *(scores.rows(k) for k in range(len(parts)))])
-    return SplitTasks("quality", work.dir / "filter", parts, QualityFilter(
-        quality, removal_codes(quality, codes, cfg), bounds, cfg.batch_rows))
-
-
 def assemble(out_dir: Path, done: dict) -> Assembled:
     counts = done["filter"].assemble(out_dir)
     quality, codes, groups = done["score"].collect()
-    reasons = done["filter"].split.reasons
+    reasons = done["filter"].split.reasons  # the score_filter.PartFilter's
     return Assembled({**counts.stats(), "quality": quality_stats(quality, codes, reasons, groups)},
                      counts.first_removed)
 
@@ -344,9 +226,7 @@ def kept_by_design(cfg: QualityConfig) -> str | None:
 def quality_stats(quality: np.ndarray, codes: np.ndarray, reasons: np.ndarray,
                   groups: list) -> dict:
     """Median and mean quality, and per group the rows kept and the lowest quality kept."""
-    scored = ~np.isnan(quality)
-    out = {"median": float(np.median(quality[scored])) if scored.any() else None,
-           "mean": float(np.mean(quality[scored])) if scored.any() else None}
+    out = scored_median_mean(quality)
     per_group = {}
     for g, value in enumerate(groups):
         kept = (codes == g) & (reasons == 0)
