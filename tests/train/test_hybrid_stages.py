@@ -35,15 +35,15 @@ LINEAR, FULL = "linear_attention", "full_attention"
 SMOLLM3_TEMPLATE = (Path(__file__).parents[1] / "assets" / "smollm3_chat_template.jinja").read_text(encoding="utf-8")
 SMOLLM3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-             max_position_embeddings=512, tie_word_embeddings=False)
+             max_position_embeddings=512)
 FAMILIES = {
     "qwen3_5": lambda vocab: transformers.Qwen3_5TextConfig(
-        vocab_size=vocab, **SHAPE, head_dim=16, num_hidden_layers=2, layer_types=[LINEAR, FULL],
+        vocab_size=vocab, **SHAPE, tie_word_embeddings=False, head_dim=16, num_hidden_layers=2, layer_types=[LINEAR, FULL],
         linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=8,
         linear_conv_kernel_dim=4),
     "smollm3": lambda vocab: transformers.SmolLM3Config(
         vocab_size=vocab, **SHAPE, num_hidden_layers=2, no_rope_layers=[0, 1],  # layer 0 without RoPE
-        pad_token_id=None, bos_token_id=None, eos_token_id=None),
+        tie_word_embeddings=True, pad_token_id=None, bos_token_id=None, eos_token_id=None),
 }
 TINY = ["--set", "warmup_steps=0", "--set", "micro_batch_size=2", "--set", "eval_every=0", "--set", "max_steps=2",
         "--set", "lr=1e-2"]
@@ -161,3 +161,122 @@ def test_every_training_stage_trains_every_tensor_of_the_imported_model(pipeline
     assert stats(ws, stage)["steps"] == 2
     changed = changed_tensors(ws, start, stage)
     assert len(changed) == len(llmkit.load(ws / stage)[0].state_dict()), family
+
+
+def test_lora_qlora_and_dora_adapt_every_projection_of_the_family(pipeline):
+    """all-linear LoRA puts adapters on the Gated DeltaNet projections (peft's names) as on the
+    attention and MLP ones; nf4 holds the frozen base in 4 bits, DoRA adds a magnitude per row."""
+    from safetensors.torch import load_file
+
+    family, _, ws = pipeline
+    modules = ["self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"]
+    if family == "qwen3_5":
+        modules += [f"linear_attn.{m}" for m in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")]
+    for run in ("sft_lora", "sft_qlora", "sft_dora"):
+        step = ckpt.resolve_step_dir(ws / run)
+        adapters = load_file(step / ckpt.ADAPTER_WEIGHTS)
+        for module in modules:
+            b = [v for k, v in adapters.items() if f".{module}.lora_B" in k]
+            assert b and all(v.abs().sum() > 0 for v in b), (family, run, module)  # zero before training
+        magnitudes = [k for k in adapters if "lora_magnitude_vector" in k]
+        assert bool(magnitudes) == (run == "sft_dora"), (family, run)
+        assert changed_tensors(ws, "base", run), (family, run)  # loaded merged into the base
+    quant = json.loads((ws / "sft_qlora" / "manifest.json").read_text())["config"]["lora"]["quant"]
+    assert quant == "nf4"
+
+
+def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
+    from llmkit.loading import load_reward_model
+
+    family, _, ws = pipeline
+    assert stats(ws, "rm")["steps"] == 2 and 0.0 <= stats(ws, "rm")["accuracy"] <= 1.0
+    trunk, _ = llmkit.load(ws / "base")
+    reward_model = load_reward_model(ws / "rm")
+    assert not torch.equal(reward_model.model.embed_tokens.weight, trunk.model.embed_tokens.weight), family
+
+
+def test_generate_gives_each_prompt_of_a_batch_its_completion_alone(pipeline, tmp_path):
+    """Prompts of different lengths, left-padded into one batch (the recurrent state and the KV
+    cache both skip the padding), complete as each does alone."""
+    family, _, ws = pipeline
+    prompts = ["What is 1+2?", "计算 11+22 等于多少？请写出每一步，然后给出答案。 Reverse: abcd dcba", "Hi"]
+    args = [a for p in prompts for a in ("--prompt", p)]
+    llmkit_cli("generate", "--from", "sft", "-w", ws, *args, "--output", tmp_path / "out.jsonl",
+               "--set", "max_new_tokens=12", "--set", "greedy=true")
+    batched = [json.loads(line) for line in (tmp_path / "out.jsonl").open()]
+    model, tokenizer = llmkit.load(ws / "sft")
+    alone = [llmkit.generate(model, tokenizer, p, max_new_tokens=12, greedy=True) for p in prompts]
+    assert [r["completion"] for r in batched] == alone, family
+    assert any(r["new_tokens"] > 1 for r in batched), family  # something was decoded past the first token
+
+
+def test_eval_scores_perplexity_and_an_lm_eval_task(pipeline):
+    family, _, ws = pipeline
+    llmkit_cli("eval", "--from", "sft", "-w", ws, "--tasks", "ppl,mmlu_local", "--set", "tokens=null",
+               "--set", "ppl.datasets=corpus", "--set", f"harness.data.mmlu_local={DEMO_EVAL / 'mmlu_en_test.jsonl'}",
+               "--set", "harness.num_fewshot=0", "--set", "harness.limit=4")
+    results = json.loads((ws / "eval" / "sft" / "results.json").read_text())
+    _, tokenizer = llmkit.load(ws / "sft")
+    assert results["ppl"]["corpus"]["docs"] == 16
+    assert 1 < results["ppl"]["corpus"]["ppl"] < tokenizer.vocab_size * 4, family  # a random model: ~ the vocabulary
+    metrics = results["harness"]["results"]["mmlu_local"]
+    assert 0 <= metrics["acc,none"] <= 1 and results["harness"]["n-samples"]["mmlu_local"]["effective"] == 4
+
+
+def test_judge_prepares_a_session_of_the_replies_of_two_runs(pipeline):
+    from llmkit.judge.session import read_items
+
+    family, _, ws = pipeline
+    llmkit_cli("judge", "--prepare", "-w", ws, "--from", "base,sft", "--prompts", "prompts_eval", "--out", "judged",
+               "--set", "max_prompts=2", "--set", "generation.max_new_tokens=4")
+    items = read_items(ws / "judged")
+    assert len(items) == 2, family  # one pair of models, two prompts
+    for item in items:
+        for side in ("left", "right"):
+            model, tokenizer = llmkit.load(ws / item[f"{side}_model"])
+            prompt = item["prompt"]
+            assert item[side] == llmkit.generate(model, tokenizer, [prompt], max_new_tokens=4, greedy=True)[0]
+
+
+def test_the_export_is_the_family_and_transformers_gives_its_logits(pipeline, tmp_path):
+    family, _, ws = pipeline
+    llmkit_cli("export", "--from", "dpo", "--to", tmp_path / "out", "-w", ws)
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert exported["architectures"] == [{"qwen3_5": "Qwen3_5ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}[family]]
+    record = json.loads((tmp_path / "out" / "llmkit_export.json").read_text())
+    assert record["max_abs_logit_diff"] < 1e-4 and record["greedy_tokens_equal"] and record["tokenizer_identical"]
+    model, tokenizer = llmkit.load(ws / "dpo")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    ids = torch.tensor([tokenizer.encode("What is 12+30? 你好 😀 " * 8)])  # longer than a delta-rule chunk
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() < 1e-4
+
+
+def test_extend_vocab_adds_han_pieces_and_the_extended_model_trains(pipeline):
+    family, _, ws = pipeline
+    docs = [{"id": f"zh{i}", "prompt": t} for i, t in enumerate(chinese(120, seed=1))]
+    write_dataset(ws, "zh_text", docs + [{"id": f"en{i}", "prompt": t} for i, t in enumerate(ENGLISH * 4)])
+    llmkit_cli("extend-vocab", "--from", "base", "--in", "zh_text", "--out", "zh", "-w", ws,
+               "--set", "new_tokens=40", "--set", "heldout_fraction=0.1")
+    (base, old), (extended, new) = llmkit.load(ws / "base"), llmkit.load(ws / "zh")
+    assert new.vocab_size > old.vocab_size and new.encode(ENGLISH[1]) == old.encode(ENGLISH[1])
+    ids = torch.tensor([old.encode(ENGLISH[1])])
+    with torch.no_grad():  # the old pieces' rows are kept: their logits do not move
+        assert (extended(ids)[..., :old.vocab_size] - base(ids)).abs().max() < 1e-5, family
+    llmkit_cli("sft", "--from", "zh", "--in", "sft_train", "--out", "sft_zh", "-w", ws, *TINY,
+               "--set", f"seq_len={SEQ_LEN[family]}", "--set", "max_steps=1")
+    assert stats(ws, "sft_zh")["steps"] == 1
+
+
+def test_status_lists_every_run_done_and_report_plots_them(pipeline):
+    family, _, ws = pipeline
+    out = llmkit_cli("status", "-w", ws)
+    rows = {line.split()[0]: line.split()[1:] for line in out.split("\n\n")[0].splitlines()[1:] if line.strip()}
+    for run in ("base", "continued", "sft", "sft_lora", "sft_qlora", "sft_dora", "rm", "dpo", "kto", "grpo", "ppo",
+                "distill"):
+        assert rows[run][1] == "done", (family, run, rows[run])
+    llmkit_cli("report", "sft", "dpo", "kto", "grpo", "distill", "-w", ws)
+    report = ws / "report" / "sft+dpo+kto+grpo+distill"
+    assert (report / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (report / "summary.md").read_text()
+    assert all(f"| {run} | 2 |" in summary for run in ("sft", "dpo", "kto", "grpo", "distill")), summary
