@@ -1,9 +1,9 @@
 """The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
-attention and a Mixtral-style mixture of experts; the deltas of the public families llmkit imports are
-fields of ModelConfig: an explicit head_dim (Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5),
-q/k norm (Qwen3), Llama 3.1's RoPE scaling, layers without RoPE (SmolLM3's NoPE layers), Qwen3.5's
-gated attention (an output gate, partial rotary, zero-centred norms) and its Gated DeltaNet layers
-(`layer_types`: `llmkit.gated_deltanet`, a recurrent state where attention keeps a KV cache).
+attention and a Mixtral-style mixture of experts (`llmkit.mixture_of_experts`, with Qwen3.5-MoE's shared
+expert); the deltas of the public families llmkit imports are fields of ModelConfig: an explicit head_dim
+(Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5), q/k norm (Qwen3), Llama 3.1's RoPE scaling,
+layers without RoPE (SmolLM3's NoPE layers), Qwen3.5's gated attention (an output gate, partial rotary,
+zero-centred norms) and its Gated DeltaNet layers (`layer_types`: `llmkit.gated_deltanet`, a recurrent state where attention keeps a KV cache).
 
 Parameter names and the RoPE layout are those of Hugging Face `LlamaForCausalLM` (`MixtralForCausalLM`
 on-disk names for MoE), so `model.state_dict()` loads into transformers as is (`llmkit.hf.mapping`
@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from llmkit import cpu_kernels
 from llmkit.errors import ConfigError
 from llmkit.gated_deltanet import GatedDeltaNet
+from llmkit.mixture_of_experts import MixtureOfExperts
 from llmkit.model_config import ModelConfig
 from llmkit.model_losses import chunked_cross_entropy
 from llmkit.packed_linear import grouped_products
@@ -214,61 +215,6 @@ class MLP(nn.Module):
     def forward(self, x):
         gate, up = grouped_products(self, "gate_up", x)
         return self.down_proj(silu_times(gate, up))
-
-
-class Expert(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class MixtureOfExperts(nn.Module):
-    """Top-k routing as in Mixtral: softmax over all experts, keep the top k, renormalise their weights.
-
-    Parameter names are Mixtral's on-disk ones (`block_sparse_moe.gate`, `experts.{j}.w1/w2/w3`).
-    transformers 5 holds experts fused in memory (`mlp.experts.gate_up_proj` [E, 2I, H] = cat(w1, w3),
-    `mlp.experts.down_proj` [E, H, I] = w2) and converts these per-expert names when loading with
-    from_pretrained, so export writes our names unchanged; `from_hf_state_dict` undoes the fusion.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.top_k = cfg.experts_top_k
-        self.gate = nn.Linear(cfg.hidden_size, cfg.n_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.n_experts))
-
-    def forward(self, x, token_mask=None):
-        B, T, H = x.shape
-        x = x.reshape(-1, H)
-        probs = F.softmax(self.gate(x).float(), dim=-1)  # [N, E]
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
-        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
-        # group the (token, slot) pairs by expert so each expert runs one matmul over its tokens
-        flat_chosen = chosen.flatten()
-        order = flat_chosen.argsort()
-        counts = torch.bincount(flat_chosen, minlength=len(self.experts))
-        token_of = order // self.top_k
-        expert_inputs = x[token_of].split(counts.tolist())
-        y = torch.cat([expert(part) for expert, part in zip(self.experts, expert_inputs)])
-        y = y * weights.flatten()[order, None]
-        out = torch.zeros_like(x).index_add_(0, token_of, y)
-        return out.view(B, T, H), self.load_balancing_loss(probs, chosen, token_mask)
-
-    def load_balancing_loss(self, probs, chosen, token_mask):
-        """Switch Transformer loss E * sum_e f_e * P_e (1.0 when balanced): f_e = share of the routed
-        (token, slot) pairs that go to expert e, P_e = mean router probability of e; padding excluded.
-        For one layer it equals transformers' load_balancing_loss_func / top_k."""
-        n_experts = probs.shape[-1]
-        if token_mask is not None:
-            real = token_mask.reshape(-1).bool()
-            probs, chosen = probs[real], chosen[real]
-        share = torch.bincount(chosen.flatten(), minlength=n_experts).float() / max(chosen.numel(), 1)
-        return n_experts * (share * probs.mean(0)).sum()
 
 
 class Block(nn.Module):

@@ -45,6 +45,8 @@ class ModelConfig:
     linear_conv_kernel: int = 4  # taps of the causal depthwise convolution before the delta rule
     n_experts: int = 0  # 0 = dense SwiGLU MLP; >= 2 = top-k mixture of experts in every block
     experts_top_k: int = 2  # experts each token is routed to (MoE only)
+    shared_expert_size: int = 0  # inner width of a SwiGLU expert every token passes through, scaled by a
+    #                              sigmoid gate (Qwen3.5-MoE, Qwen3-Next); 0 = none (MoE only)
     router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss put in model.aux_loss
     init_std: float = 0.02  # std of the normal init; residual projections get init_std / sqrt(2 * n_layers)
     family: str | None = None  # the Hugging Face model_type `llmkit export` writes (import sets it);
@@ -71,6 +73,9 @@ class ModelConfig:
             raise ConfigError(f"model.sliding_window must be >= 1 or null, got {self.sliding_window}")
         if self.n_experts == 1 or self.n_experts < 0:
             raise ConfigError(f"model.n_experts must be 0 (dense) or >= 2, got {self.n_experts}")
+        if self.shared_expert_size < 0 or (self.shared_expert_size and not self.n_experts):
+            raise ConfigError(f"model.shared_expert_size must be 0, or >= 1 beside n_experts >= 2, got "
+                              f"{self.shared_expert_size} with n_experts={self.n_experts}")
         if self.n_experts and not 1 <= self.experts_top_k <= self.n_experts:
             raise ConfigError(f"model.experts_top_k must be in 1..n_experts ({self.n_experts}), "
                               f"got {self.experts_top_k}")
@@ -96,7 +101,8 @@ class ModelConfig:
 
 
 # the Hugging Face families this file implements (llmkit.hf.mapping reads and writes their configs)
-FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm3", "qwen3_5_text")
+FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm3", "qwen3_5_text", "qwen3_5_moe_text",
+            "qwen3_next")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 

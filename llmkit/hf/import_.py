@@ -1,5 +1,6 @@
 """`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
-SmolLM3, Qwen2/2.5, Qwen3, Qwen3.5 (its language model), Mistral, Mixtral; safetensors, sharded or
+SmolLM3, Qwen2/2.5, Qwen3, Qwen3.5 and Qwen3.5-MoE (their language models), Qwen3-Next, Mistral,
+Mixtral; safetensors, sharded or
 not) or a GGUF file (dequantised by transformers) -> a checkpoint run with one complete step folder,
 `step-00000000/`, that carries the model's own tokenizer (`tokenizer.json` with its chat template, as
 AutoTokenizer reads the folder, or a sentencepiece `tokenizer.model`). Everything is read and checked

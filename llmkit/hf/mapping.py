@@ -1,12 +1,14 @@
 """Hugging Face interchange of the model: config.json <-> ModelConfig and transformers' weight names
 <-> llmkit's (the same names: `Transformer` follows `LlamaForCausalLM`, Qwen2's q/k/v biases, Qwen3's
 q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE; SmolLM3 is Llama's names with
-RoPE left out of its `no_rope_layers`), for `llmkit export` (to_*) and `llmkit import` (from_*), for
-the families of `llmkit.model_config.FAMILIES`."""
+RoPE left out of its `no_rope_layers`; Qwen3.5-MoE's and Qwen3-Next's `mlp.` are our `block_sparse_moe.`
+and Qwen3-Next's fused Gated DeltaNet projections are split into Qwen3.5's), for `llmkit export` (to_*)
+and `llmkit import` (from_*), for the families of `llmkit.model_config.FAMILIES`."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
@@ -25,6 +27,9 @@ def hf_family(cfg: ModelConfig) -> str:
     if cfg.norm != "rmsnorm":
         raise ConfigError("model.norm='layernorm' has no Hugging Face equivalent; export needs rmsnorm")
     family = cfg.family or features_family(cfg)
+    if family in IMPORT_ONLY:
+        raise ConfigError(f"export as {family} is not implemented (llmkit imports it: export writes "
+                          f"{', '.join(f for f in FAMILIES if f not in IMPORT_ONLY)})")
     needs = {"qwen3": dict(qk_norm=True, attention_bias=False, n_experts=0, nope_layers=None),
              "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0, nope_layers=None),
              "mixtral": dict(qk_norm=False, attention_bias=False, nope_layers=None),
@@ -33,7 +38,7 @@ def hf_family(cfg: ModelConfig) -> str:
              "smollm3": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None),
              "qwen3_5_text": dict(qk_norm=True, attention_bias=False, n_experts=0, sliding_window=None,
                                   nope_layers=None, attention_output_gate=True, zero_centred_norm=True)}[family]
-    if family != "qwen3_5_text":  # only Qwen3.5 has these
+    if family not in QWEN_HYBRID:  # only Qwen3.5 has these
         needs.update(layer_types=None, rotary_fraction=1.0, attention_output_gate=False, zero_centred_norm=False)
     wrong = [k for k, v in needs.items() if (getattr(cfg, k) or 0) != (v or 0)]
     if wrong:
@@ -41,8 +46,15 @@ def hf_family(cfg: ModelConfig) -> str:
     return family
 
 
+QWEN_HYBRID = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # Gated DeltaNet beside gated attention
+IMPORT_ONLY = ("qwen3_5_moe_text", "qwen3_next")  # families llmkit reads but does not write
+MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # wrapper -> its language model
+
+
 def features_family(cfg: ModelConfig) -> str:
     qwen3_5 = cfg.layer_types or cfg.attention_output_gate or cfg.zero_centred_norm or cfg.rotary_fraction != 1
+    if qwen3_5 and cfg.n_experts:
+        return "qwen3_5_moe_text"
     return ("qwen3_5_text" if qwen3_5 else "smollm3" if cfg.nope_layers else "qwen3" if cfg.qk_norm else
             "qwen2" if cfg.attention_bias else "mixtral" if cfg.n_experts else "mistral" if cfg.sliding_window
             else "llama")
@@ -100,16 +112,17 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 def from_hf_config(hf: dict) -> ModelConfig:
     """ModelConfig from a transformers config.json of a family llmkit implements (FAMILIES); any
     setting of it that llmkit does not implement is a ConfigError naming it. Qwen3.5's multimodal
-    config (`qwen3_5`) gives its language model's (`text_config`): the vision tower is left out."""
-    if hf.get("model_type") == "qwen3_5":
-        hf = {"model_type": "qwen3_5_text", **(hf.get("text_config") or {})}
+    configs (`qwen3_5`, `qwen3_5_moe`) give their language model's (`text_config`): the vision tower
+    is left out."""
+    if hf.get("model_type") in MULTIMODAL:
+        hf = {**(hf.get("text_config") or {}), "model_type": MULTIMODAL[hf["model_type"]]}
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise ConfigError(f"config.json model_type {family!r} is not supported; llmkit implements "
                           f"{', '.join(FAMILIES)}")
     refused = [f"{k}={hf[k]!r}" for k, ok in [("hidden_act", "silu"), ("mlp_bias", False),
                                                ("partial_rotary_factor", 1.0)] if hf.get(k, ok) != ok
-               and not (k == "partial_rotary_factor" and family == "qwen3_5_text")]
+               and not (k == "partial_rotary_factor" and family in QWEN_HYBRID)]
     if hf.get("attention_bias") and family != "qwen2":  # Llama / Qwen3's flag also puts a bias on o_proj
         refused.append(f"attention_bias=True ({family} biases o_proj too)")
     if refused:
@@ -118,7 +131,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
     shape = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=hf.get("head_dim"), intermediate_size=hf["intermediate_size"],
+        head_dim=hf.get("head_dim"), intermediate_size=hf.get("moe_intermediate_size") if hf.get("num_experts")
+        else hf["intermediate_size"],
         max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta, rope_scaling=scaling,
         norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=hf.get("tie_word_embeddings", family == "smollm3"),  # as each config class defaults
@@ -126,8 +140,10 @@ def from_hf_config(hf: dict) -> ModelConfig:
         qk_norm=family == "qwen3", sliding_window=read_sliding_window(hf),
         nope_layers=read_nope_layers(hf) if family == "smollm3" else None,
     )
-    if family == "qwen3_5_text":
+    if family in QWEN_HYBRID:
         shape.update(read_qwen3_5(hf))
+    if family in IMPORT_ONLY and hf.get("num_experts"):
+        shape.update(read_qwen_moe(hf))
     if family == "mixtral":
         top_k = hf.get("num_experts_per_tok", 2)
         shape.update(n_experts=hf["num_local_experts"], experts_top_k=top_k,
@@ -167,6 +183,23 @@ def read_qwen3_5(hf: dict) -> dict:
                 linear_key_head_dim=hf.get("linear_key_head_dim", 128),
                 linear_value_head_dim=hf.get("linear_value_head_dim", 128),
                 linear_conv_kernel=hf.get("linear_conv_kernel_dim", 4))
+
+
+def read_qwen_moe(hf: dict) -> dict:
+    """Qwen3.5-MoE's and Qwen3-Next's experts (Mixtral's routing, renormalised top-k) and their shared
+    expert; a layout llmkit's blocks cannot hold (dense layers among the MoE ones, top-k weights left
+    unnormalised) is refused by name."""
+    sparse_step, dense = hf.get("decoder_sparse_step", 1), hf.get("mlp_only_layers") or []
+    if sparse_step != 1 or dense:
+        raise ConfigError(f"config.json has dense MLP layers among the MoE ones (decoder_sparse_step={sparse_step}, "
+                          f"mlp_only_layers={dense}); llmkit's blocks are all MoE or all dense")
+    if not hf.get("norm_topk_prob", True):
+        raise ConfigError("config.json sets norm_topk_prob=False (top-k router weights not renormalised), "
+                          "which llmkit does not implement")
+    top_k = hf.get("num_experts_per_tok", 8)
+    return dict(n_experts=hf["num_experts"], experts_top_k=top_k,
+                shared_expert_size=hf.get("shared_expert_intermediate_size", 0),
+                router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001) * top_k)  # see to_hf_config
 
 
 def read_nope_layers(hf: dict) -> list[int] | None:
@@ -222,6 +255,9 @@ LEFT_OUT = {"model.visual.": "the vision tower (images and video are not support
             "mtp.": "the multi-token prediction head"}  # both Qwen3.5's
 
 
+QWEN_EXPERT = {"gate": "w1", "up": "w3", "down": "w2"}
+
+
 def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A state_dict for Transformer(cfg).load_state_dict(strict=True) from a transformers checkpoint
     (on-disk names) or a transformers 5 in-memory state_dict (fused Mixtral experts)."""
@@ -230,9 +266,14 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
         if "rotary_emb" in key or key.startswith(tuple(LEFT_OUT)):
             continue
         key = key.replace("model.language_model.", "model.", 1)  # Qwen3.5's multimodal wrapper
+        if ".linear_attn.in_proj_qkvz." in key or ".linear_attn.in_proj_ba." in key:
+            out.update(split_qwen3_next_projection(key, value, cfg))
+            continue
         if cfg.n_experts and ".mlp." in key:
             prefix, rest = key.split(".mlp.")
             moe = f"{prefix}.block_sparse_moe"
+            # Qwen's per-expert names (experts.{j}.gate_proj) are Mixtral's w1 / w3 / w2
+            rest = re.sub(r"^(experts\.\d+\.)(gate|up|down)_proj\.", lambda m: m[1] + QWEN_EXPERT[m[2]] + ".", rest)
             if rest == "experts.gate_up_proj":
                 gate, up = value.chunk(2, dim=1)
                 for j in range(cfg.n_experts):
@@ -247,3 +288,25 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     if cfg.tie_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
+
+
+def split_qwen3_next_projection(key: str, value: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Qwen3-Next's fused Gated DeltaNet projections as Qwen3.5's: `in_proj_qkvz` holds, per key head,
+    its q, k rows then its group's v, z rows; `in_proj_ba` per key head its group's b then a rows
+    (transformers' fix_query_key_value_ordering). Rows regrouped, values unchanged."""
+    import torch
+
+    prefix = key.split(".in_proj_")[0]
+    k_dim, group = cfg.linear_key_head_dim, cfg.linear_n_value_heads // cfg.linear_n_key_heads
+    fused = 2 * group if ".in_proj_ba." in key else 2 * k_dim + 2 * group * cfg.linear_value_head_dim
+    if value.dim() != 2 or value.shape[0] != cfg.linear_n_key_heads * fused:
+        return {key: value}  # as it is: the import names it as a tensor that does not fit
+    rows = value.view(cfg.linear_n_key_heads, fused, value.shape[-1])
+    if ".in_proj_ba." in key:
+        b, a = rows.split([group, group], dim=1)
+        return {f"{prefix}.in_proj_b.weight": b.reshape(-1, value.shape[-1]),
+                f"{prefix}.in_proj_a.weight": a.reshape(-1, value.shape[-1])}
+    v_rows = group * cfg.linear_value_head_dim
+    q, k, v, z = rows.split([k_dim, k_dim, v_rows, v_rows], dim=1)
+    flat = [t.reshape(-1, value.shape[-1]) for t in (q, k, v, z)]
+    return {f"{prefix}.in_proj_qkv.weight": torch.cat(flat[:3]), f"{prefix}.in_proj_z.weight": flat[3]}
