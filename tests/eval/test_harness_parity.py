@@ -128,7 +128,7 @@ def test_loglikelihoods_equal_the_hf_backend_per_request(backends):
 def test_generations_equal_the_hf_backend(backends, monkeypatch):
     """The same tokens, stopped at the same place. A random model writes byte-fallback and
     unknown tokens, which sentencepiece and its tokenizer.json conversion spell differently (valid
-    text they decode alike: tests/test_hf.py), so the Llama's text is read with transformers'
+    text they decode alike: tests/hf/test_export.py), so the Llama's text is read with transformers'
     decoder on both sides; Qwen2's byte-level BPE is one library on both sides."""
     ours, theirs, tasks = backends
     if ours.text_start:  # llmkit's sentencepiece tokenizer

@@ -21,7 +21,7 @@ from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_
 
 pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding is not installed: `make llama-cpp` builds it")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2 = ROOT / "workspace-smollm2" / "smollm2"  # read only: exported from, never written
 PROMPTS = ROOT / "recipes" / "smollm2" / "general_prompts.jsonl"
 NEW_TOKENS = 32

@@ -19,7 +19,7 @@ from llmkit.cli.app import build_app
 from llmkit.hf.gguf_read import load_gguf_with_transformers, read_gguf_metadata
 from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
 from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from tests.test_hf import corpus as sentencepiece_corpus
+from tests.hf.test_export import corpus as sentencepiece_corpus
 from tests.test_hf_tokenizer import (LLAMA3_TEMPLATE, LLAMA_SPECIALS, QWEN25_TEMPLATE, QWEN_SPECIALS,
                                      save_folder, train_bpe)
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
