@@ -145,9 +145,9 @@ def test_import_gives_the_familys_layers(pipeline):
     family, folder, ws = pipeline
     model, _ = llmkit.load(ws / "base")
     if family == "qwen3_5":
-        assert model.config.layer_types == [LINEAR, FULL] or tuple(model.config.layer_types) == (LINEAR, FULL)
+        assert list(model.config.layer_types) == [LINEAR, FULL]
     else:
-        assert model.config.nope_layers
+        assert list(model.config.nope_layers) == [0] and model.config.tie_embeddings
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -280,3 +280,27 @@ def test_status_lists_every_run_done_and_report_plots_them(pipeline):
     assert (report / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (report / "summary.md").read_text()
     assert all(f"| {run} | 2 |" in summary for run in ("sft", "dpo", "kto", "grpo", "distill")), summary
+
+
+@pytest.mark.slow  # a process of its own, to be killed (~15 s on a busy machine)
+def test_a_killed_qwen3_5_sft_resumes_to_the_bits_of_a_run_never_stopped(pipeline):
+    """SIGKILL while the second checkpoint (step 4 of 6) is written: the rerun resumes from step 2
+    and ends on the losses, gradient norms and weights of the run that was never stopped."""
+    family, _, ws = pipeline
+    if family != "qwen3_5":
+        pytest.skip("one family is enough: what a resume restores does not depend on the layers")
+    sets = [a for s in ["max_steps=6", "save_every=2", "warmup_steps=1", "micro_batch_size=2", "eval_every=0",
+                        f"seq_len={SEQ_LEN[family]}", "lr=1e-2", "log_every=1"] for a in ("--set", s)]
+    sft = ["sft", "--from", "base", "--in", "sft_train", "-w", str(ws), *sets]
+    llmkit_cli(*sft, "--out", "straight")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LLMKIT_KILL_AT")}
+    killed = subprocess.run([sys.executable, "-c", "from llmkit.cli.app import main; main()", *sft, "--out", "killed"],
+                            env={**env, "OMP_NUM_THREADS": "1", "LLMKIT_KILL_AT": "checkpoint@2"},
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert ckpt.read_latest(ws / "killed") == "step-00000002"
+    llmkit_cli(*sft, "--out", "killed")  # the rerun, in this process (one thread, as the killed one)
+    curve = lambda run: [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(ws / run)]  # noqa: E731
+    assert curve("killed") == curve("straight") and len(curve("straight")) == 6
+    a, b = (llmkit.load(ws / run)[0].state_dict() for run in ("killed", "straight"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
