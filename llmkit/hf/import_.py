@@ -1,10 +1,10 @@
 """`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
 SmolLM3, Qwen2/2.5, Qwen3, Qwen3.5 and Qwen3.5-MoE (their language models), Qwen3-Next, Mistral,
-Mixtral; safetensors, sharded or
-not) or a GGUF file (dequantised by transformers) -> a checkpoint run with one complete step folder,
-`step-00000000/`, that carries the model's own tokenizer (`tokenizer.json` with its chat template, as
-AutoTokenizer reads the folder, or a sentencepiece `tokenizer.model`). Everything is read and checked
-before the run's folder is made, so a refused import leaves nothing behind."""
+Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by transformers) -> a checkpoint run
+with one complete step folder, `step-00000000/`, that carries the model's own tokenizer
+(`tokenizer.json` with its chat template, as AutoTokenizer reads the folder, or a sentencepiece
+`tokenizer.model`). Everything is read and checked before the run's folder is made, so a refused
+import leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -129,7 +129,8 @@ def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> di
         shapes = {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
     missing = sorted(set(shapes) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(shapes))
-    wrong = [k for k in shapes if k in state_dict and tuple(state_dict[k].shape) != shapes[k]]
+    wrong = [f"{k} {tuple(state_dict[k].shape)} where {HF_CONFIG} gives {shapes[k]}" for k in shapes
+             if k in state_dict and tuple(state_dict[k].shape) != shapes[k]]
     if missing or unexpected or wrong:
         raise UserError(f"{src}: the weights do not fit {HF_CONFIG} (missing {missing[:3]}, unexpected "
                         f"{unexpected[:3]}, wrong shape {wrong[:3]})")

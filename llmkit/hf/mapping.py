@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
-from llmkit.model_config import FAMILIES, LLAMA3_ROPE_KEYS, ModelConfig
+from llmkit.model_config import FAMILIES, LAYER_TYPES, LLAMA3_ROPE_KEYS, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -175,11 +175,18 @@ def read_qwen3_5(hf: dict) -> dict:
     rope = hf.get("rope_parameters") or {}
     types = hf.get("layer_types") or ["linear_attention" if (i + 1) % hf.get("full_attention_interval", 4)
                                       else "full_attention" for i in range(n)]
+    unknown = [f"layer_types[{i}]={t!r}" for i, t in enumerate(types) if t not in LAYER_TYPES]
+    if unknown or len(types) != n:
+        raise ConfigError(f"config.json {', '.join(unknown) or f'layer_types has {len(types)} entries'}: llmkit "
+                          f"implements {' and '.join(LAYER_TYPES)}, one per layer (num_hidden_layers={n})")
+    k_heads, v_heads = hf.get("linear_num_key_heads", 16), hf.get("linear_num_value_heads", 32)
+    if "linear_attention" in types and (k_heads < 1 or v_heads % k_heads):
+        raise ConfigError(f"config.json linear_num_value_heads ({v_heads}) must be a multiple of "
+                          f"linear_num_key_heads ({k_heads}): each key head serves a group of value heads")
     return dict(head_dim=hf.get("head_dim", 256), tie_embeddings=hf.get("tie_word_embeddings", False),
                 qk_norm=True, attention_output_gate=True, zero_centred_norm=True, layer_types=types,
                 rotary_fraction=rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)),
-                linear_n_key_heads=hf.get("linear_num_key_heads", 16),
-                linear_n_value_heads=hf.get("linear_num_value_heads", 32),
+                linear_n_key_heads=k_heads, linear_n_value_heads=v_heads,
                 linear_key_head_dim=hf.get("linear_key_head_dim", 128),
                 linear_value_head_dim=hf.get("linear_value_head_dim", 128),
                 linear_conv_kernel=hf.get("linear_conv_kernel_dim", 4))
