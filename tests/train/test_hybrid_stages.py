@@ -129,6 +129,8 @@ def pipeline(request, tmp_path_factory):
                    "--set", f"algo={algo}", "--set", "prompts_per_rollout=2", *tiny, *GENERATIVE)
     # the hybrid as teacher (sft) and as student (base): one tokenizer, so any two runs of a family
     llmkit_cli("distill", "--teacher", "sft", "--from", "base", "--in", "sft_train", "-w", ws, *tiny)
+    llmkit_cli("distill", "--teacher", "sft", "--from", "base", "--in", "sft_train", "--out", "distill_on_policy",
+               "-w", ws, *tiny, "--set", "on_policy=1.0", "--set", "max_new_tokens=4")  # the student samples
     return family, folder, ws
 
 
@@ -155,7 +157,8 @@ def test_import_gives_the_familys_layers(pipeline):
 
 
 @pytest.mark.parametrize("stage, start", [("continued", "base"), ("sft", "base"), ("dpo", "sft"), ("kto", "sft"),
-                                          ("grpo", "sft"), ("ppo", "sft"), ("distill", "base")])
+                                          ("grpo", "sft"), ("ppo", "sft"), ("distill", "base"),
+                                          ("distill_on_policy", "base")])
 def test_every_training_stage_trains_every_tensor_of_the_imported_model(pipeline, stage, start):
     family, _, ws = pipeline
     assert stats(ws, stage)["steps"] == 2
@@ -193,6 +196,31 @@ def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
     trunk, _ = llmkit.load(ws / "base")
     reward_model = load_reward_model(ws / "rm")
     assert not torch.equal(reward_model.model.embed_tokens.weight, trunk.model.embed_tokens.weight), family
+
+
+def test_left_padded_rollouts_score_as_each_row_alone(pipeline):
+    """ppo/grpo score their left-padded rollouts (prompts of different lengths, then the replies)
+    with the policy and the reward model: padding must not reach a Gated DeltaNet state or shift a
+    position, so each row scores as it does alone."""
+    from llmkit.decoding import left_pad
+    from llmkit.loading import load_reward_model
+    from llmkit.train.actor_critic import response_logprobs
+
+    family, _, ws = pipeline
+    policy, tokenizer = llmkit.load(ws / "sft")
+    reward_model = load_reward_model(ws / "rm")
+    prompts = [tokenizer.encode(p) for p in ("What is 1+2?", "计算 11+22 等于多少？ Reverse: abcd dcba " * 3, "Hi")]
+    reply = tokenizer.encode(" 3 and then some")
+    ids, mask = left_pad(prompts, tokenizer.pad_id)
+    ids, mask = torch.cat([ids, torch.tensor([reply] * 3)], 1), torch.cat([mask, torch.ones(3, len(reply), dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        together = response_logprobs(policy, ids, mask, ids.shape[1] - len(reply))
+        rewards = reward_model(ids, mask)
+        for row, prompt in enumerate(prompts):
+            alone = torch.tensor([prompt + reply])
+            ones = torch.ones_like(alone)
+            assert (together[row] - response_logprobs(policy, alone, ones, len(prompt))[0]).abs().max() < 1e-4, family
+            assert abs(rewards[row] - reward_model(alone, ones)[0]) < 1e-4, family
 
 
 def test_generate_gives_each_prompt_of_a_batch_its_completion_alone(pipeline, tmp_path):
