@@ -48,8 +48,12 @@ from llmkit.train import quant as quantization
 from llmkit.workspace import MANIFEST, Artifact, link_or_copy, write_atomic
 
 ALL_LINEAR = "all-linear"
-ATTENTION = "attention"  # the attention projections only (the original LoRA paper's choice)
-ATTENTION_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj")
+ATTENTION = "attention"  # the token mixers' projections only (the original LoRA paper's choice)
+# softmax attention's, and the Gated DeltaNet mixers' of hybrid models (Qwen3.5: transformers' and peft's
+# names): their linear-attention layers are attention layers too, and an `attention` preset that skipped
+# them would leave three layers in four without adapters
+ATTENTION_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                    "out_proj")
 PRESETS = (ALL_LINEAR, ATTENTION)
 LORA_KEY = "llmkit_lora"  # the section of a LoRA step's config.json naming its base
 PINNED_BASE = "base"  # in a LoRA run's folder: the step folder its adapters adapt, pinned
@@ -64,7 +68,7 @@ class LoraConfig:
     r: int = 0  # adapter rank; 0 = no LoRA (every weight trains)
     alpha: float = 16.0  # scale of the adapters' update: alpha / r (LoRA's α)
     dropout: float = 0.0  # dropout on the adapters' input
-    target: str | list[str] = ALL_LINEAR  # all-linear (every linear layer of the blocks), attention (q/k/v/o) or module names: q_proj,v_proj,...
+    target: str | list[str] = ALL_LINEAR  # all-linear (every linear layer of the blocks), attention (q/k/v/o, and a hybrid's Gated DeltaNet projections) or module names: q_proj,v_proj,...
     quant: str = "none"  # the frozen base's storage: none | nf4 | fp4 (4 bits, QLoRA) | int8 (bitsandbytes)
     double_quant: bool = True  # nf4/fp4: quantise the absmax of each block too (~0.37 bit per weight saved)
     use_dora: bool = False  # DoRA: train a magnitude per output row beside the low-rank direction
