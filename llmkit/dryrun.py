@@ -57,6 +57,7 @@ class Shape:
     tie_embeddings: bool = True
     n_experts: int = 0
     experts_top_k: int = 2
+    shared_expert_size: int = 0  # Qwen3.5-MoE's shared expert (llmkit.mixture_of_experts)
     head_dim: int | None = None  # None = hidden_size // n_heads
     attention_bias: bool = False
     qk_norm: bool = False
@@ -87,87 +88,94 @@ class Shape:
         return self.n_kv_heads * self.head_width
 
 
-def block_linears(m: Shape) -> dict[str, tuple[int, int, int]]:
-    """The linear layers of one block: name -> (in features, out features, how many)."""
-    h, q, kv, i = m.hidden_size, m.n_heads * m.head_width, m.kv_width, m.intermediate_size
-    attention = {"q_proj": (h, q, 1), "k_proj": (h, kv, 1), "v_proj": (h, kv, 1), "o_proj": (q, h, 1)}
-    if m.n_experts:
-        return {**attention, "gate": (h, m.n_experts, 1), "w1": (h, i, m.n_experts),
-                "w3": (h, i, m.n_experts), "w2": (i, h, m.n_experts)}
-    return {**attention, "gate_proj": (h, i, 1), "up_proj": (h, i, 1), "down_proj": (i, h, 1)}
+def block_linears(m: Shape, mixer: str = "full_attention") -> dict[str, tuple[int, int, int]]:
+    """The linear layers of one block whose token mixer is `mixer` (its `layer_types` entry): name ->
+    (in features, out features, how many)."""
+    h, i = m.hidden_size, m.intermediate_size
+    if mixer == "linear_attention":  # llmkit.gated_deltanet.GatedDeltaNet
+        keys, values = m.linear_n_key_heads * m.linear_key_head_dim, m.linear_n_value_heads * m.linear_value_head_dim
+        heads = m.linear_n_value_heads
+        layers = {"in_proj_qkv": (h, 2 * keys + values, 1), "in_proj_z": (h, values, 1), "in_proj_b": (h, heads, 1),
+                  "in_proj_a": (h, heads, 1), "out_proj": (values, h, 1)}
+    else:
+        q = m.n_heads * m.head_width
+        layers = {"q_proj": (h, q * (1 + m.attention_output_gate), 1), "k_proj": (h, m.kv_width, 1),
+                  "v_proj": (h, m.kv_width, 1), "o_proj": (q, h, 1)}  # q_proj also yields the output gate
+    if not m.n_experts:
+        return {**layers, "gate_proj": (h, i, 1), "up_proj": (h, i, 1), "down_proj": (i, h, 1)}
+    layers.update(gate=(h, m.n_experts, 1), w1=(h, i, m.n_experts), w3=(h, i, m.n_experts), w2=(i, h, m.n_experts))
+    if m.shared_expert_size:  # llmkit.mixture_of_experts.SharedExpert and its gate
+        s = m.shared_expert_size
+        layers.update(gate_proj=(h, s, 1), up_proj=(h, s, 1), down_proj=(s, h, 1), shared_expert_gate=(h, 1, 1))
+    return layers
+
+
+def mixers(m: Shape) -> list[str]:
+    """Each block's token mixer: `layer_types`, or full attention everywhere."""
+    return list(m.layer_types) if m.layer_types else ["full_attention"] * m.n_layers
 
 
 def parameters(m: Shape) -> int:
     """Parameters of `llmkit.model.Transformer` of this shape (a tied head counted once)."""
     h = m.hidden_size
-    block = sum(a * b * n for a, b, n in block_linears(m).values()) + 2 * h  # + two norms
-    block += (m.n_heads * m.head_width + 2 * m.kv_width) if m.attention_bias else 0
-    block += 2 * m.head_width if m.qk_norm else 0
-    block += h * m.n_heads * m.head_width if m.attention_output_gate else 0
-    linear = sum(t == "linear_attention" for t in m.layer_types or ())
-    blocks = m.n_layers * block + linear * (linear_mixer_parameters(m) - attention_parameters(m))
+    blocks = 0
+    for mixer in mixers(m):
+        blocks += sum(a * b * n for a, b, n in block_linears(m, mixer).values()) + 2 * h  # + two norms
+        if mixer == "linear_attention":  # the convolution, dt_bias, A_log and the gated norm
+            conv = 2 * m.linear_n_key_heads * m.linear_key_head_dim + m.linear_n_value_heads * m.linear_value_head_dim
+            blocks += conv * m.linear_conv_kernel + 2 * m.linear_n_value_heads + m.linear_value_head_dim
+        else:  # q/k/v biases, q/k norms
+            blocks += (m.n_heads * m.head_width + 2 * m.kv_width) * m.attention_bias + 2 * m.head_width * m.qk_norm
     embeddings = m.vocab_size * h * (1 if m.tie_embeddings else 2)
     return blocks + embeddings + h  # + the final norm
 
 
-def attention_parameters(m: Shape) -> int:
-    """One full-attention mixer's parameters (what a linear-attention layer has instead)."""
-    q = m.n_heads * m.head_width
-    return (2 * m.hidden_size * (q + m.kv_width) + (q + 2 * m.kv_width) * m.attention_bias
-            + 2 * m.head_width * m.qk_norm + m.hidden_size * q * m.attention_output_gate)
-
-
-def linear_mixer_parameters(m: Shape) -> int:
-    """One Gated DeltaNet mixer's parameters (`llmkit.gated_deltanet.GatedDeltaNet`)."""
-    keys, values = m.linear_n_key_heads * m.linear_key_head_dim, m.linear_n_value_heads * m.linear_value_head_dim
-    conv = 2 * keys + values  # q, k and v pass through the convolution
-    heads = m.linear_n_value_heads
-    return (m.hidden_size * (conv + values + 2 * heads)  # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-            + conv * m.linear_conv_kernel + 2 * heads + m.linear_value_head_dim  # conv, dt_bias, A_log, norm
-            + values * m.hidden_size)  # out_proj
-
-
 def lora_parameters(m: Shape, r: int, target) -> int:
     """Parameters of rank-r LoRA adapters (A: r × in, B: out × r) on the targeted linear layers of
-    every block (`target`: "all-linear" or names, as llmkit.train.lora.LoraConfig has it)."""
-    layers = block_linears(m)
-    names = targeted(m, target)
-    return m.n_layers * sum(r * (layers[n][0] + layers[n][1]) * layers[n][2] for n in names)
+    every block (`target`: "all-linear", "attention" or names, as llmkit.train.lora.LoraConfig has it):
+    a hybrid model's Gated DeltaNet blocks counted with their own projections."""
+    names = set(targeted(m, target))
+    return sum(r * (a + b) * n for mixer in mixers(m) for name, (a, b, n) in block_linears(m, mixer).items()
+               if name in names)
 
 
 def targeted(m: Shape, target) -> list[str]:
-    """The block linears `lora.target` names: all-linear, attention (q/k/v/o) or names."""
-    layers = block_linears(m)
+    """The block linears `lora.target` names: all-linear, attention (every mixer's projections: q/k/v/o
+    and the Gated DeltaNet's, as llmkit.train.lora.ATTENTION_LAYERS) or names."""
+    layers = {name: None for mixer in dict.fromkeys(mixers(m)) for name in block_linears(m, mixer)}
     if target == "all-linear":
         return list(layers)
     if target == "attention":
-        return [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in layers]
+        mixer_layers = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                        "out_proj")
+        return [n for n in mixer_layers if n in layers]
     return [n for n in target if n in layers]
 
 
 def dora_parameters(m: Shape, target) -> int:
     """DoRA's trained magnitudes: one per output row of every targeted linear layer."""
-    layers = block_linears(m)
-    return m.n_layers * sum(layers[n][1] * layers[n][2] for n in targeted(m, target))
+    names = set(targeted(m, target))
+    return sum(b * n for mixer in mixers(m) for name, (_, b, n) in block_linears(m, mixer).items() if name in names)
 
 
 def quantized_bytes(m: Shape, quant: str, double_quant: bool = True) -> tuple[int, int]:
     """(weights quantised, bytes they take) when the block linears are held in `quant` as
     bitsandbytes stores them: packed weights, absmax per block, codebooks."""
     weights = stored = 0
-    for fan_in, fan_out, count in block_linears(m).values():
-        numel = fan_in * fan_out
-        if quant == "int8":
-            size = numel + 4 * fan_out  # int8 rows + a float scale per row
-        else:
-            blocks = -(-numel // QUANT_BLOCK)
-            size = -(-numel // 2) + 16 * 4  # two weights a byte + the 16-entry code
-            if double_quant:  # uint8 absmax, a float per 256 of them, their 256-entry code and offset
-                size += blocks + 4 * -(-blocks // NESTED_BLOCK) + 256 * 4 + 4
+    for mixer in mixers(m):
+        for fan_in, fan_out, count in block_linears(m, mixer).values():
+            numel = fan_in * fan_out
+            if quant == "int8":
+                size = numel + 4 * fan_out  # int8 rows + a float scale per row
             else:
-                size += 4 * blocks
-        weights += numel * count * m.n_layers
-        stored += size * count * m.n_layers
+                blocks = -(-numel // QUANT_BLOCK)
+                size = -(-numel // 2) + 16 * 4  # two weights a byte + the 16-entry code
+                if double_quant:  # uint8 absmax, a float per 256 of them, their 256-entry code and offset
+                    size += blocks + 4 * -(-blocks // NESTED_BLOCK) + 256 * 4 + 4
+                else:
+                    size += 4 * blocks
+            weights += numel * count
+            stored += size * count
     return weights, stored
 
 

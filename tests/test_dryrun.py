@@ -35,7 +35,10 @@ QWEN3_5 = dict(vocab_size=100, hidden_size=32, n_layers=4, n_heads=4, n_kv_heads
                layer_types=["linear_attention"] * 3 + ["full_attention"])
 
 
-@pytest.mark.parametrize("fields", [*SHAPES, QWEN3_5], ids=[*IDS, "qwen3_5-hybrid"])
+QWEN3_5_MOE = dict(QWEN3_5, n_experts=4, experts_top_k=2, shared_expert_size=20)  # + the shared expert
+
+
+@pytest.mark.parametrize("fields", [*SHAPES, QWEN3_5, QWEN3_5_MOE], ids=[*IDS, "qwen3_5-hybrid", "qwen3_5-moe"])
 def test_parameters_are_the_models(fields):
     config = ModelConfig(**fields, max_seq_len=32)
     assert parameters(Shape.of(config)) == Transformer(config).num_parameters()
@@ -71,6 +74,39 @@ def test_lora_parameters_are_what_peft_adds(fields, target):
     peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=names), model)
     added = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
     assert lora_parameters(Shape.of(model.config), 4, target) == added > 0
+
+
+@pytest.mark.parametrize("fields, target", [
+    (QWEN3_5, "all-linear"), (QWEN3_5, "attention"), (QWEN3_5, ["in_proj_b", "o_proj"]),
+    (QWEN3_5_MOE, "all-linear"), (QWEN3_5_MOE, ["shared_expert_gate", "out_proj"]),
+], ids=["hybrid-all", "hybrid-attention", "hybrid-b-o", "hybrid-moe-all", "hybrid-moe-shared-gate-out"])
+def test_lora_and_dora_on_a_hybrid_model_are_what_peft_adds(fields, target):
+    """The adapters of a hybrid model's blocks: Gated DeltaNet blocks count their own projections
+    (in_proj_qkv/z/b/a, out_proj), full-attention blocks q/k/v/o with the output gate's rows."""
+    import peft
+
+    from llmkit.dryrun import dora_parameters, lora_parameters
+    from llmkit.train.lora import LoraConfig, target_modules
+
+    for dora in (False, True):
+        model = Transformer(ModelConfig(**fields, max_seq_len=32))
+        names = target_modules(model, LoraConfig(r=4, target=target))
+        peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=names, use_dora=dora), model)
+        added = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+        expected = lora_parameters(Shape.of(model.config), 4, target) + dora * dora_parameters(Shape.of(model.config), target)
+        assert expected == added > 0, dora
+
+
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+@pytest.mark.parametrize("fields", [QWEN3_5, QWEN3_5_MOE], ids=["hybrid", "hybrid-moe"])
+def test_a_quantised_hybrid_base_is_priced_byte_for_byte(fields, kind):
+    from llmkit.dryrun import quantized_bytes
+    from llmkit.train import quant
+
+    model = Transformer(ModelConfig(**fields, max_seq_len=32))
+    linear = sum(m.weight.numel() for _, m in quant.block_linears(model))
+    quant.quantize_linears(model, kind)
+    assert quantized_bytes(Shape.of(model.config), kind) == (linear, quant.frozen_bytes(model)["quantized"])
 
 
 @pytest.mark.parametrize("dense_mask", [False, True])
