@@ -216,21 +216,26 @@ AVX512 void llmkit_rms_norm(const float* x, const float* weight, int64_t rows, i
   }
 }
 
+}  // extern "C"
+
+// silu(g) = g / (1 + e^-g) = g e^g / (1 + e^g): the exponential of -|g| never overflows
+AVX512 inline __m512 silu(__m512 g) {
+  __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_div_ps(_mm512_mask_mul_ps(g, negative, g, e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+extern "C" {
+
 // out[r] = silu(gate[r]) * up[r] over `width` values; gate and up rows `stride` apart
 AVX512 void llmkit_silu_times(const float* gate, const float* up, int64_t rows, int64_t width, int64_t stride,
                               float* out, int threads) {
-  const __m512 one = _mm512_set1_ps(1.0f);
 #pragma omp parallel for num_threads(threads) if (rows * width >= PARALLEL_AT)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < width; i += LANES) {
       __mmask16 in = lanes_left(width - i);
       __m512 g = _mm512_maskz_loadu_ps(in, gate + r * stride + i);
-      // silu(g) = g / (1 + e^-g) = g e^g / (1 + e^g): the exponential of -|g| never overflows
-      __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-      __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-      __m512 numerator = _mm512_mask_mul_ps(g, negative, g, e);
-      __m512 silu = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
-      _mm512_mask_storeu_ps(out + r * width + i, in, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(in, up + r * stride + i)));
+      _mm512_mask_storeu_ps(out + r * width + i, in, _mm512_mul_ps(silu(g), _mm512_maskz_loadu_ps(in, up + r * stride + i)));
     }
 }
 
@@ -259,5 +264,92 @@ AVX512 void llmkit_rotate(float* x, int64_t B, int64_t T, int64_t heads, int64_t
         }
       }
     }
+}
+}
+
+// One decoding step of a Gated DeltaNet layer (llmkit/gated_deltanet.py) for B rows, its states updated in
+// place. qkv [B, C] (rows qkv_stride apart: q Hk x Dk, k Hk x Dk, v Hv x Dv) passes the causal depthwise
+// conv (weight [K, C], state [B, K - 1, C]: the last inputs, oldest first) and silu into mixed [B, C]; q and k
+// are L2-normalised (q then scaled by 1/sqrt(Dk)). Each value head h (sharing key head h / (Hv / Hk)) decays
+// its state S [Dk, Dv] by e^g, g = -e^A_log softplus(a + dt_bias), writes beta (v - e^g Sᵀk) with beta =
+// sigmoid(b), and reads o = Sᵀq: S streams from memory once, its two passes (what S gives for k; the write
+// and o) run while it is in L2. out [B, Hv, Dv] = norm_w * rms_norm(o) * silu(z), z rows z_stride apart.
+// Dv a multiple of 16, at most 256 (llmkit_delta_step_takes).
+extern "C" {
+int llmkit_delta_step_takes(int64_t Dv) { return Dv % LANES == 0 && Dv <= 16 * LANES; }
+
+AVX512 void llmkit_delta_step(const float* qkv, int64_t qkv_stride, const float* z, int64_t z_stride, const float* a,
+                              int64_t a_stride, const float* b, int64_t b_stride, const float* conv_w, int64_t K,
+                              float* conv_state, float* S, const float* A_log, const float* dt_bias,
+                              const float* norm_w, float eps, int64_t B, int64_t Hk, int64_t Hv, int64_t Dk,
+                              int64_t Dv, float* mixed, float* out, int threads) {
+  const int64_t C = 2 * Hk * Dk + Hv * Dv, keep = K - 1, V = Dv / LANES;
+  const float q_scale = 1.0f / std::sqrt(float(Dk));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < B; ++r) {
+    const float* x = qkv + r * qkv_stride;
+    float* st = conv_state + r * keep * C;
+    float* m = mixed + r * C;
+    for (int64_t c = 0; c < C; c += LANES) {
+      __mmask16 in = lanes_left(C - c);
+      __m512 xc = _mm512_maskz_loadu_ps(in, x + c), acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < keep; ++i) {
+        __m512 past = _mm512_maskz_loadu_ps(in, st + i * C + c);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, conv_w + i * C + c), past, acc);
+        // the state rolls by one input: each slot takes the next one's, the last the new input
+        _mm512_mask_storeu_ps(st + (i ? i - 1 : 0) * C + c, i ? in : 0, past);
+      }
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, conv_w + keep * C + c), xc, acc);
+      if (keep) _mm512_mask_storeu_ps(st + (keep - 1) * C + c, in, xc);
+      _mm512_mask_storeu_ps(m + c, in, silu(acc));
+    }
+    for (int64_t h = 0; h < 2 * Hk; ++h) {  // the q heads, then the k heads
+      float* v = m + h * Dk;
+      float squares = 0;
+      for (int64_t i = 0; i < Dk; ++i) squares += v[i] * v[i];
+      float inverse = 1.0f / std::sqrt(squares + 1e-6f);
+      for (int64_t i = 0; i < Dk; ++i) v[i] = h < Hk ? v[i] * inverse * q_scale : v[i] * inverse;
+    }
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t task = 0; task < B * Hv; ++task) {
+    const int64_t r = task / Hv, h = task % Hv, hk = h / (Hv / Hk);
+    const float* q = mixed + r * C + hk * Dk;
+    const float* k = mixed + r * C + (Hk + hk) * Dk;
+    const float* v = mixed + r * C + 2 * Hk * Dk + h * Dv;
+    float* s = S + task * Dk * Dv;
+    float shifted = a[r * a_stride + h] + dt_bias[h];
+    float softplus = shifted > 20.0f ? shifted : std::log1p(std::exp(shifted));  // torch's threshold
+    __m512 decay = _mm512_set1_ps(std::exp(-std::exp(A_log[h]) * softplus));
+    __m512 beta = _mm512_set1_ps(1.0f / (1.0f + std::exp(-b[r * b_stride + h])));
+    __m512 acc[16], delta[16];
+    for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < Dk; ++i) {
+      __m512 ki = _mm512_set1_ps(k[i]);
+      for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_fmadd_ps(ki, _mm512_loadu_ps(s + i * Dv + j * LANES), acc[j]);
+    }
+    for (int64_t j = 0; j < V; ++j) {
+      __m512 remembered = _mm512_mul_ps(acc[j], decay);
+      delta[j] = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(v + j * LANES), remembered), beta);
+      acc[j] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < Dk; ++i) {
+      __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+      for (int64_t j = 0; j < V; ++j) {
+        float* at = s + i * Dv + j * LANES;
+        __m512 row = _mm512_fmadd_ps(ki, delta[j], _mm512_mul_ps(_mm512_loadu_ps(at), decay));
+        _mm512_storeu_ps(at, row);
+        acc[j] = _mm512_fmadd_ps(qi, row, acc[j]);
+      }
+    }
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t j = 0; j < V; ++j) squares = _mm512_fmadd_ps(acc[j], acc[j], squares);
+    __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / float(Dv) + eps));
+    const float* zr = z + r * z_stride + h * Dv;
+    for (int64_t j = 0; j < V; ++j) {
+      __m512 normed = _mm512_mul_ps(_mm512_loadu_ps(norm_w + j * LANES), _mm512_mul_ps(acc[j], inverse));
+      _mm512_storeu_ps(out + task * Dv + j * LANES, _mm512_mul_ps(normed, silu(_mm512_loadu_ps(zr + j * LANES))));
+    }
+  }
 }
 }

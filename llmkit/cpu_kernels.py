@@ -136,6 +136,31 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x
 
 
+def delta_step_takes(x: torch.Tensor, delta: torch.Tensor, v_head_dim: int) -> bool:
+    """Whether `delta_step` takes a Gated DeltaNet layer's step: float32 on CPU, no gradient, a value
+    head size that is a multiple of 16 up to 256."""
+    return elementwise(x, delta) and bool(library().llmkit_delta_step_takes(v_head_dim))
+
+
+def delta_step(layer, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv: torch.Tensor,
+               delta: torch.Tensor) -> torch.Tensor:
+    """One decoding step of `layer` (a `llmkit.gated_deltanet.GatedDeltaNet`) from its projections
+    qkv [B, C], z [B, Hv * Dv], a and b [B, Hv] (rows of unit stride): the conv, the delta rule and the
+    gated norm in one call, `conv` [B, C, kernel - 1] (stored [B, kernel - 1, C]: `conv.transpose(1, 2)`
+    contiguous) and `delta` [B, Hv, Dk, Dv] (contiguous) updated in place -> [B, Hv * Dv]."""
+    B, C = qkv.shape
+    Hk, Hv, Dk, Dv = layer.n_k_heads, layer.n_v_heads, layer.k_head_dim, layer.v_head_dim
+    weight = layer.conv1d.weight.detach()[:, 0].t().contiguous()  # [kernel, C]: one tap's channels together
+    params = [p.detach().contiguous() for p in (layer.A_log, layer.dt_bias, layer.norm.weight)]
+    mixed = torch.empty(B, C, dtype=torch.float32)
+    out = torch.empty(B, Hv * Dv, dtype=torch.float32)
+    library().llmkit_delta_step(qkv.data_ptr(), qkv.stride(0), z.data_ptr(), z.stride(0), a.data_ptr(), a.stride(0),
+                                b.data_ptr(), b.stride(0), weight.data_ptr(), weight.shape[0], conv.data_ptr(),
+                                delta.data_ptr(), *(p.data_ptr() for p in params), layer.norm.eps, B, Hk, Hv, Dk,
+                                Dv, mixed.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def address(t: torch.Tensor | None) -> int | None:
     """The address of t's first element (None for no tensor). The caller holds t while the kernel
     runs: the address of a temporary (`x.contiguous().data_ptr()`) is freed memory by then."""
@@ -199,5 +224,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.llmkit_rms_norm.argtypes = [pointer, pointer, size, size, ctypes.c_float, pointer, threads]
     lib.llmkit_silu_times.argtypes = [pointer, pointer, size, size, size, pointer, threads]
     lib.llmkit_rotate.argtypes = [pointer] + [size] * 7 + [pointer, pointer, size, size, threads]
+    lib.llmkit_delta_step_takes.argtypes = [size]
+    lib.llmkit_delta_step.argtypes = ([pointer, size] * 4 + [pointer, size] + [pointer] * 5 + [ctypes.c_float]
+                                      + [size] * 5 + [pointer, pointer, threads])
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,
                                             size, ctypes.c_float, pointer, threads]

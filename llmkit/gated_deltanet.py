@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from llmkit import cpu_kernels
 from llmkit.packed_linear import grouped_products
 
 if TYPE_CHECKING:
@@ -50,11 +51,22 @@ CHUNK_SIZE = 64  # tokens solved together by the chunked form (transformers' and
 class RecurrentState:
     """What a Gated DeltaNet layer carries from one forward to the next while decoding."""
 
-    conv: torch.Tensor  # [B, conv channels, kernel - 1]: the convolution's last inputs
+    conv: torch.Tensor  # [B, conv channels, kernel - 1]: the convolution's last inputs (see `steppable`)
     delta: torch.Tensor  # [B, value heads, k_head_dim, v_head_dim], float32: the delta-rule state S
 
     def select_rows(self, rows: torch.Tensor) -> RecurrentState:
-        return RecurrentState(self.conv[rows], self.delta[rows])
+        return RecurrentState(self.conv.transpose(1, 2)[rows].transpose(1, 2), self.delta[rows])
+
+    def steppable(self) -> RecurrentState:
+        """This state laid out for `cpu_kernels.delta_step`, which updates it in place: the conv's
+        inputs stored [B, kernel - 1, channels] (one input's channels together: a step reads and rolls
+        them as vectors), S contiguous float32. Copies only what is not laid out so already."""
+        conv, delta = self.conv, self.delta
+        if not conv.transpose(1, 2).is_contiguous():
+            conv = conv.transpose(1, 2).contiguous().transpose(1, 2)
+        if delta.dtype != torch.float32 or not delta.is_contiguous():
+            delta = delta.float().contiguous()
+        return self if conv is self.conv and delta is self.delta else RecurrentState(conv, delta)
 
 
 class GatedRMSNorm(nn.Module):
@@ -111,6 +123,11 @@ class GatedDeltaNet(nn.Module):
         qkv, z = grouped_products(self, "qkvz", x)
         b, a = self.in_proj_b(x), self.in_proj_a(x)
         state = cache.recurrent[self.layer_idx] if cache is not None else None
+        if state is not None and T == 1 and cpu_kernels.delta_step_takes(x, state.delta, self.v_head_dim):
+            # a decoding step on CPU: conv, delta rule and gated norm in one kernel, the states in place
+            state = cache.recurrent[self.layer_idx] = state.steppable()
+            rows = [t[:, 0] if t.stride(-1) == 1 else t[:, 0].contiguous() for t in (qkv, z, a, b)]
+            return self.out_proj(cpu_kernels.delta_step(self, *rows, state.conv, state.delta)[:, None])
         starts = None if doc_ids is None else F.pad(doc_ids[:, 1:] != doc_ids[:, :-1], (1, 0), value=False)
         qkv, conv_state = causal_conv(qkv.transpose(1, 2), self.conv1d.weight, state and state.conv, starts)
         q, k, v = qkv.transpose(1, 2).split(self.split, dim=-1)
@@ -122,7 +139,7 @@ class GatedDeltaNet(nn.Module):
         rule = recurrent_gated_delta_rule if state is not None and T == 1 else chunked_gated_delta_rule
         y, delta = rule(q, k, v, g, beta, state and state.delta, starts)
         if cache is not None:
-            cache.recurrent[self.layer_idx] = RecurrentState(conv_state, delta)
+            cache.recurrent[self.layer_idx] = RecurrentState(conv_state, delta).steppable()
         y = self.norm(y, z.reshape(B, T, self.n_v_heads, self.v_head_dim))
         return self.out_proj(y.reshape(B, T, -1))
 
@@ -187,12 +204,12 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state=None, starts=None):
     if starts is not None:
         g = g.masked_fill(starts[:, None], float("-inf"))  # exp(-inf) = 0: nothing carries over
     out = []
-    for t in range(T):
+    for t in range(T):  # products rather than broadcasts and sums: no temporary of S's size
         S = S * g[:, :, t, None, None].exp()
-        remembered = (k[:, :, t, :, None] * S).sum(-2)  # what S already gives for k_t
+        remembered = (k[:, :, t, None, :] @ S).squeeze(-2)  # what S already gives for k_t
         delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
-        S = S + k[:, :, t, :, None] * delta[:, :, None, :]
-        out.append((q[:, :, t, :, None] * S).sum(-2))
+        S = torch.addcmul(S, k[:, :, t, :, None], delta[:, :, None, :])
+        out.append((q[:, :, t, None, :] @ S).squeeze(-2))
     return torch.stack(out, dim=2).transpose(1, 2).to(dtype), S
 
 
