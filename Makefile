@@ -39,7 +39,7 @@ smollm2: setup
 
 # llama.cpp's Python binding built from PyPI's source package (needs cmake and a C++ compiler;
 # 10-30 min on 2 cores, so once: the wheel is cached under .cache/), the real client that
-# tests/test_llama_cpp.py checks `llmkit export --format gguf` against; not part of `test`
+# tests/hf/test_gguf_export_llama_cpp.py checks `llmkit export --format gguf` against; not in `test`
 LLAMA_CPP_SPEC ?= llama-cpp-python
 LLAMA_CPP_WHEELS := .cache/llama-cpp
 # the binding's multimodal (llava/mtmd) library is a third of the build and loaded only for images
@@ -54,8 +54,11 @@ llama-cpp: setup
 test: setup
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope tests
 
+# every bench at its --quick sizes (BENCH_QUICK=1): each runs end to end in seconds to a minute, or
+# skips with the reason where it needs what a fresh clone lacks (an export: make smollm2; a demo
+# workspace: make demo); full runs take their defaults, their figures are in bench/results/
 bench: setup
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in bench/*.py; do echo "== $$b"; BENCH_QUICK=1 $(BIN)/python $$b || exit 1; done
 
 lint: setup
 	$(BIN)/python -m pyflakes llmkit tests bench

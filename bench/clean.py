@@ -25,6 +25,7 @@ To get a peer: `python -m venv /tmp/dt && /tmp/dt/bin/pip install datatrove spac
 from __future__ import annotations
 
 import argparse
+import os
 import gzip
 import json
 import subprocess
@@ -136,7 +137,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="llmkit runs per corpus (median printed)")
     ap.add_argument("--peer-python", help="a Python with datatrove and spacy installed")
     ap.add_argument("--peer-mb", type=float, default=5, help="megabytes of English for the peer")
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.repeat, args.peer_mb = 0.5, 1, 0.5
 
     english = read_texts(["en_docstrings.jsonl.gz"])
     chinese = read_texts(["zh_poems.jsonl", "zh_prose.jsonl"])

@@ -27,13 +27,15 @@ import time  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--export", required=True, help="an `llmkit export` (transformers) folder")
+    parser.add_argument("--export", help="an `llmkit export` (transformers) folder")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=80, help="tokens in the cache before the timed steps")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed calls per measurement")
     a = parser.parse_args()
+    if not a.export:
+        return print("skip: needs --export, an `llmkit export` folder (e.g. of the SmolLM2 run: make smollm2)")
 
     import torch
     import torch.nn.functional as F

@@ -48,7 +48,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=150_000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.runs = 2_000, 1
     with tempfile.TemporaryDirectory() as tmp:
         rows, planted = planted_corpus(clean_docs=args.docs, per_kind=50)
         corpus = Path(tmp) / "corpus.jsonl"

@@ -239,7 +239,11 @@ def main() -> None:
                     help="llmkit methods to run, comma-separated")
     ap.add_argument("--llmkit-only", action="store_true",
                     help="skip datasketch and rensa (quick checks of llmkit's side)")
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.docs, args.datasketch_docs = 2_000, 500
     methods = args.methods.split(",")
 
     t = time.perf_counter()

@@ -202,9 +202,13 @@ def main() -> None:
                         help="only the four like-for-like runs (not llmkit's and TRL's defaults)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
+    if a.quick:
+        a.steps, a.warmup, a.reps, a.threads, a.batch, a.same_work_only = 4, 1, 1, 1, 4, True
     if not 1 <= a.warmup < a.steps or a.reps < 1:
         parser.error("need 1 <= --warmup < --steps and --reps >= 1")
 

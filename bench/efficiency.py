@@ -79,14 +79,16 @@ def agreement(results: dict) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("ws", type=Path)
-    ap.add_argument("models", nargs="+", help="LABEL=RUN[,FORM...]")
+    ap.add_argument("ws", type=Path, nargs="?")
+    ap.add_argument("models", nargs="*", help="LABEL=RUN[,FORM...]")
     ap.add_argument("--batch-sizes", default="1,4")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    if not args.models:
+        return print("skip: needs OUT_WS LABEL=RUN[,FORM...], a checkpoint run and its exports (e.g. make smollm2)")
     args.ws.mkdir(parents=True, exist_ok=True)
     header = ["model · form (engine)", "file MiB", "tensor bytes", "peak RSS MiB (Δ)", "batch", "prefill tok/s",
               "decode tok/s", "tok/s (3 runs)", "request p50 / p95 s", "load 1-min"]

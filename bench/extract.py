@@ -18,6 +18,7 @@ Two sets of pages:
 from __future__ import annotations
 
 import argparse
+import os
 import glob
 import gzip
 import json
@@ -138,8 +139,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=150, help="real HTML pages from /usr/share/doc")
     ap.add_argument("--articles", type=int, default=100, help="known articles per language")
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.pages, args.articles = 20, 10
     docs = doc_pages(args.pages)
+    if not docs:
+        return print("skip: no HTML pages under /usr/share/doc (Debian's documentation packages)")
     known = articles(args.articles)
     wrapped = [wrap(t, a) for _, t, a in known]
     mb = sum(len(h.encode()) for _, h in docs) / 2**20

@@ -132,7 +132,7 @@ def main() -> None:
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
     if not (a.model and a.export):
-        parser.error("--model and --export are required")
+        return print("skip: needs --model and --export, a run and its `llmkit export` folder (e.g. make smollm2)")
 
     from llmkit.loading import load_tokenizer
 

@@ -159,12 +159,14 @@ def main() -> None:
     from llmkit.generation import encode_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("run")
-    ap.add_argument("files", nargs="+", type=Path, help="GGUF files, the f16 one first")
+    ap.add_argument("run", nargs="?")
+    ap.add_argument("files", nargs="*", type=Path, help="GGUF files, the f16 one first")
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--readers", default="transformers,llama.cpp")
     args = ap.parse_args()
+    if not args.files:
+        return print("skip: needs RUN and its GGUF files (llmkit export --format gguf; e.g. of make smollm2's run)")
     torch.manual_seed(0)
     model, tokenizer = llmkit.load(args.run)
     fp32_bytes = (checkpoint_step_dir(Path(args.run)) / "model.safetensors").stat().st_size

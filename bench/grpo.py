@@ -62,6 +62,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import warnings  # noqa: E402
@@ -216,9 +217,13 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default: 16 with --model, else 0)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
+    if a.quick:
+        a.rollouts, a.warmup, a.reps, a.new_tokens = 2, 1, 1, 16
     if a.warmup < 1 or a.rollouts < 1 or a.reps < 1 or a.group < 2:
         parser.error("need --warmup >= 1, --rollouts >= 1, --reps >= 1 and --group >= 2")
     if bool(a.model) != bool(a.export):

@@ -78,14 +78,16 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="an llmkit checkpoint run in a workspace")
-    parser.add_argument("--export", type=Path, required=True, help="its `llmkit export` folder")
+    parser.add_argument("--run", type=Path, help="an llmkit checkpoint run in a workspace")
+    parser.add_argument("--export", type=Path, help="its `llmkit export` folder")
     parser.add_argument("--tasks", default="mmlu_reversal,cmmlu_reversal")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--hf-batch-size", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     args = parser.parse_args()
+    if not (args.run and args.export):
+        return print("skip: needs --run and --export, a checkpoint run and its `llmkit export` folder (e.g. make smollm2)")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     times: dict[str, list[float]] = {"llmkit": [], "hf": []}

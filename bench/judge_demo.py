@@ -133,7 +133,7 @@ def exact_match_counts(ws: Path, session: str, answers: dict[str, str]) -> dict[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-w", "--workspace", type=Path, required=True)
+    ap.add_argument("-w", "--workspace", type=Path)
     ap.add_argument("--from", dest="models", default="sft,dpo,ppo")
     ap.add_argument("--prompts", default="prompts_eval")
     ap.add_argument("--max-prompts", type=int, default=30)
@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--screenshot", type=Path, help="save the page as the rater sees it (an item after the 3rd)")
     ap.add_argument("--plot", type=Path, help="copy the report's ranking plot here")
     args = ap.parse_args()
+    if not args.workspace:
+        return print("skip: needs -w, a demo workspace with its sft, dpo and ppo runs (make demo), and chromium")
     ws, session, prefs = args.workspace, args.session, f"{args.session}_prefs"
     answers = {r["prompt"]: r["answer"] for r in read_table(ws / args.prompts).to_pylist()}
 

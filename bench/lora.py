@@ -257,9 +257,13 @@ def main() -> None:
     parser.add_argument("--export", help="--model's `llmkit export` folder")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
+    if a.quick:
+        a.preset, a.steps, a.warmup, a.reps = (a.preset if a.model else "tiny"), 4, 1, 1
     if not 1 <= a.warmup < a.steps or a.reps < 1:
         parser.error("need 1 <= --warmup < --steps and --reps >= 1")
 

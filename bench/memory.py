@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,10 +79,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(one_step(args.child, args.batch, args.seq_len, args.vocab)))
         return
+    if args.quick:
+        args.batch, args.seq_len, args.vocab, args.repeats = 1, 256, 8000, 1
 
     logits_mb = args.batch * args.seq_len * args.vocab * 4 / MB
     print(f"one pretrain step (forward + backward), preset small, batch {args.batch} x seq {args.seq_len}, "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -245,7 +246,11 @@ def main() -> None:
                     help="--matrix: PRESET:MICRO_BATCH entries")
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp32"])
     ap.add_argument("--zero-stage", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick and not args.matrix:
+        args.preset, args.steps, args.batch = "tiny", 4, 4
 
     import logging
 

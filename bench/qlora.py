@@ -30,6 +30,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -175,9 +176,13 @@ def main() -> None:
     parser.add_argument("--optim", default="adamw", choices=["adamw", "adamw8bit"])
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
+    if a.quick:
+        a.preset, a.steps, a.warmup, a.reps = "tiny", 4, 1, 1
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
         hf_dir = build_inputs(ws, a.preset, a.steps * a.batch, a.threads)

@@ -109,7 +109,11 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=20.0)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--encoder", help="a checkpoint run: measure the hidden-state head too")
+    p.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                   help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = p.parse_args()
+    if args.quick:
+        args.mb, args.repeat = 0.5, 1
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from tests.data.quality_corpus import build, write
 

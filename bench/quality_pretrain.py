@@ -103,12 +103,14 @@ def train_and_eval(ws: Path, selection: str, seed: int, steps: int, heldout: Pat
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--demo-ws", type=Path, required=True, help="a demo workspace (read only)")
-    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--demo-ws", type=Path, help="a demo workspace (read only)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/llmkit-quality-pretrain"))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--spam-share", type=float, default=0.4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = p.parse_args()
+    if not args.demo_ws:
+        return print("skip: needs --demo-ws, a demo workspace (make demo)")
     from tests.data.quality_corpus import build, write
 
     ws = args.work / "ws"

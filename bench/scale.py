@@ -344,7 +344,11 @@ def main() -> None:
                     help="documents per jsonl file, hence per raw part (at least 4 parts)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write every figure to this file")
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.sizes, args.reps, args.ray, args.work = "2000", 1, False, Path("/tmp/llmkit-scale-quick")
     args.work = args.work.resolve()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 

@@ -122,7 +122,11 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=24.0, help="corpus size in MB of UTF-8 text")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--vocab-size", type=int, default=8000)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.workers, args.vocab_size = 1.0, [1], 2000
 
     import pyarrow.parquet as pq
 

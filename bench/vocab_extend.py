@@ -130,7 +130,7 @@ def pretrain_pair(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="what", required=True)
+    sub = parser.add_subparsers(dest="what")
     init = sub.add_parser("init")
     init.add_argument("original"), init.add_argument("extended"), init.add_argument("corpus")
     init.add_argument("--docs", type=int, default=24)
@@ -143,6 +143,8 @@ def main() -> None:
     pre.add_argument("--batch", type=int, default=2)
     pre.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
     args = parser.parse_args()
+    if not args.what:
+        return print("skip: needs `init` or `pretrain` and their models and corpora (see the module's docstring)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = init_losses(args) if args.what == "init" else pretrain_pair(args)
     print(json.dumps(result, indent=2))

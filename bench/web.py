@@ -115,7 +115,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=1500, help="real HTML pages from /usr/share/doc")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                    help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     args = ap.parse_args()
+    if args.quick:
+        args.pages, args.runs = 60, 1
     work = Path(tempfile.mkdtemp(prefix="bench-web-"))
     folder = work / "crawl"
     folder.mkdir()
