@@ -1,7 +1,8 @@
 """`llmkit export --format gguf`: a checkpoint -> one GGUF file for llama.cpp / Ollama, written with
 the `gguf` package's pure-Python writer and quantisers, laid out as llama.cpp's
 convert_hf_to_gguf.py lays out the same model: its architecture (`llama` for Llama 3, SmolLM2,
-Mistral and llmkit's own models; `qwen2`; `qwen3`; `smollm3`), tensor names (`blk.N.attn_q.weight`,
+Mistral and llmkit's own models; `qwen2`; `qwen3`; `smollm3`; `qwen35` for Qwen3.5's language model,
+its Gated DeltaNet layers and gated attention as llmkit.hf.gguf_qwen35 lays them out), tensor names (`blk.N.attn_q.weight`,
 …), the q/k rows of `llama` and `smollm3` models permuted to llama.cpp's rotary layout, Llama 3 RoPE
 scaling as the `rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint
 is merged.
@@ -11,7 +12,8 @@ matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding 
 as llama.cpp's quantiser keeps it above 4 bits. A matrix whose rows are not a multiple of 32 values
 cannot be cut into blocks and stays f16: export names them (a note, and `f16_fallback_tensors` in
 llmkit_export.json).
-Vectors (norms, biases) stay f32 in every file, as llama.cpp writes them.
+Vectors (norms, biases) and Qwen3.5's convolution kernels stay f32 in every file, as llama.cpp
+writes them.
 
 What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here),
 layernorm models, and layers without RoPE other than llama.cpp's `smollm3` pattern (every 4th layer,
@@ -32,13 +34,15 @@ from pathlib import Path
 from llmkit.checkpoints import step_of
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import EXPORT_RECORD, write_json
+from llmkit.hf.gguf_qwen35 import qwen35_refusal, qwen35_tensor, write_qwen35_architecture
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
 from llmkit.loading import load
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
+             "qwen3_5_text": "qwen35"}
 ROTARY_PERMUTED = ("llama", "smollm3")  # llama.cpp rotates adjacent pairs in these graphs (see permute_rotary_rows)
 LLAMA_CPP_NOPE_STEP = 4  # llama.cpp's smollm3 graph skips RoPE where (layer + 1) % 4 == 0
 BLOCK = 32  # values per block of q8_0 / q4_0 / q4_1
@@ -60,7 +64,8 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
         vocab.chat_template = vocab.chat_template.replace("[:]", "")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / gguf_file_name(cfg.quant)
-    stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe)
+    reads_back = transformers_reads(GGUF_ARCH[family])
+    stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe and reads_back)
     matrices = [name for name, qtype in types.items() if qtype != "F32"]
     fallback = [name for name in matrices if types[name] == "F16"] if cfg.quant not in ("f16", "bf16") else []
     record = {"format": "gguf", "file": path.name, "quant": cfg.quant, "source": str(step_dir),
@@ -74,7 +79,7 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     if context < model.config.max_seq_len:
         print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
               f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
-    if cfg.probe and not transformers_reads(GGUF_ARCH[family]):
+    if cfg.probe and not reads_back:
         print(f"note: transformers cannot read {GGUF_ARCH[family]} GGUF files, so the file was not read back; "
               "llama.cpp's binding (`make llama-cpp`) loads it")
     elif cfg.probe:
@@ -111,6 +116,13 @@ def gguf_layout(model_config, source: Path) -> tuple[str, int]:
         raise UserError(f"{source} cannot be exported as GGUF: its layers without RoPE are {nope}, and llama.cpp's "
                         f"smollm3 architecture leaves RoPE out of every {LLAMA_CPP_NOPE_STEP}th layer (3, 7, …) "
                         "whatever the file says; export --format hf instead")
+    if family == "qwen3_5_text" and (why := qwen35_refusal(model_config)):
+        raise UserError(f"{source} cannot be exported as GGUF: {why}; export --format hf instead")
+    import gguf
+
+    if not hasattr(gguf.MODEL_ARCH, GGUF_ARCH[family].upper()):
+        raise UserError(f"the installed gguf package ({gguf.__file__}) has no llama.cpp architecture "
+                        f"{GGUF_ARCH[family]}, which {source} needs: upgrade it (pip install -U gguf)")
     window = model_config.sliding_window
     return family, min(model_config.max_seq_len, window or model_config.max_seq_len)
 
@@ -172,12 +184,14 @@ def write_architecture(writer, cfg, context: int, quant: str) -> None:
     writer.add_head_count_kv(cfg.n_kv_heads)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)  # the whole head rotates
+    writer.add_rope_dimension_count(cfg.rotary_dim)  # the whole head but in Qwen3.5
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[quant]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if writer.arch == "qwen35":
+        write_qwen35_architecture(writer, cfg)
 
 
 def gguf_tensors(model, arch: str):
@@ -191,10 +205,12 @@ def gguf_tensors(model, arch: str):
     for name, tensor in model.state_dict().items():
         if cfg.tie_embeddings and name == "lm_head.weight":
             continue
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        array, source = tensor.detach().float().cpu().numpy(), name
+        if arch == "qwen35":
+            source, array = qwen35_tensor(name, array, cfg)
+        gguf_name = names.get_name(source, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise UserError(f"the model's tensor {name} has no llama.cpp name in the {arch} architecture")
-        array = tensor.detach().float().cpu().numpy()
         if arch in ROTARY_PERMUTED and gguf_name.endswith("attn_q.weight"):
             array = permute_rotary_rows(array, cfg.n_heads)
         elif arch in ROTARY_PERMUTED and gguf_name.endswith("attn_k.weight"):
@@ -244,7 +260,8 @@ QTYPES = {"f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": 
 
 def tensor_qtype(quant: str, gguf_name: str, shape: tuple[int, ...], tied: bool) -> str:
     """The GGML type one tensor is stored in (see the module docstring)."""
-    if len(shape) < 2 or gguf_name.startswith("rope_freqs"):
+    # the Gated DeltaNet convolution stays F32, as llama.cpp's converter and quantiser keep it
+    if len(shape) < 2 or gguf_name.startswith("rope_freqs") or ".ssm_conv1d." in gguf_name:
         return "F32"
     if quant in ("f16", "bf16"):
         return QTYPES[quant]

@@ -1,5 +1,5 @@
 """A model's tokenizer as GGUF metadata, the way llama.cpp's convert_hf_to_gguf.py writes it: a
-byte-level BPE `tokenizer.json` (Llama 3, Qwen2/3, SmolLM2) as `gpt2` with its merges and the
+byte-level BPE `tokenizer.json` (Llama 3, Qwen2/3/3.5, SmolLM2) as `gpt2` with its merges and the
 pre-tokenizer's llama.cpp name; a sentencepiece model (llmkit's own tokenizer) as `llama` with
 its scores, token types and no space prefix. Both carry the bos/eos/pad/unk/end-of-turn ids,
 add_bos/add_eos and the chat template. A vocabulary shorter than the model's embedding is padded
@@ -22,7 +22,9 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPLIT_NAMES = {QWEN2_SPLIT: "qwen2", LLAMA3_SPLIT: "llama-bpe"}
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # Qwen2's with marks (\p{M}) in words
+SPLIT_NAMES = {QWEN2_SPLIT: "qwen2", LLAMA3_SPLIT: "llama-bpe", QWEN35_SPLIT: "qwen35"}
 
 
 @dataclass
@@ -156,5 +158,5 @@ def pre_tokenizer_name(pre: dict | None, source) -> str:
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
         return "smollm"
     raise UserError(f"{source}: its pre-tokenizer ({json.dumps(pre)[:200]}) is none that llama.cpp names "
-                    "(qwen2, llama-bpe, gpt-2, smollm), so a GGUF file would split text differently; "
+                    "(qwen2, qwen35, llama-bpe, gpt-2, smollm), so a GGUF file would split text differently; "
                     "export --format hf instead")
