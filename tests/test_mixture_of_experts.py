@@ -2,8 +2,9 @@
 bring it: tiny random Qwen3.5-MoE (`qwen3_5_moe_text`, and the multimodal `qwen3_5_moe` folder) and
 Qwen3-Next (`qwen3_next`: Qwen3.5's layers with fused Gated DeltaNet projections) models built and saved
 by transformers' own classes import through `llmkit import` and give transformers' logits to 1e-4 in
-fp32, on a sequence longer than a delta-rule chunk and on a left-padded batch; what llmkit's blocks
-cannot hold exits 2 naming the key and leaves nothing in the workspace."""
+fp32, on a sequence longer than a delta-rule chunk and on a left-padded batch; export writes them back
+as folders transformers reads with the same logits; what llmkit's blocks cannot hold exits 2 naming
+the key and leaves nothing in the workspace."""
 
 from __future__ import annotations
 
@@ -149,11 +150,31 @@ def test_a_qwen3_next_layout_llmkit_cannot_hold_exits_2_naming_the_key(tmp_path,
     assert not (tmp_path / "ws").exists() or not any((tmp_path / "ws").iterdir())
 
 
-def test_export_of_an_imported_moe_family_exits_2_naming_it(tmp_path):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_import_export_round_trips_and_transformers_reads_the_export(tmp_path, family):
+    """Export writes Qwen's expert names (and Qwen3-Next's fused projections) back: transformers reads
+    the folder with the source's logits, and importing it again gives the same weights."""
+    hf = save(tmp_path / "hf", family)
+    ws, out = tmp_path / "ws", tmp_path / "export"
+    invoke("import", "--from", tmp_path / "hf", "--out", "run", "-w", ws)
+    invoke("export", "--from", "run", "--to", out, "-w", ws)
+    invoke("import", "--from", out, "--out", "back", "-w", ws)
+    record = json.loads((out / "llmkit_export.json").read_text())
+    assert record["architecture"] == FAMILIES[family][1].__name__ and record["max_abs_logit_diff"] < 1e-4
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    x = ids()
+    with torch.no_grad():
+        assert max_diff(exported(x, use_cache=False).logits, hf(x, use_cache=False).logits) < 1e-4
+    run, back = llmkit.load(ws / "run")[0].state_dict(), llmkit.load(ws / "back")[0].state_dict()
+    assert run.keys() == back.keys() and all(torch.equal(run[k], back[k]) for k in run)
+
+
+def test_gguf_export_of_a_moe_model_exits_2_naming_it(tmp_path):
     save(tmp_path / "hf", "qwen3_5_moe_text")
     invoke("import", "--from", tmp_path / "hf", "--out", "run", "-w", tmp_path / "ws")
-    output = invoke("export", "--from", "run", "--to", tmp_path / "out", "-w", tmp_path / "ws", code=2)
-    assert "qwen3_5_moe_text" in output and "not implemented" in output
+    output = invoke("export", "--from", "run", "--format", "gguf", "--to", tmp_path / "out", "-w", tmp_path / "ws",
+                    code=2)
+    assert "mixture-of-experts" in output and "Traceback" not in output
     assert not (tmp_path / "out").exists()
 
 

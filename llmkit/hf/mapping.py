@@ -27,19 +27,21 @@ def hf_family(cfg: ModelConfig) -> str:
     if cfg.norm != "rmsnorm":
         raise ConfigError("model.norm='layernorm' has no Hugging Face equivalent; export needs rmsnorm")
     family = cfg.family or features_family(cfg)
-    if family in IMPORT_ONLY:
-        raise ConfigError(f"export as {family} is not implemented (llmkit imports it: export writes "
-                          f"{', '.join(f for f in FAMILIES if f not in IMPORT_ONLY)})")
+    hybrid = dict(qk_norm=True, attention_bias=False, sliding_window=None, nope_layers=None,
+                  attention_output_gate=True, zero_centred_norm=True)
     needs = {"qwen3": dict(qk_norm=True, attention_bias=False, n_experts=0, nope_layers=None),
              "qwen2": dict(qk_norm=False, attention_bias=True, n_experts=0, nope_layers=None),
              "mixtral": dict(qk_norm=False, attention_bias=False, nope_layers=None),
              "mistral": dict(qk_norm=False, attention_bias=False, n_experts=0, nope_layers=None),
              "llama": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None, nope_layers=None),
              "smollm3": dict(qk_norm=False, attention_bias=False, n_experts=0, sliding_window=None),
-             "qwen3_5_text": dict(qk_norm=True, attention_bias=False, n_experts=0, sliding_window=None,
-                                  nope_layers=None, attention_output_gate=True, zero_centred_norm=True)}[family]
+             "qwen3_5_text": dict(hybrid, n_experts=0), "qwen3_5_moe_text": hybrid, "qwen3_next": hybrid}[family]
     if family not in QWEN_HYBRID:  # only Qwen3.5 has these
         needs.update(layer_types=None, rotary_fraction=1.0, attention_output_gate=False, zero_centred_norm=False)
+    if family not in QWEN_MOE:  # nor a shared expert
+        needs.update(shared_expert_size=0)
+    if family == "qwen3_5_moe_text" and not cfg.n_experts:
+        raise ConfigError("a qwen3_5_moe_text model needs model.n_experts >= 2")
     wrong = [k for k, v in needs.items() if (getattr(cfg, k) or 0) != (v or 0)]
     if wrong:
         raise ConfigError(f"a {family} model cannot have {', '.join(f'{k}={getattr(cfg, k)}' for k in wrong)}")
@@ -47,7 +49,7 @@ def hf_family(cfg: ModelConfig) -> str:
 
 
 QWEN_HYBRID = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # Gated DeltaNet beside gated attention
-IMPORT_ONLY = ("qwen3_5_moe_text", "qwen3_next")  # families llmkit reads but does not write
+QWEN_MOE = ("qwen3_5_moe_text", "qwen3_next")  # their experts: Qwen's names, a shared expert beside
 MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # wrapper -> its language model
 
 
@@ -91,7 +93,7 @@ def to_hf_config(cfg: ModelConfig) -> dict:
                    max_window_layers=0 if cfg.sliding_window else cfg.n_layers)
     elif family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
-    if family == "qwen3_5_text":
+    if family in QWEN_HYBRID:
         rope.update(partial_rotary_factor=cfg.rotary_fraction)
         out.update(attention_bias=False, layer_types=cfg.layer_types or ["full_attention"] * cfg.n_layers,
                    linear_num_key_heads=cfg.linear_n_key_heads, linear_num_value_heads=cfg.linear_n_value_heads,
@@ -101,12 +103,20 @@ def to_hf_config(cfg: ModelConfig) -> dict:
         # transformers' loss is top_k times ours per layer; scale the coefficient so the penalty matches
         out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_top_k,
                    router_aux_loss_coef=cfg.router_aux_loss_coef / cfg.experts_top_k)
+    if family in QWEN_MOE:
+        out.update(num_experts=out.pop("num_local_experts", 0), moe_intermediate_size=cfg.intermediate_size,
+                   shared_expert_intermediate_size=cfg.shared_expert_size, norm_topk_prob=True,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+        if family == "qwen3_5_moe_text":  # its config has no dense width, nor Qwen3-Next's layout keys
+            for key in ("intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"):
+                out.pop(key)
     return out
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "qwen3_5_text": "Qwen3_5ForCausalLM"}
+                 "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                 "qwen3_next": "Qwen3NextForCausalLM"}
 
 
 def from_hf_config(hf: dict) -> ModelConfig:
@@ -142,7 +152,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
     )
     if family in QWEN_HYBRID:
         shape.update(read_qwen3_5(hf))
-    if family in IMPORT_ONLY and hf.get("num_experts"):
+    if family in QWEN_MOE and hf.get("num_experts"):
         shape.update(read_qwen_moe(hf))
     if family == "mixtral":
         top_k = hf.get("num_experts_per_tok", 2)
@@ -249,11 +259,18 @@ def read_sliding_window(hf: dict) -> int | None:
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """Weights as a transformers checkpoint stores them (model.safetensors): our names, minus the tied
-    lm_head (save_pretrained drops it too; safetensors refuses shared tensors)."""
-    hf_family(model.config)
+    lm_head (save_pretrained drops it too; safetensors refuses shared tensors). Qwen3.5-MoE and
+    Qwen3-Next get Qwen's names for the experts, and Qwen3-Next its fused Gated DeltaNet projections."""
+    family = hf_family(model.config)
     sd = model.state_dict()
     if model.config.tie_embeddings:
         sd.pop("lm_head.weight")
+    if family in QWEN_MOE:
+        expert = {v: k for k, v in QWEN_EXPERT.items()}
+        sd = {re.sub(r"\.experts\.(\d+)\.(w[123])\.", lambda m: f".experts.{m[1]}.{expert[m[2]]}_proj.",
+                     k.replace(".block_sparse_moe.", ".mlp.")): v for k, v in sd.items()}
+    if family == "qwen3_next":
+        sd = fused_qwen3_next_projections(sd, model.config)
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
@@ -317,3 +334,27 @@ def split_qwen3_next_projection(key: str, value: torch.Tensor, cfg: ModelConfig)
     q, k, v, z = rows.split([k_dim, k_dim, v_rows, v_rows], dim=1)
     flat = [t.reshape(-1, value.shape[-1]) for t in (q, k, v, z)]
     return {f"{prefix}.in_proj_qkv.weight": torch.cat(flat[:3]), f"{prefix}.in_proj_z.weight": flat[3]}
+
+
+def fused_qwen3_next_projections(sd: dict, cfg: ModelConfig) -> dict:
+    """The inverse of `split_qwen3_next_projection`: Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and
+    in_proj_a of each Gated DeltaNet layer regrouped per key head into in_proj_qkvz and in_proj_ba."""
+    import torch
+
+    heads, k_dim = cfg.linear_n_key_heads, cfg.linear_key_head_dim
+    v_rows = cfg.linear_n_value_heads // heads * cfg.linear_value_head_dim
+    out = {}
+    for key, value in sd.items():
+        prefix, _, name = key.rpartition(".linear_attn.")
+        if name not in ("in_proj_qkv.weight", "in_proj_b.weight"):
+            if name not in ("in_proj_z.weight", "in_proj_a.weight"):
+                out[key] = value
+            continue
+        mixer = f"{prefix}.linear_attn"
+        if name == "in_proj_qkv.weight":
+            q, k, v = value.split([heads * k_dim, heads * k_dim, heads * v_rows])
+            parts, fused = (q, k, v, sd[f"{mixer}.in_proj_z.weight"]), f"{mixer}.in_proj_qkvz.weight"
+        else:
+            parts, fused = (value, sd[f"{mixer}.in_proj_a.weight"]), f"{mixer}.in_proj_ba.weight"
+        out[fused] = torch.cat([p.reshape(heads, -1, p.shape[-1]) for p in parts], dim=1).reshape(-1, value.shape[-1])
+    return out
