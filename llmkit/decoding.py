@@ -177,6 +177,13 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
         mask = torch.cat([mask.new_ones(B, shared), rest_mask], 1)
         position_ids = (shared + rest_mask.cumsum(-1) - 1).clamp(min=0)
         hidden = model.hidden_states(rest, position_ids, kv_cache=cache, attention_mask=mask)[:, -1]
+    elif len(groups := length_groups(mask.sum(-1).tolist())) > 1:  # prompts of very different lengths
+        hidden = torch.empty(B, model.config.hidden_size, device=ids.device)
+        for group in groups:
+            rows = torch.tensor(group, dtype=torch.long, device=ids.device)
+            width = int(mask[rows].sum(-1).max())  # the group's longest prompt: the padding before it dropped
+            hidden[rows] = prefill_rows(model, ids[rows, T - width:], mask[rows, T - width:], cache, rows, T)
+        cache.length = T
     else:
         padded = not bool(mask.all())
         position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0) if padded else None
@@ -186,6 +193,39 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
         cache.select_rows(inverse)
         hidden, mask = hidden[inverse], mask[inverse]
     return hidden, cache, None if bool(mask.all()) else mask
+
+
+def length_groups(lengths: list[int], slack: float = 1.25) -> list[list[int]]:
+    """The rows (indices) in groups of similar prompt length, the shortest first: a group's rows x
+    its longest prompt stay within `slack` x its tokens, so left padding costs at most a quarter
+    more positions than the prompts hold (16 prompts of 19-201 tokens: 1.9x fewer than one batch)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and lengths[i] * (len(groups[-1]) + 1) <= slack * (sum(lengths[j] for j in groups[-1]) + lengths[i]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def prefill_rows(model: Transformer, ids, mask, cache: KVCache, rows, T: int):
+    """Prefill the left-padded prompts ids [n, W] (mask [n, W]) on their own, then place their keys
+    and values in `cache`'s rows `rows` at its prompt slots T - W .. T (the slots before are these
+    rows' padding, masked) and their recurrent states; the hidden state of each row's last token."""
+    padded = not bool(mask.all())
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0) if padded else None
+    own = KVCache(model.config, len(rows), ids.shape[1])
+    hidden = model.hidden_states(ids, position_ids, kv_cache=own, attention_mask=mask if padded else None)[:, -1]
+    for store, mine in ((cache.k, own.k), (cache.v, own.v)):
+        for layer, t in enumerate(mine):
+            if t is not None:
+                if store[layer] is None:
+                    store[layer] = t.new_zeros(cache.shape)
+                store[layer][rows, :, T - ids.shape[1]:T] = t
+    for layer, state in enumerate(own.recurrent):
+        if state is not None:
+            cache.recurrent[layer] = state.placed_in(cache.recurrent[layer], rows, cache.shape[0])
+    return hidden
 
 
 def shared_prefix_length(rows: list[list[int]]) -> int:

@@ -57,6 +57,14 @@ class RecurrentState:
     def select_rows(self, rows: torch.Tensor) -> RecurrentState:
         return RecurrentState(self.conv.transpose(1, 2)[rows].transpose(1, 2), self.delta[rows])
 
+    def placed_in(self, whole: RecurrentState | None, rows: torch.Tensor, batch_size: int) -> RecurrentState:
+        """`whole` (the state of batch_size rows; None: zeros) with its rows `rows` set to this state's."""
+        if whole is None:
+            conv = self.conv.new_zeros(batch_size, self.conv.shape[2], self.conv.shape[1]).transpose(1, 2)
+            whole = RecurrentState(conv, self.delta.new_zeros(batch_size, *self.delta.shape[1:]))
+        whole.conv[rows], whole.delta[rows] = self.conv, self.delta
+        return whole
+
     def steppable(self) -> RecurrentState:
         """This state laid out for `cpu_kernels.delta_step`, which updates it in place: the conv's
         inputs stored [B, kernel - 1, channels] (one input's channels together: a step reads and rolls
