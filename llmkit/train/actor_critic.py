@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from llmkit.model import Transformer
-from llmkit.train.losses import logprobs_of
+from llmkit.train.rl_losses import logprobs_of
 
 
 class ActorCritic(nn.Module):

@@ -33,7 +33,8 @@ from typing import get_args
 
 import torch
 
-from llmkit.data.chat import collate_pairs, fixed_batches, one_per_prompt, require_dataset_kind
+from llmkit.data.chat import fixed_batches, one_per_prompt
+from llmkit.data.preferences import collate_pairs, require_dataset_kind
 from llmkit.errors import ConfigError
 from llmkit.dryrun import parameters, plan
 from llmkit.loading import load_model, starting_weights

@@ -22,8 +22,8 @@ from functools import partial
 
 import torch
 
-from llmkit.data.chat import (collate_feedback, encode_feedbacks, fixed_batches, one_per_prompt,
-                              require_dataset_kind)
+from llmkit.data.chat import fixed_batches, one_per_prompt
+from llmkit.data.preferences import collate_feedback, encode_feedbacks, require_dataset_kind
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import completion_logps, plan_dpo, reference_output, reference_policy, reference_run
 from llmkit.train.kto_loss import kl_reference_point, kto_loss

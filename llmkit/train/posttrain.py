@@ -12,7 +12,8 @@ from functools import partial
 from statistics import fmean
 from typing import ClassVar
 
-from llmkit.data.chat import BatchStream, collate_pairs, encode_pairs, prompt_messages, reference_answer
+from llmkit.data.chat import BatchStream, prompt_messages, reference_answer
+from llmkit.data.preferences import collate_pairs, encode_pairs
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.loading import load_model, load_tokenizer
@@ -107,7 +108,7 @@ class PreferenceData:
 
     train_rows: list[dict]
     heldout: list[dict]
-    pairs: list  # the training rows encoded (`llmkit.data.chat.Pair`)
+    pairs: list  # the training rows encoded (`llmkit.data.preferences.Pair`)
     eval_pairs: list  # the held-out rows encoded
     counts: dict  # what encoding the training rows kept and dropped
     collate: Callable[[list], dict]  # pairs -> padded batch

@@ -14,9 +14,10 @@ RLOO (Ahmadian et al. 2024, as TRL's RLOOTrainer) samples a group too, but treat
 one action: β times its summed k1 KL comes off its score, its advantage is that reward less the
 mean of its siblings' (leave-one-out), and the clipped ratio is that of its whole log-probability.
 
-The file reads top to bottom: the trained module, rollouts, the engine Task, the stage; the
-settings are `train.ppo_config`. The per-token maths (masked statistics, KL estimators and
-controllers, GAE, the clipped losses) are pure functions in `train.losses`; the scorers of sampled responses are in
+The file reads top to bottom: the engine Task (prompts, rollouts, minibatches, resume), then the
+stage; the settings are `train.ppo_config`, the advantages and the loss of each algorithm
+`train.ppo_algorithms`. The per-token maths (KL estimators and controllers, GAE, the clipped
+losses) are pure functions in `train.rl_losses`; the scorers of sampled responses are in
 `llmkit.rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
 longest response), right-padded, with `mask` 1 on real response tokens (the stop token that
 ends a response included) and 0 on padding.
@@ -30,7 +31,6 @@ are the mean training reward of the first and last tenth of the rollouts.
 from __future__ import annotations
 
 import copy
-import functools
 from typing import Callable
 
 import torch
@@ -43,20 +43,18 @@ from llmkit.rewards import Scorer, reward_mode, rollout_scorer
 from llmkit.tokenizer import same_tokenizer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.train.lora import adapters_disabled, adapters_of
-from llmkit.train.losses import (AdaptiveKLController, FixedKLController, RunningMoments,
-                                 aggregate_token_loss, at_temperature, clip_scores, clipped_policy_token_loss,
-                                 clipped_value_loss, gae, group_relative_advantages, kl_estimate,
-                                 kl_penalized_scores, leave_one_out_advantages, logprobs_and_entropy,
-                                 logprobs_of, masked_mean,
-                                 penalize_missing_stop, sequence_clipped_policy_loss, token_rewards, whiten)
+from llmkit.train.losses import masked_mean
+from llmkit.train.ppo_algorithms import add_advantages, algorithm_loss
+from llmkit.train.rl_losses import (AdaptiveKLController, FixedKLController, RunningMoments, at_temperature,
+                                    clip_scores, logprobs_and_entropy, logprobs_of, penalize_missing_stop)
 from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
                                    trunk_parameters, world_size)
 from llmkit.train.posttrain import evaluate_answers, heldout_split, load_start, post_training_inputs
 from llmkit.train.ppo_config import PpoConfig
-from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, over_processes,
-                                   rank_and_world, rollout_prompts, sample_responses, select_rows)
+from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, rank_and_world,
+                                   rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
-from llmkit.train.task import ITEMS_PER_MICRO_BATCH, Task
+from llmkit.train.task import Task
 
 
 class PpoTask(Task):
@@ -177,26 +175,7 @@ class PpoTask(Task):
         if cfg.normalize_reward:
             self.score_moments.update(scores)
             scores = self.score_moments.normalize(scores)
-
-        if cfg.algo == "ppo":
-            kl = (kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) if ref_logprobs is not None
-                  else torch.zeros_like(logprobs))
-            rewards = token_rewards(scores, kl, mask, self.kl_ctl.value)
-            advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
-            if cfg.whiten_advantages:
-                advantages = whiten(advantages, mask)
-            rollout.update(values=values, returns=returns)
-        elif cfg.algo == "grpo":
-            advantages = self.group_advantages(scores)[:, None] * mask
-            if cfg.mask_truncated_completions:  # still scored within their group, not trained on
-                rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
-        else:
-            if cfg.mask_truncated_completions:  # as TRL's: scored, but out of the KL and the loss
-                mask = rollout["response_mask"] = mask * stopped[:, None].to(mask.dtype)
-            rewards = (kl_penalized_scores(scores, logprobs, ref_logprobs, mask, self.kl_ctl.value)
-                       if ref_logprobs is not None else scores)
-            advantages = self.group_advantages(rewards)[:, None]  # one per response: [N, 1]
-        rollout["advantages"] = advantages
+        mask = add_advantages(rollout, cfg, scores, stopped, logprobs, ref_logprobs, values, self.kl_ctl.value)
 
         self.rollouts_done += 1
         self.reward_history.append(raw_scores.mean().item())
@@ -228,18 +207,6 @@ class PpoTask(Task):
         kl_at_rollout = bool(self.kl_ctl.value) and (cfg.algo == "rloo" or cfg.adaptive_kl)
         return cfg.algo == "ppo" or not one_step_per_pass or kl_at_rollout
 
-    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """GRPO's or RLOO's advantages of this process's samples. Groups never straddle processes,
-        but scale_rewards=batch and normalize_advantages use every process's, as TRL does."""
-        cfg = self.cfg
-        if cfg.algo == "rloo":
-            return over_processes(functools.partial(
-                leave_one_out_advantages, group_size=cfg.group_size, normalize=cfg.normalize_advantages),
-                rewards, pooled=cfg.normalize_advantages)
-        return over_processes(functools.partial(
-            group_relative_advantages, group_size=cfg.group_size, scale=cfg.scale_rewards),
-            rewards, pooled=cfg.scale_rewards == "batch")
-
     def reference_logprobs(self, policy: Transformer, ids, attn, prompt_len: int):
         if self.reference is None:
             with adapters_disabled(policy):
@@ -265,36 +232,8 @@ class PpoTask(Task):
         metrics = {"entropy": entropy.detach(), "approx_kl_old": masked_mean(old - logprobs.detach(), mask)}
         if "ref_logprobs" in batch and "kl" not in self._rollout_metrics:  # the rollout could not log it
             metrics["kl"] = ((old - batch["ref_logprobs"]) * mask).sum(-1).mean()  # the sampling policy's
-        if cfg.algo == "rloo":  # no KL term: the KL is in the rewards
-            policy_loss, was_clipped = sequence_clipped_policy_loss(
-                logprobs, old, batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
-            loss, metrics["clipfrac"] = policy_loss, was_clipped.float().mean()
-        else:
-            per_token, was_clipped = clipped_policy_token_loss(
-                logprobs, old, batch["advantages"], cfg.clip_range, cfg.clip_range_high)
-            metrics["clipfrac"] = masked_mean(was_clipped.float(), mask)
-        if cfg.algo == "ppo":
-            policy_loss = masked_mean(per_token, mask)
-            value_loss, value_clipfrac = clipped_value_loss(
-                values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
-            loss = policy_loss + cfg.vf_coef * value_loss
-            metrics.update(value_loss=value_loss.detach(), value_clipfrac=value_clipfrac)
-        elif cfg.algo == "grpo":
-            aggregate = functools.partial(
-                aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
-                # a batch not served by next_batch is an optimizer step of its own
-                tokens_per_micro_batch=batch.get(ITEMS_PER_MICRO_BATCH, mask.sum()))
-            policy_loss = loss = aggregate(per_token)
-            if "ref_logprobs" in batch:  # none at β = 0, where the term is 0
-                kl = kl_estimate(logprobs, batch["ref_logprobs"], "k3")
-                if cfg.kl_bias_correction:  # the ratio is differentiable: it changes the gradient at ρ = 1 too
-                    kl = kl * torch.exp(logprobs - old)
-                kl_loss = aggregate(kl)
-                # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
-                # with the β this rollout logged (adaptive_kl moves it between rollouts)
-                loss = policy_loss + self._rollout_kl_coef * kl_loss
-                metrics["kl_loss"] = kl_loss.detach()
-        metrics["policy_loss"] = policy_loss.detach()
+        loss, algo_metrics = algorithm_loss(cfg, batch, logprobs, old, values, self._rollout_kl_coef)
+        metrics.update(algo_metrics)
         # model.aux_loss: the MoE load-balancing loss of this forward (0 for a dense policy)
         loss = loss - cfg.entropy_coef * entropy + model.aux_loss
         return loss, {**metrics, **self._rollout_metrics}

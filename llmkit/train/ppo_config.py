@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from llmkit.errors import ConfigError
-from llmkit.train.losses import GrpoLossType, RewardScaling
+from llmkit.train.rl_losses import GrpoLossType, RewardScaling
 from llmkit.train.posttrain import GenerativeConfig
 
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, collate_pairs,
-                              collate_sft, conversation, encode_conversation, encode_pair, encode_pairs,
-                              encode_sft_rows, fixed_batches, one_per_prompt, pack, packed_row,
-                              prompt_messages, reference_answer, sft_rows)
+from llmkit.data.chat import (IGNORE_INDEX, PAD_DOC, BatchStream, Example, collate_sft, conversation,
+                              encode_conversation, encode_sft_rows, fixed_batches, one_per_prompt, pack,
+                              packed_row, prompt_messages, reference_answer, sft_rows)
+from llmkit.data.preferences import collate_pairs, encode_pair, encode_pairs
 from llmkit.errors import UserError
 from tests.train.posttrain_fixtures import tiny_model
 

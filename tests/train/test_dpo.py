@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmkit.config import _Raw
-from llmkit.data.chat import collate_pairs, encode_pair
+from llmkit.data.preferences import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
                               run_dpo)

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.config import parse_overrides
-from llmkit.data.chat import (IGNORE_INDEX, collate_feedback, encode_feedback, mismatch_completions,
-                              mismatched_pair)
+from llmkit.data.chat import IGNORE_INDEX
+from llmkit.data.preferences import collate_feedback, encode_feedback, mismatch_completions, mismatched_pair
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
 from llmkit.hf_tokenizer import HFTokenizer

@@ -374,7 +374,7 @@ def test_rm_with_lora_trains_the_score_head_in_full(make_ctx, ws, monkeypatch):
 @pytest.mark.parametrize("precompute", [False, True])
 def test_dpo_with_lora_takes_the_reference_from_the_disabled_adapters(make_ctx, ws, monkeypatch, precompute):
     import llmkit.train.dpo as dpo
-    from llmkit.data.chat import collate_pairs, encode_pair
+    from llmkit.data.preferences import collate_pairs, encode_pair
 
     copy_anything = dpo.copy.deepcopy
 

@@ -13,7 +13,7 @@ from llmkit.model import Transformer
 from llmkit.model_config import ModelConfig
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
-from llmkit.train.losses import logprobs_of
+from llmkit.train.rl_losses import logprobs_of
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, response_mask_of,
                                    select_rows)
@@ -22,7 +22,7 @@ from tests.train.posttrain_fixtures import (memorizing_model, preference_rows, t
                                             write_checkpoint_run, write_dataset)
 
 
-# ---- rollouts (the per-token maths are tested in tests/train/test_losses.py, the scorers in
+# ---- rollouts (the per-token maths are tested in tests/train/test_rl_losses.py, the scorers in
 # tests/test_rewards.py) ---------------------------------------------------------------------------
 
 
@@ -225,7 +225,7 @@ def test_adaptive_kl_steers_beta_once_per_rollout_in_the_loop(tmp_path):
 
 POOL_ON_RANK = """
 import json, sys, torch
-from llmkit.train.losses import AdaptiveKLController
+from llmkit.train.rl_losses import AdaptiveKLController
 from llmkit.train.rollouts import mean_over_processes
 rank, init = int(sys.argv[1]), sys.argv[2]
 torch.distributed.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=2)

@@ -25,7 +25,7 @@ from trl import RLOOConfig, RLOOTrainer
 from llmkit.errors import ConfigError
 from llmkit.train.actor_critic import ActorCritic
 from llmkit.train.engine import Engine
-from llmkit.train.losses import kl_penalized_scores, leave_one_out_advantages
+from llmkit.train.rl_losses import kl_penalized_scores, leave_one_out_advantages
 from llmkit.train.ppo import PpoConfig, PpoTask
 from llmkit.train.rollouts import Prompt, ends_with_stop, response_mask_of, select_rows
 from tests.test_hf_tokenizer import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
@@ -260,7 +260,7 @@ def test_rloo_trains_end_to_end_and_moves_every_parameter(tmp_path):
 
 NORMALIZE_ON_RANK = """
 import functools, json, sys, torch
-from llmkit.train.losses import leave_one_out_advantages
+from llmkit.train.rl_losses import leave_one_out_advantages
 from llmkit.train.rollouts import over_processes
 rank, init = int(sys.argv[1]), sys.argv[2]
 torch.distributed.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=2)

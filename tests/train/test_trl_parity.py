@@ -37,15 +37,16 @@ from datasets import Dataset
 from trl import (DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig,
                  SFTTrainer)
 
-from llmkit.data.chat import (IGNORE_INDEX, collate_pairs, collate_sft, encode_pairs, encode_sft_rows,
-                              packed_row, sft_rows)
+from llmkit.data.chat import IGNORE_INDEX, collate_sft, encode_sft_rows, packed_row, sft_rows
+from llmkit.data.preferences import collate_pairs, encode_pairs
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
 from llmkit.hf_tokenizer import HFTokenizer
 from llmkit.model import Transformer
 from llmkit.train.actor_critic import ActorCritic
 from llmkit.train.dpo import DpoConfig, DpoTask, per_row
 from llmkit.train.engine import items_per_micro_batch
-from llmkit.train.losses import DPO_LOSS_TYPES, dpo_loss, group_relative_advantages
+from llmkit.train.losses import DPO_LOSS_TYPES, dpo_loss
+from llmkit.train.rl_losses import group_relative_advantages
 from llmkit.train.ppo import PpoConfig, PpoTask
 from llmkit.train.rm import RmTask
 from llmkit.train.rollouts import Prompt

@@ -1,11 +1,12 @@
-"""The dedup kernels (llmkit.data.dedup._kernels), compiled ahead of time on first use so that
-a dedup process never imports numba (see llmkit.aot), else run through numba's JIT."""
+"""The dedup kernels (llmkit.data.dedup._kernels: the sketches; _cluster_kernels: union-find),
+compiled ahead of time on first use so that a dedup process never imports numba (see llmkit.aot),
+else run through numba's JIT."""
 
 from __future__ import annotations
 
 from llmkit import aot
 
-_KERNELS = None
+_KERNELS = _CLUSTER_KERNELS = None
 SIGNATURES = {  # of the kernels compiled ahead of time: the arrays the dedup modules hand them
     "shingles": "Tuple((u8[::1], i8[::1], i1[::1]))"
                 "(u1[::1], i8[::1], i1[::1], i8, i8, b1, f8, b1, b1)",
@@ -15,6 +16,9 @@ SIGNATURES = {  # of the kernels compiled ahead of time: the arrays the dedup mo
     "minhash_signatures": "u8[:, ::1](u8[::1], i8[::1], i8, u8)",
     "band_keys": "u8[:, ::1](u8[:, ::1], i8, i8)",
     "fmix64": "u8(u8)",
+}
+
+CLUSTER_SIGNATURES = {  # of the union-find kernels (unionfind.py)
     "cluster_u32": "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8, u4[::1], i8[::1], f8)",
     "cluster_u64": "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8, u8[::1], i8[::1], f8)",
     "gather_u8": "u1[::1](u1[::1], i8[::1], i8[::1])",
@@ -33,3 +37,12 @@ def kernels():
     if _KERNELS is None:
         _KERNELS = aot.load("llmkit.data.dedup._kernels", SIGNATURES, what="the dedup kernels")
     return _KERNELS
+
+
+def cluster_kernels():
+    """The module of union-find kernels, as `kernels` loads the sketches'."""
+    global _CLUSTER_KERNELS
+    if _CLUSTER_KERNELS is None:
+        _CLUSTER_KERNELS = aot.load("llmkit.data.dedup._cluster_kernels", CLUSTER_SIGNATURES,
+                                    what="the dedup cluster kernels")
+    return _CLUSTER_KERNELS

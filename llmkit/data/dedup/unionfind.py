@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmkit.data.dedup.compiled import kernels
+from llmkit.data.dedup.compiled import cluster_kernels
 
 # verification of a candidate pair
 ACCEPT, JACCARD, HAMMING, EQUAL = 0, 1, 2, 3
@@ -33,7 +33,8 @@ def cluster_buckets(parent: np.ndarray, members: np.ndarray, bucket_offsets: np.
     shingle hashes, repeats allowed (JACCARD ≥ param), one fingerprint (HAMMING ≤ param) or one
     hash (EQUAL). Returns (pairs verified, pairs accepted).
     """
-    cluster = kernels().cluster_u32 if values.dtype == np.uint32 else kernels().cluster_u64
+    kernels = cluster_kernels()
+    cluster = kernels.cluster_u32 if values.dtype == np.uint32 else kernels.cluster_u64
     return cluster(parent, _int64(members), _int64(bucket_offsets), verify, values,
                    _int64(value_offsets), float(param))
 
@@ -41,25 +42,26 @@ def cluster_buckets(parent: np.ndarray, members: np.ndarray, bucket_offsets: np.
 def gather_ragged(stored: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """stored[starts[i]:starts[i]+lengths[i]] for every i, concatenated (stored may be a
     memory-mapped file: only the slices asked for are read)."""
-    gather = {np.uint8: kernels().gather_u8, np.uint32: kernels().gather_u32,
-              np.uint64: kernels().gather_u64}[stored.dtype.type]
+    kernels = cluster_kernels()
+    gather = {np.uint8: kernels.gather_u8, np.uint32: kernels.gather_u32,
+              np.uint64: kernels.gather_u64}[stored.dtype.type]
     return gather(stored, _int64(starts), _int64(lengths))
 
 
 def roots(parent: np.ndarray) -> np.ndarray:
     """Each document's cluster root (its smallest member), fully compressed."""
-    return kernels().roots(parent)
+    return cluster_kernels().roots(parent)
 
 
 def union(parent: np.ndarray, x: int, y: int) -> int:
     """Join the clusters of x and y under the smaller root (in place); returns the new root."""
-    return kernels().union(parent, x, y)
+    return cluster_kernels().union(parent, x, y)
 
 
 def set_jaccard(a: np.ndarray, b: np.ndarray, keys: np.ndarray, seen: np.ndarray) -> float:
     """Jaccard similarity of the distinct values of uint32 arrays a and b (two empty sets:
     1); `keys` (uint64) and `seen` (uint8) are scratch of a power-of-two size > len(a) + len(b)."""
-    return kernels().set_jaccard(a, b, keys, seen)
+    return cluster_kernels().set_jaccard(a, b, keys, seen)
 
 
 def _int64(values) -> np.ndarray:

@@ -22,10 +22,10 @@ def test_the_jit_fallback_gives_the_compiled_sketches_and_clusters(method, monke
         sketch = sketcher(texts)
         return sketch, cluster_in_memory(sketch, sketcher)
 
-    ahead_of_time = compiled.kernels()
-    assert ahead_of_time.__file__.endswith(".so")
+    assert compiled.kernels().__file__.endswith(".so") and compiled.cluster_kernels().__file__.endswith(".so")
     want, (want_roots, want_pairs) = run()
     monkeypatch.setattr(compiled, "_KERNELS", aot.just_in_time("llmkit.data.dedup._kernels"))
+    monkeypatch.setattr(compiled, "_CLUSTER_KERNELS", aot.just_in_time("llmkit.data.dedup._cluster_kernels"))
     got, (roots, pairs) = run()
     assert np.array_equal(got.keys, want.keys) and np.array_equal(got.values, want.values)
     assert np.array_equal(roots, want_roots) and pairs == want_pairs
