@@ -9,26 +9,24 @@ bytes), or an error naming the smallest vocabulary that works. With `jieba=true`
 are trained with a tab at each jieba word boundary, so no piece crosses one.
 
 After training, fertility (tokens per character and per word, by language) is measured on
-documents held out of the sample.
+documents held out of the sample. The stage itself, through the data driver, is
+llmkit.data.train_tokenizer.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import re
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from llmkit.cjk import count_words, language_of, mark_jieba_boundaries
+from llmkit.cjk import count_words, mark_jieba_boundaries
 from llmkit.data.io import dataset_files
 from llmkit.errors import ConfigError, UserError
-from llmkit.progress import Progress, print_summary
-from llmkit.tokenizer import (BOS, CHAT_TEMPLATE, CONFIG_FILE, END_OF_TURN, EOS, MODEL_FILE, PAD,
-                              ROLE_TOKENS, UNK, WS_MARK, Tokenizer)
-from llmkit.workspace import write_atomic
+from llmkit.executor import RunsOn, run_option
+from llmkit.tokenizer import (BOS, CHAT_TEMPLATE, END_OF_TURN, EOS, MODEL_FILE, PAD, ROLE_TOKENS, UNK,
+                              WS_MARK, Tokenizer)
 
 UNK_MARK = "\u2585"       # sentencepiece skips training sentences that contain it
 TAB = "\t"                # never inside a trained piece: marks pretokenisation boundaries
@@ -47,6 +45,8 @@ class TokenizerConfig:
     heldout_fraction: float = 0.01      # documents kept out of training to measure fertility
     heldout_chars: int = 2_000_000      # at most this many held-out characters are measured
     seed: int = 0                       # picks the training sample and the held-out documents
+    # a data stage's `run` section without DataConfig's allow_empty: no text, no tokenizer
+    run: RunsOn = run_option()  # where its task runs; run.workers: sentencepiece's threads (not fingerprinted)
 
     def __post_init__(self):
         if self.vocab_size < 300:
@@ -369,66 +369,3 @@ def _documents(datasets) -> Iterator[tuple[str, str, str | None]]:
                 for i, t, lang in zip(ids, d["text"], langs):
                     if t:
                         yield str(i), t, lang
-
-
-def _why_no_heldout(cfg: TokenizerConfig, docs: int) -> str:
-    """Why the fertility table is empty, and what to set instead."""
-    if cfg.heldout_fraction == 0:
-        return "heldout_fraction=0 holds no document out of training; set it to e.g. 0.01"
-    if cfg.heldout_chars <= 0:
-        return f"heldout_chars={cfg.heldout_chars} measures no held-out text; set it above 0"
-    return (f"none of the {docs} documents was drawn as held-out text (heldout_fraction="
-            f"{cfg.heldout_fraction:g} draws about {docs * cfg.heldout_fraction:.1f}); raise "
-            "heldout_fraction or add documents")
-
-
-def run_tokenizer(ctx, cfg: TokenizerConfig):
-    """`llmkit tokenizer`: train on the input dataset(s) and write the tokenizer artifact."""
-    datasets = ctx.input_list("dedup")
-    b = ctx.workspace.builder(ctx.out_name("tokenizer"), stage="tokenizer", config=cfg,
-                              inputs=datasets, force=ctx.force)
-    if b.up_to_date:
-        return b
-    with b:
-        sample = TrainingSample(cfg.input_sentence_size, cfg.seed)
-        heldout: list[tuple[str, str]] = []
-        heldout_chars = docs = 0
-        with Progress("tokenizer: sampling", unit="docs") as bar:
-            for doc_id, text, lang in _documents(datasets):
-                docs += 1
-                bar.advance(1)
-                if _hash01("heldout", cfg.seed, doc_id) < cfg.heldout_fraction:
-                    if heldout_chars < cfg.heldout_chars:
-                        heldout.append((lang or language_of(text), text))
-                        heldout_chars += len(text)
-                    continue
-                sample.add(doc_id, text, cfg.max_sentence_chars)
-        sentences = sample.sentences()
-        started = time.time()
-        model, plan = train_sentencepiece(sentences, cfg, ctx.workers)
-        train_seconds = time.time() - started
-        (b.dir / MODEL_FILE).write_bytes(model)
-        write_atomic(b.dir / CONFIG_FILE, json.dumps(tokenizer_config_json(cfg, model),
-                                                      indent=2, ensure_ascii=False))
-        tok = Tokenizer(b.dir)
-        fert, failures = fertility(tok, heldout)
-        if failures:  # a bug, never a user error
-            raise AssertionError(f"tokenizer: {failures} held-out documents do not round-trip")
-        no_fertility = None if fert else _why_no_heldout(cfg, docs)
-        if no_fertility:
-            print(f"warning: tokenizer: no fertility measured: {no_fertility}", flush=True)
-        b.stats.update(
-            vocab_size=tok.vocab_size, docs=docs, sample_sentences=len(sentences),
-            sample_chars=sum(map(len, sentences)), sentences_seen=sample.sentences_seen,
-            character_coverage=plan.requested, character_coverage_used=round(plan.used, 6),
-            coverage_lowered=plan.lowered, required_chars=plan.required_chars,
-            byte_fallback_chars=plan.byte_chars, jieba=cfg.jieba,
-            heldout_docs=len(heldout), fertility=fert, no_fertility=no_fertility,
-            roundtrip_failures=failures,
-            train_seconds=round(train_seconds, 2), train_threads=ctx.workers)
-    rows = [("vocab size", b.stats["vocab_size"]), ("sample sentences", len(sentences)),
-            ("coverage used", f"{plan.used:.6g}")]
-    rows += [(f"{lang} tokens/char", s["tokens_per_char"]) for lang, s in fert.items()]
-    rows.append(("seconds", round(time.time() - b.started, 2)))
-    print_summary(f"{b.name} done", rows)
-    return b

@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 from llmkit.stages import deferred
 
-run_tokenizer = deferred("llmkit.tokenizer_training:run_tokenizer")
+run_tokenizer = deferred("llmkit.data.train_tokenizer:run_tokenizer")
 
 
 @stage_command(config=True, inputs=True, writes=True, workers=True)
