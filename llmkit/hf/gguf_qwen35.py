@@ -7,7 +7,8 @@ the one llama-cpp-python 0.3.36 vendors), for llmkit.hf.gguf_export:
   `attention.recurrent_layers` (which layers are Gated DeltaNet), full_attention_interval, the
   rotary dimension count (the rotated share of a head) and `rope.dimension_sections` (llama.cpp
   rotates Qwen3.5 with interleaved M-RoPE; a text token has one position in every section, so the
-  sections, the converter's default [11, 11, 10, 0], do not change what it computes);
+  sections, the converter's default [11, 11, 10, 0], do not change what it computes; see
+  `mrope_sections` for heads narrower than their sum);
 - tensors: transformers' names mapped by gguf-py (in_proj_qkv -> attn_qkv, in_proj_z -> attn_gate,
   in_proj_b/a -> ssm_beta/ssm_alpha, conv1d -> ssm_conv1d, dt_bias -> ssm_dt.bias, A_log -> ssm_a,
   the gated norm -> ssm_norm, out_proj -> ssm_out, post_attention_layernorm -> post_attention_norm),
@@ -50,7 +51,17 @@ def write_qwen35_architecture(writer, cfg) -> None:
     # written by key name: gguf-py 0.19 has no add_recurrent_layers (later versions write the same key)
     writer.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in types])
     writer.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
-    writer.add_rope_dimension_sections(MROPE_SECTIONS)
+    writer.add_rope_dimension_sections(mrope_sections(cfg))
+
+
+def mrope_sections(cfg) -> list[int]:
+    """The converter's default sections, or where they outnumber a head's dimensions (ggml asserts
+    their sum <= head_dim: tiny models), three equal sections covering every rotated pair, so that
+    each pair takes the text position (of t, h, w; not the 4th, vision's)."""
+    if sum(MROPE_SECTIONS) <= cfg.head_dim:
+        return MROPE_SECTIONS
+    each = -(-cfg.rotary_dim // 2 // 3)
+    return [each, each, each, 0]
 
 
 def qwen35_tensor(name: str, array, cfg):

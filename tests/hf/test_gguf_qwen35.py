@@ -54,7 +54,7 @@ def test_the_keys_are_llama_cpps_qwen35_keys(exported):
     assert (fields["qwen35.ssm.conv_kernel"], fields["qwen35.ssm.state_size"], fields["qwen35.ssm.group_count"],
             fields["qwen35.ssm.time_step_rank"], fields["qwen35.ssm.inner_size"]) == (4, 16, 2, 4, 64)
     assert fields["qwen35.rope.dimension_count"] == 4  # a quarter of a 16-wide head rotates
-    assert fields["qwen35.rope.dimension_sections"] == [11, 11, 10, 0]
+    assert fields["qwen35.rope.dimension_sections"] == [1, 1, 1, 0]  # 11, 11, 10 outnumber 16 dimensions
     assert fields["tokenizer.ggml.pre"] == "qwen35"
     assert "transformers cannot read qwen35" in output
 
