@@ -17,7 +17,8 @@ writes them.
 
 What llama.cpp cannot compute is refused by name: mixture-of-experts (not implemented here),
 layernorm models, and layers without RoPE other than llama.cpp's `smollm3` pattern (every 4th layer,
-fixed in its code: no GGUF key says which). transformers reads no `smollm3` GGUF file, so those are
+fixed in its code: no GGUF key says which), Qwen3.5 shapes its qwen35 graph cannot hold (gguf_qwen35).
+transformers reads no `smollm3` or `qwen35` GGUF file, so those are
 not read back (`make llama-cpp` builds the client that can). A sliding window shorter than the
 context is written as the file's context length: llama.cpp's llama/qwen2 graphs attend to the whole
 context, which within the window is the same. `llmkit.hf_config` (the model's transformers
