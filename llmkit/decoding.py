@@ -198,7 +198,7 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
 def length_groups(lengths: list[int], slack: float = 1.25) -> list[list[int]]:
     """The rows (indices) in groups of similar prompt length, the shortest first: a group's rows x
     its longest prompt stay within `slack` x its tokens, so left padding costs at most a quarter
-    more positions than the prompts hold (16 prompts of 19-201 tokens: 1.9x fewer than one batch)."""
+    more positions than the prompts hold (16 prompts of 19-201 tokens: 2,082 instead of 3,216)."""
     groups: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
         if groups and lengths[i] * (len(groups[-1]) + 1) <= slack * (sum(lengths[j] for j in groups[-1]) + lengths[i]):
