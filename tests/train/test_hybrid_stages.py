@@ -25,7 +25,7 @@ from llmkit import checkpoints as ckpt
 from llmkit.cli.app import build_app
 from llmkit.train.metrics import read_metrics
 from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
-from tests.test_vocab_extend import ENGLISH, chinese
+from tests.hf.test_vocab_extend import ENGLISH, chinese
 from tests.train.posttrain_fixtures import (addition_rows, preference_rows, separable_pairs,
                                             write_dataset)
 
