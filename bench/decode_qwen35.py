@@ -134,7 +134,15 @@ def inner(p: dict) -> dict:
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     new = [up_to_stop(row, p["stop_id"]) for row in out[:, ids.shape[1]:].tolist()]
     steps = out.shape[1] - ids.shape[1]
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": sum(map(len, new)), "greedy": new, "prompt_positions": int(mask.sum()),
+    lengths = mask.sum(-1).tolist()
+    if p["side"] == "llmkit":  # prompts of very different lengths prefill in groups (llmkit.decoding.prefill)
+        from llmkit.decoding import length_groups
+
+        prompt_positions = sum(len(g) * max(lengths[i] for i in g) for g in length_groups(lengths))
+    else:
+        prompt_positions = ids.numel()
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": sum(map(len, new)), "greedy": new,
+            "prompt_positions": prompt_positions,
             "decode_positions": sum(map(len, new)) if p["side"] == "llmkit" else len(new) * steps}
 
 
