@@ -19,8 +19,8 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	# the compiled kernels (chunk-cache encoder, dedup, decoding) build once (~1 min): here, not in the
 	# first stage that uses them
-	$(BIN)/python -c "import llmkit.chunk_cache as c, llmkit.data.dedup.compiled as d, llmkit.data.document as r, llmkit.data.decontam_index as x; c.kernels(); d.kernels(); d.cluster_kernels(); r.kernels(); x.kernels()"
-	$(BIN)/python -c "import llmkit.cpu_kernels as k; k.library()"  # decoding's kernels (~3 s; none without AVX-512)
+	$(BIN)/python -c "import llmkit.tokenizers.chunk_cache as c, llmkit.data.dedup.compiled as d, llmkit.data.document as r, llmkit.data.decontam_index as x; c.kernels(); d.kernels(); d.cluster_kernels(); r.kernels(); x.kernels()"
+	$(BIN)/python -c "import llmkit.model.cpu_kernels as k; k.library()"  # decoding's kernels (~3 s; none without AVX-512)
 	touch $@
 
 demo: setup

@@ -2,8 +2,8 @@
 linear layer of a transformers model (what a decoder must compute per new token, whatever else it
 saves) against transformers' own whole decode step with its static cache. The products are timed
 three ways: through `F.linear` (MKL's sgemm, what transformers runs), and through the weights
-llmkit decodes with (`llmkit.packed_linear`): oneDNN's packed layout, and llmkit's panel kernel
-where the CPU has AVX-512 (`llmkit.cpu_kernels`).
+llmkit decodes with (`llmkit.model.packed_linear`): oneDNN's packed layout, and llmkit's panel kernel
+where the CPU has AVX-512 (`llmkit.model.cpu_kernels`).
 
 If the ratio (transformers' step / the products alone) is below 2, no implementation on that kernel
 decodes at twice transformers' speed per step; dropping finished rows can add at most the ratio of
@@ -41,8 +41,8 @@ def main() -> None:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, StaticCache
 
-    from llmkit import cpu_kernels
-    from llmkit.packed_linear import packed_linears
+    from llmkit.model import cpu_kernels
+    from llmkit.model.packed_linear import packed_linears
 
     torch.set_num_threads(a.threads)
     model = AutoModelForCausalLM.from_pretrained(a.export, dtype=torch.float32).eval()

@@ -11,7 +11,7 @@ template, then read by `llmkit import` into a workspace. Built once under --work
 
 Two timings, each in fresh processes with the same thread count, alternating the order per repetition:
 - inner loop: both sides load their model, decode the batch once as a warm-up, then time
-  `llmkit.decoding.generate` / `model.generate` on the same left-padded batch of `--batch` chat
+  `llmkit.model.decoding.generate` / `model.generate` on the same left-padded batch of `--batch` chat
   prompts of different lengths (token ids made once by the parent) x `--new-tokens`, greedy, stop
   token `<|im_end|>`. The greedy tokens of the two sides must be equal (printed).
 - whole command: `llmkit generate --from RUN --prompts FILE --set greedy=true ...` against the
@@ -108,9 +108,9 @@ def inner(p: dict) -> dict:
 
     ids, mask = torch.tensor(p["ids"]), torch.tensor(p["mask"])
     if p["side"] == "llmkit":
-        from llmkit.decoding import generate
-        from llmkit.loading import load
-        from llmkit.packed_linear import packed_linears
+        from llmkit.model.decoding import generate
+        from llmkit.checkpoints.loading import load
+        from llmkit.model.packed_linear import packed_linears
 
         model, _ = load(p["run"], device="cpu")
         model.eval()
@@ -135,8 +135,8 @@ def inner(p: dict) -> dict:
     new = [up_to_stop(row, p["stop_id"]) for row in out[:, ids.shape[1]:].tolist()]
     steps = out.shape[1] - ids.shape[1]
     lengths = mask.sum(-1).tolist()
-    if p["side"] == "llmkit":  # prompts of very different lengths prefill in groups (llmkit.decoding.prefill)
-        from llmkit.decoding import length_groups
+    if p["side"] == "llmkit":  # prompts of very different lengths prefill in groups (llmkit.model.decoding.prefill)
+        from llmkit.model.decoding import length_groups
 
         prompt_positions = sum(len(g) * max(lengths[i] for i in g) for g in length_groups(lengths))
     else:
@@ -204,15 +204,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", choices=["inner", "command"], help="run one of the two timings")
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("payload", nargs="?", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.payload)
+    if a.quick:
+        a.batch, a.new_tokens, a.reps = 4, 8, 1
 
-    from llmkit.decoding import left_pad
+    from llmkit.model.decoding import left_pad
     from llmkit.generation import encode_prompt
-    from llmkit.loading import load_tokenizer
+    from llmkit.checkpoints.loading import load_tokenizer
 
     work = Path(a.work)
     paths = build(work)

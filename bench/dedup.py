@@ -99,7 +99,7 @@ def write_clean(ws: Path, corpus) -> int:
     import pyarrow as pa
 
     from llmkit.data.io import DatasetWriter
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     @dataclass
     class Planted:

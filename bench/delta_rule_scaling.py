@@ -1,6 +1,6 @@
 """How the cost per token of the chunked gated delta rule grows with the sequence (CPU, fp32):
-forward and forward + backward of one Gated DeltaNet layer (`llmkit.gated_deltanet`) and of one
-full-attention layer (`llmkit.model.Attention`, SDPA's causal path: quadratic in the sequence) at
+forward and forward + backward of one Gated DeltaNet layer (`llmkit.model.gated_deltanet`) and of one
+full-attention layer (`llmkit.model.transformer.Attention`, SDPA's causal path: quadratic in the sequence) at
 512 .. 4096 tokens, and of a whole tiny Qwen3.5 (3 linear : 1 full). Layer shapes are those of
 bench/decode_qwen35.py's ~100M model (hidden 640; Gated DeltaNet 4 key / 8 value heads of 128; attention
 8 query / 2 key-value heads of 256). Batch 1, the median of `--reps` timings after one warm-up, in
@@ -56,12 +56,16 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,1024,2048,4096")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                        help="small sizes (`make bench` sets BENCH_QUICK=1): runs end to end, no figures to keep")
     a = parser.parse_args()
+    if a.quick:
+        a.lengths, a.reps = "256,512", 1
 
     import torch
 
-    from llmkit.gated_deltanet import GatedDeltaNet
-    from llmkit.model import Attention, Transformer, rope_tables
+    from llmkit.model.gated_deltanet import GatedDeltaNet
+    from llmkit.model.transformer import Attention, Transformer, rope_tables
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)

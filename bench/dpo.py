@@ -90,11 +90,11 @@ def write_random_run(ws: Path, name: str, preset: str = "tiny") -> None:
 
     import torch
 
-    from llmkit.model import Transformer
-    from llmkit.model_config import model_config
-    from llmkit.tokenizer import Tokenizer
-    from llmkit import checkpoints as ckpt
-    from llmkit.workspace import Workspace
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import model_config
+    from llmkit.tokenizers.sentencepiece import Tokenizer
+    from llmkit.checkpoints import step_folders as ckpt
+    from llmkit.core.workspace import Workspace
 
     tokenizer = Tokenizer(ws / "tokenizer")
     torch.manual_seed(0)

@@ -46,7 +46,7 @@ PROMPTS = REPO / "recipes/smollm2/general_prompts.jsonl"
 
 def prompt_batches(tokenizer, n_batches: int, batch: int) -> list[tuple[list, list]]:
     """(ids, mask) of each left-padded batch of chat prompts, as lists (the payload of both sides)."""
-    from llmkit.decoding import left_pad
+    from llmkit.model.decoding import left_pad
     from llmkit.generation import encode_prompt
 
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
@@ -73,9 +73,9 @@ def child(p: dict) -> dict:
 
     batches = [(torch.tensor(ids), torch.tensor(mask)) for ids, mask in p["batches"]]
     if p["side"] == "llmkit":
-        from llmkit.decoding import generate
-        from llmkit.loading import load
-        from llmkit.packed_linear import packed_linears
+        from llmkit.model.decoding import generate
+        from llmkit.checkpoints.loading import load
+        from llmkit.model.packed_linear import packed_linears
 
         model, _ = load(p["model"], device="cpu")
         model.eval()
@@ -134,7 +134,7 @@ def main() -> None:
     if not (a.model and a.export):
         return print("skip: needs --model and --export, a run and its `llmkit export` folder (e.g. make smollm2)")
 
-    from llmkit.loading import load_tokenizer
+    from llmkit.checkpoints.loading import load_tokenizer
 
     tokenizer = load_tokenizer(latest_step(Path(a.model)))
     payload = {"model": str(Path(a.model).resolve()), "export": str(Path(a.export).resolve()),

@@ -117,7 +117,7 @@ class LlmkitReader:
     def greedy(self, prompt):
         import torch
 
-        from llmkit.decoding import generate
+        from llmkit.model.decoding import generate
 
         with torch.no_grad():
             return generate(self.model, torch.tensor([prompt]), NEW_TOKENS, greedy=True)[0, len(prompt):].tolist()
@@ -155,7 +155,7 @@ def main() -> None:
     import torch
 
     import llmkit
-    from llmkit.checkpoints import checkpoint_step_dir
+    from llmkit.checkpoints.step_folders import checkpoint_step_dir
     from llmkit.generation import encode_prompt
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -145,7 +145,7 @@ CHILDREN = {"llmkit": measured(llmkit_step_ends), "trl": measured(trl_child)}
 
 def long_rows(a, n_rows: int) -> list[str]:
     """SmolLM2 mode's rows: few-shot prompts whose chat (answer included) is 240-`a.seq_len` tokens."""
-    from llmkit.loading import load_tokenizer
+    from llmkit.checkpoints.loading import load_tokenizer
 
     run = Path(a.model)
     tokenizer = load_tokenizer(run / (run / "latest").read_text().strip())
@@ -267,8 +267,8 @@ def main() -> None:
     if not 1 <= a.warmup < a.steps or a.reps < 1:
         parser.error("need 1 <= --warmup < --steps and --reps >= 1")
 
-    from llmkit.model import Transformer
-    from llmkit.model_config import model_config
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import model_config
 
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"

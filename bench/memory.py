@@ -42,8 +42,8 @@ def one_step(variant: str, batch: int, seq_len: int, vocab: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from llmkit.model import Transformer
-    from llmkit.model_config import model_config
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import model_config
     from llmkit.train.pretrain import PretrainTask
 
     torch.set_num_threads(2)

@@ -143,8 +143,8 @@ def compare_with_transformers(args) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
-    from llmkit.model import Transformer
-    from llmkit.model_config import model_config
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import model_config
     from llmkit.train.metrics import measured_cpu_peak_flops
 
     def pair():
@@ -193,8 +193,8 @@ def gpu_matrix(args) -> None:
 
     import torch
 
-    from llmkit.model import Transformer
-    from llmkit.model_config import model_config
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import model_config
 
     if not torch.cuda.is_available():
         sys.exit("--matrix needs a GPU")

@@ -30,7 +30,7 @@ sys.path[0] = str(ROOT)  # not bench/, whose tokenize.py would shadow the standa
 
 
 def ctx(ws: Path, *sets: str, inputs=None, out=None, force=False):
-    from llmkit.stage import StageContext
+    from llmkit.core.context import StageContext
 
     return StageContext.create(workspace=ws, set_=list(sets), inputs=inputs, out=out,
                                force=force, stage="quality")
@@ -69,7 +69,7 @@ def replicated_dataset(ws: Path, test: list[dict], mb: float) -> float:
     import pyarrow as pa
 
     from llmkit.data.io import DatasetWriter
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     rows, size, copy = [], 0, 0
     while size < mb * 1e6:

@@ -71,7 +71,7 @@ def pool_and_heldout(demo_ws: Path, spam_share: float, seed: int):
 
 
 def token_counts(texts: list[str], tokenizer_dir: Path) -> list[int]:
-    from llmkit.tokenizer import Tokenizer
+    from llmkit.tokenizers.sentencepiece import Tokenizer
 
     return [len(ids) + 1 for ids in Tokenizer(tokenizer_dir).encode_batch(texts)]
 

@@ -15,7 +15,7 @@ Each is reported by wall clock and by CPU time (the command's and its threads');
 machine only the CPU-time ratios mean something. `--workers N` keeps one thread for reading
 and writing and encodes in N - 1 (N = 1: one thread does all).
 
-The first run on a machine compiles the chunk-cache encoder's passes (llmkit.chunk_cache, about
+The first run on a machine compiles the chunk-cache encoder's passes (llmkit.tokenizers.chunk_cache, about
 20 s, once); each figure is the faster of two runs, so that compilation is left out.
 
 
@@ -130,7 +130,7 @@ def main() -> None:
 
     import pyarrow.parquet as pq
 
-    from llmkit.tokenizer import Tokenizer
+    from llmkit.tokenizers.sentencepiece import Tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-tokenize-"))
     ws = tmp / "ws"

@@ -27,7 +27,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 def heldout_docs(corpus: Path, fraction: float, seed: int, docs: int, chars: int) -> dict[str, list[str]]:
     import pyarrow.parquet as pq
 
-    from llmkit.tokenizer_training import _hash01
+    from llmkit.data.tokenizer_training import _hash01
 
     by_lang: dict[str, list[str]] = {"en": [], "zh": []}
     for f in sorted(corpus.glob("part-*.parquet")):

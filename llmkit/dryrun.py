@@ -46,7 +46,7 @@ OPTIMIZER_BYTES = {"adamw": 8, "paged_adamw": 8, "adamw8bit": 2 + 8 / 256, "page
 
 @dataclass(frozen=True)
 class Shape:
-    """The fields of `llmkit.model_config.ModelConfig` that size a model."""
+    """The fields of `llmkit.model.config.ModelConfig` that size a model."""
 
     vocab_size: int
     hidden_size: int
@@ -57,7 +57,7 @@ class Shape:
     tie_embeddings: bool = True
     n_experts: int = 0
     experts_top_k: int = 2
-    shared_expert_size: int = 0  # Qwen3.5-MoE's shared expert (llmkit.mixture_of_experts)
+    shared_expert_size: int = 0  # Qwen3.5-MoE's shared expert (llmkit.model.mixture_of_experts)
     head_dim: int | None = None  # None = hidden_size // n_heads
     attention_bias: bool = False
     qk_norm: bool = False
@@ -92,7 +92,7 @@ def block_linears(m: Shape, mixer: str = "full_attention") -> dict[str, tuple[in
     """The linear layers of one block whose token mixer is `mixer` (its `layer_types` entry): name ->
     (in features, out features, how many)."""
     h, i = m.hidden_size, m.intermediate_size
-    if mixer == "linear_attention":  # llmkit.gated_deltanet.GatedDeltaNet
+    if mixer == "linear_attention":  # llmkit.model.gated_deltanet.GatedDeltaNet
         keys, values = m.linear_n_key_heads * m.linear_key_head_dim, m.linear_n_value_heads * m.linear_value_head_dim
         heads = m.linear_n_value_heads
         layers = {"in_proj_qkv": (h, 2 * keys + values, 1), "in_proj_z": (h, values, 1), "in_proj_b": (h, heads, 1),
@@ -104,7 +104,7 @@ def block_linears(m: Shape, mixer: str = "full_attention") -> dict[str, tuple[in
     if not m.n_experts:
         return {**layers, "gate_proj": (h, i, 1), "up_proj": (h, i, 1), "down_proj": (i, h, 1)}
     layers.update(gate=(h, m.n_experts, 1), w1=(h, i, m.n_experts), w3=(h, i, m.n_experts), w2=(i, h, m.n_experts))
-    if m.shared_expert_size:  # llmkit.mixture_of_experts.SharedExpert and its gate
+    if m.shared_expert_size:  # llmkit.model.mixture_of_experts.SharedExpert and its gate
         s = m.shared_expert_size
         layers.update(gate_proj=(h, s, 1), up_proj=(h, s, 1), down_proj=(s, h, 1), shared_expert_gate=(h, 1, 1))
     return layers
@@ -116,7 +116,7 @@ def mixers(m: Shape) -> list[str]:
 
 
 def parameters(m: Shape) -> int:
-    """Parameters of `llmkit.model.Transformer` of this shape (a tied head counted once)."""
+    """Parameters of `llmkit.model.transformer.Transformer` of this shape (a tied head counted once)."""
     h = m.hidden_size
     blocks = 0
     for mixer in mixers(m):
@@ -132,7 +132,7 @@ def parameters(m: Shape) -> int:
 
 def lora_parameters(m: Shape, r: int, target) -> int:
     """Parameters of rank-r LoRA adapters (A: r × in, B: out × r) on the targeted linear layers of
-    every block (`target`: "all-linear", "attention" or names, as llmkit.train.lora.LoraConfig has it):
+    every block (`target`: "all-linear", "attention" or names, as llmkit.checkpoints.lora.LoraConfig has it):
     a hybrid model's Gated DeltaNet blocks counted with their own projections."""
     names = set(targeted(m, target))
     return sum(r * (a + b) * n for mixer in mixers(m) for name, (a, b, n) in block_linears(m, mixer).items()
@@ -141,7 +141,7 @@ def lora_parameters(m: Shape, r: int, target) -> int:
 
 def targeted(m: Shape, target) -> list[str]:
     """The block linears `lora.target` names: all-linear, attention (every mixer's projections: q/k/v/o
-    and the Gated DeltaNet's, as llmkit.train.lora.ATTENTION_LAYERS) or names."""
+    and the Gated DeltaNet's, as llmkit.checkpoints.lora.ATTENTION_LAYERS) or names."""
     layers = {name: None for mixer in dict.fromkeys(mixers(m)) for name in block_linears(m, mixer)}
     if target == "all-linear":
         return list(layers)

@@ -1,7 +1,7 @@
 """Generation (`llmkit generate`, `llmkit.generate`): complete prompts with a checkpoint.
 
 Prompts are plain text (after the `</s>` a pretrained model saw before every document) or chats
-(the chat template up to the assistant's turn); the tokens come from `llmkit.decoding.generate`
+(the chat template up to the assistant's turn); the tokens come from `llmkit.model.decoding.generate`
 (KV cache, temperature / top-k / top-p sampling, seeded).
 """
 
@@ -12,10 +12,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit.config import resolve_config
+from llmkit.core.config import resolve_config
 from llmkit.data.io import read_jsonl
 from llmkit.errors import ConfigError, UserError
-from llmkit.loading import load
+from llmkit.checkpoints.loading import load
 
 
 @dataclass
@@ -52,8 +52,8 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     their last tokens; a completion cut at max_new_tokens inside a character drops its part."""
     import torch
 
-    from llmkit.decoding import generate, left_pad, reply_text
-    from llmkit.packed_linear import packed_linears
+    from llmkit.model.decoding import generate, left_pad, reply_text
+    from llmkit.model.packed_linear import packed_linears
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:

@@ -16,7 +16,7 @@ from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
 from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
 from llmkit.train.threads import threads_label
-from llmkit.workspace import MANIFEST, Artifact
+from llmkit.core.workspace import MANIFEST, Artifact
 
 # metric -> plot title; a plot is drawn when at least one run logged the metric
 PLOTS = {

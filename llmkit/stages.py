@@ -9,7 +9,7 @@ command's `deferred` library function), so reading the table costs nothing and `
 stays free of torch.
 
 A stage's recipe section is its command name; a section for one artifact of a stage (the demo's
-`scorer:`, a second pretrain run) names its stage instead (`stage: pretrain`, llmkit.recipes).
+`scorer:`, a second pretrain run) names its stage instead (`stage: pretrain`, llmkit.core.recipes).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ STAGES = (
     Stage("quality", "llmkit.cli.quality:quality", "llmkit.data.quality:QualityConfig", "data",
           {"quality": "", "quality_model": "--good GOOD --bad BAD --train-only"}),
     Stage("tokenizer", "llmkit.cli.tokenizer:tokenizer",
-          "llmkit.tokenizer_training:TokenizerConfig", "data", {"tokenizer": ""}),
+          "llmkit.data.tokenizer_training:TokenizerConfig", "data", {"tokenizer": ""}),
     Stage("tokenize", "llmkit.cli.tokenize:tokenize", "llmkit.data.tokenize:TokenizeConfig", "data",
           {"tokens": ""}),
     Stage("pretrain", "llmkit.cli.pretrain:pretrain", "llmkit.train.pretrain:PretrainConfig",

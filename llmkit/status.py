@@ -12,14 +12,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.checkpoints import is_complete, step_dirs, step_of
+from llmkit.checkpoints.step_folders import is_complete, step_dirs, step_of
 from llmkit.data.ingest import file_fingerprint
-from llmkit.progress import is_tty
+from llmkit.core.progress import is_tty
 from llmkit.stages import BY_COMMAND, built_by, pipeline_rank
 from llmkit.train.checkpoint import RUN_RECORD
-from llmkit.train.lora import PINNED_BASE  # a LoRA run holds its base input itself
+from llmkit.checkpoints.lora import PINNED_BASE  # a LoRA run holds its base input itself
 from llmkit.train.threads import threads_label
-from llmkit.workspace import MANIFEST, WORK_INFO, resolve_input, sealed, shown
+from llmkit.core.workspace import MANIFEST, WORK_INFO, resolve_input, shown
+from llmkit.core.durable import sealed
 
 REPORT = "summary.md"  # what `llmkit report` writes beside its plots
 NEEDS_REBUILD = ("stale", "incomplete", "missing")

@@ -10,7 +10,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 
-from llmkit.stage import StageContext
+from llmkit.core.context import StageContext
 
 
 @pytest.fixture(scope="module")

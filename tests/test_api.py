@@ -9,7 +9,7 @@ import torch
 import llmkit
 from llmkit.generation import GenerateConfig, encode_prompt, generate_texts, read_prompts
 from llmkit.errors import ConfigError, UserError
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 
@@ -94,13 +94,13 @@ def test_sampling_depends_on_the_seed_only(tok, model):
 
 
 def test_completion_ends_at_the_first_stop_token(tok, model, monkeypatch):
-    import llmkit.decoding
+    import llmkit.model.decoding
 
     def fake_generate(model, ids, n, **kw):
         new = [tok.encode("46")[0], tok.end_of_turn_id, 7, tok.eos_id]
         return torch.cat([ids, torch.tensor([new] * len(ids))], dim=1)
 
-    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", fake_generate)
     [record] = generate_texts(model, tok, ["What is 12+34?"], GenerateConfig(max_new_tokens=4, chat=True))
     assert record["completion"] == tok.decode(tok.encode("46")[:1]) and record["stopped"]
     assert record["new_tokens"] == 2
@@ -182,8 +182,8 @@ def test_generate_returns_the_completions(tok, model):
 
 @pytest.fixture
 def prompt_ids_seen(tok, monkeypatch):
-    """The prompt token ids `llmkit.decoding.generate` is asked to continue (it answers a stop token)."""
-    import llmkit.decoding
+    """The prompt token ids `llmkit.model.decoding.generate` is asked to continue (it answers a stop token)."""
+    import llmkit.model.decoding
 
     seen = []
 
@@ -191,7 +191,7 @@ def prompt_ids_seen(tok, monkeypatch):
         seen.append((ids[0].tolist(), eos_id))
         return torch.cat([ids, torch.full((len(ids), 1), eos_id)], dim=1)
 
-    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", fake_generate)
     return seen
 
 

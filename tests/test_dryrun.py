@@ -8,8 +8,8 @@ import torch
 
 from llmkit.dryrun import (LOSS_CHUNK, Memory, Shape, activation_bytes, block_bytes, checkpoint_bytes,
                            human_bytes, loss_bytes, parameters, plan, state_bytes)
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
 from llmkit.train.config import TrainConfig
 
 SHAPES = [
@@ -67,7 +67,7 @@ def test_lora_parameters_are_what_peft_adds(fields, target):
     import peft
 
     from llmkit.dryrun import lora_parameters
-    from llmkit.train.lora import LoraConfig, target_modules
+    from llmkit.checkpoints.lora import LoraConfig, target_modules
 
     model = Transformer(ModelConfig(**fields, max_seq_len=32))
     names = target_modules(model, LoraConfig(r=4, target=target))
@@ -86,7 +86,7 @@ def test_lora_and_dora_on_a_hybrid_model_are_what_peft_adds(fields, target):
     import peft
 
     from llmkit.dryrun import dora_parameters, lora_parameters
-    from llmkit.train.lora import LoraConfig, target_modules
+    from llmkit.checkpoints.lora import LoraConfig, target_modules
 
     for dora in (False, True):
         model = Transformer(ModelConfig(**fields, max_seq_len=32))
@@ -101,7 +101,7 @@ def test_lora_and_dora_on_a_hybrid_model_are_what_peft_adds(fields, target):
 @pytest.mark.parametrize("fields", [QWEN3_5, QWEN3_5_MOE], ids=["hybrid", "hybrid-moe"])
 def test_a_quantised_hybrid_base_is_priced_byte_for_byte(fields, kind):
     from llmkit.dryrun import quantized_bytes
-    from llmkit.train import quant
+    from llmkit.model import quant
 
     model = Transformer(ModelConfig(**fields, max_seq_len=32))
     linear = sum(m.weight.numel() for _, m in quant.block_linears(model))

@@ -30,7 +30,7 @@ LOAD_ORDER: dict[tuple[str, str], str] = {
 class FunctionImport:
     file: str  # relative to the package: "eval/stage.py"
     line: int
-    target: str  # the llmkit module it loads: "llmkit.loading"
+    target: str  # the llmkit module it loads: "llmkit.checkpoints.loading"
 
 
 def module_name(rel: Path) -> str:

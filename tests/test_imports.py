@@ -1,7 +1,8 @@
 """The package's import graph has no cycle — counting imports inside functions too, since an
-import deferred into a function hides a circle rather than removing it — and its lower floors
-(the data wing, the model, LM scoring and the evaluation files) import nothing from the floors
-above them (train/, eval/, the `llmkit` facade), inside functions neither."""
+import deferred into a function hides a circle rather than removing it — and it stands on floors:
+each module imports nothing from a floor above its own, inside functions neither, and not through
+other modules either (the closure of its imports: `data -> checkpoints.loading -> train` is the
+data wing reaching train)."""
 
 import ast
 from pathlib import Path
@@ -62,23 +63,57 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-LOWER = ("llmkit.data", "llmkit.model", "llmkit.model_config", "llmkit.model_losses",
-         "llmkit.lm_scoring", "llmkit.eval_files")  # with their sub-modules
-ABOVE_THEM = ("llmkit.train", "llmkit.eval")
-FACADE = "llmkit"  # the package's own __init__: `import llmkit; llmkit.load(…)` reaches train
-def within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
+# Bottom first. A floor is modules and packages (with their sub-modules); a module may import
+# from its own floor and those below, never from one above. A new root module names its floor here.
+FLOORS = (
+    ("llmkit.errors", "llmkit.version", "llmkit.stages", "llmkit.dryrun"),  # leaves: nothing of llmkit
+    ("llmkit.core",),  # the stage framework: context, config, workspace, executor
+    ("llmkit.tokenizers",),
+    ("llmkit.model",),
+    ("llmkit.checkpoints",),  # step folders, LoRA files, loading a model
+    ("llmkit.data",),
+    ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation"),  # the wings
+    ("llmkit.api", "llmkit.status", "llmkit.report"),  # commands across the wings
+    ("llmkit", "llmkit.cli", "llmkit.__main__"),  # the facade and the CLI
+)
 
 
-def is_above(target: str) -> bool:
-    return target == FACADE or within(target, ABOVE_THEM)
+def floor_of(module: str, floors=FLOORS) -> int | None:
+    """The index of `module`'s floor: its longest-named entry (`llmkit.model.decoding` is on
+    `llmkit.model`'s floor, the facade `llmkit` only itself), or None."""
+    best = None
+    for index, names in enumerate(floors):
+        for name in names:
+            if (module == name or (name != "llmkit" and module.startswith(name + "."))) and (
+                    best is None or len(name) > len(best[1])):
+                best = (index, name)
+    return None if best is None else best[0]
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """`importer -> imported` for each import from a lower floor into the floors above it:
-    train/, eval/ and the package facade."""
-    return sorted(f"{module} -> {target}" for module, targets in graph.items() if within(module, LOWER)
-                  for target in targets if is_above(target))
+def upward_paths(graph: dict[str, set[str]], floors=FLOORS) -> list[str]:
+    """`importer -> ... -> target` for each module that reaches, directly or through other
+    modules, a module on a floor above its own: the shortest such path per (importer, target)."""
+    found = []
+    for start in sorted(graph):
+        own = floor_of(start, floors)
+        if own is None:
+            continue
+        came_from = {start: None}
+        queue = [start]
+        while queue:  # breadth first: the first path to a module is a shortest one
+            node = queue.pop(0)
+            for nxt in sorted(graph.get(node, ())):
+                if nxt in came_from:
+                    continue
+                came_from[nxt] = node
+                queue.append(nxt)
+                if (floor_of(nxt, floors) or 0) > own:
+                    path, step = [], nxt
+                    while step is not None:
+                        path.append(step)
+                        step = came_from[step]
+                    found.append(" -> ".join(reversed(path)))
+    return found
 
 
 def test_the_package_has_no_import_cycle():
@@ -92,18 +127,37 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_data_wing_and_the_model_import_nothing_from_train_eval_or_the_facade():
-    assert upward_imports(import_graph()) == []
+def test_every_module_has_a_floor():
+    assert sorted(m for m in import_graph() if floor_of(m) is None) == []
 
 
-def test_the_upward_import_finder_finds_a_planted_one():
-    graph = {"llmkit.data.tokenize": {"llmkit.checkpoints", "llmkit.train.loading"},
-             "llmkit.model": {"llmkit.model_losses", "llmkit.train"}, "llmkit.model_losses": set(),
-             "llmkit.modelling": {"llmkit.train.losses"}, "llmkit.train.losses": {"llmkit.model_losses"},
-             "llmkit.lm_scoring": {"llmkit.evaluation", "llmkit.eval.data"}}
-    assert upward_imports(graph) == ["llmkit.data.tokenize -> llmkit.train.loading",
-                                     "llmkit.lm_scoring -> llmkit.eval.data",
-                                     "llmkit.model -> llmkit.train"]
+def test_no_module_reaches_a_floor_above_its_own():
+    assert upward_paths(import_graph()) == []
+
+
+def test_the_floors_catch_a_planted_upward_path_one_hop_removed():
+    """The data wing calling loading, which imports train: no direct edge goes up from data, yet
+    data reaches train through checkpoints."""
+    graph = {"llmkit.data.ppl_filter": {"llmkit.checkpoints.loading", "llmkit.data.io"},
+             "llmkit.data.io": {"llmkit.errors"}, "llmkit.errors": set(),
+             "llmkit.checkpoints.loading": {"llmkit.model.transformer", "llmkit.train.lora"},
+             "llmkit.model.transformer": set(), "llmkit.train.lora": set()}
+    assert upward_paths(graph) == [
+        "llmkit.checkpoints.loading -> llmkit.train.lora",
+        "llmkit.data.ppl_filter -> llmkit.checkpoints.loading -> llmkit.train.lora"]
+    del graph["llmkit.checkpoints.loading"]  # the seam: loading no longer imports train
+    assert upward_paths(graph) == []
+
+
+def test_the_floors_are_found_by_the_longest_name():
+    floors = (("llmkit.errors",), ("llmkit.model",), ("llmkit.train",), ("llmkit",))
+    assert [floor_of(m, floors) for m in ("llmkit.errors", "llmkit.model.decoding", "llmkit.train.lora",
+                                          "llmkit", "llmkit.models", "llmkit.stray")] == [0, 1, 2, 3, None, None]
+    graph = {"llmkit.model.decoding": {"llmkit.errors"}, "llmkit.errors": {"llmkit"}, "llmkit": set(),
+             "llmkit.train.lora": {"llmkit.model.decoding"}}
+    assert upward_paths(graph, floors) == ["llmkit.errors -> llmkit",
+                                           "llmkit.model.decoding -> llmkit.errors -> llmkit",
+                                           "llmkit.train.lora -> llmkit.model.decoding -> llmkit.errors -> llmkit"]
 
 
 def test_the_finder_sees_upward_imports_inside_functions_and_through_the_facade(tmp_path):
@@ -119,5 +173,5 @@ def test_the_finder_sees_upward_imports_inside_functions_and_through_the_facade(
         "        return llmkit.load(path)\n")
     modules = {"llmkit", "llmkit.data.io", "llmkit.eval.scoring", "llmkit.data.planted"}
     graph = {"llmkit.data.planted": imported_modules(planted, modules)}
-    assert upward_imports(graph) == ["llmkit.data.planted -> llmkit",
-                                     "llmkit.data.planted -> llmkit.eval.scoring"]
+    assert upward_paths(graph) == ["llmkit.data.planted -> llmkit",
+                                   "llmkit.data.planted -> llmkit.eval.scoring"]

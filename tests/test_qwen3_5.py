@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from llmkit.errors import ConfigError
-from llmkit.gated_deltanet import CHUNK_SIZE
+from llmkit.model.gated_deltanet import CHUNK_SIZE
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import lora_sft_on_import
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -309,7 +309,7 @@ def test_the_harness_scores_a_hybrid_model_without_sharing_prefixes(qwen35):
     import contextlib
 
     from llmkit.eval.harness_scoring import PrefixScorer
-    from llmkit.lm_scoring import LMScorer
+    from llmkit.model.lm_scoring import LMScorer
 
     model = llmkit_model(qwen35[2])
     shot = ids(1, 40, seed=3)[0].tolist()

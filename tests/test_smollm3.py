@@ -21,14 +21,14 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from llmkit.errors import ConfigError
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, hf_family, to_hf_config
-from llmkit.hf_tokenizer import HFTokenizer
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from tests.test_hf_tokenizer import save_folder, train_bpe
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from tests.tokenizers.test_tokenizer_json import save_folder, train_bpe
 from tests.train.posttrain_fixtures import lora_sft_on_import
 
 runner = CliRunner()

@@ -89,7 +89,7 @@ def test_no_code_but_the_driver_writes_a_task_completion_marker():
     sources = {str(p.relative_to(PACKAGE)): p.read_text(encoding="utf-8")
                for p in PACKAGE.rglob("*.py")}
     assert marker_writers(sources) == []
-    planted = {"data/planted.py": "from llmkit.workspace import seal\n\n"
+    planted = {"data/planted.py": "from llmkit.core.durable import seal\n\n"
                                   "def finish(tasks, k):\n    seal(tasks.marker(k), [], {})\n",
                "data/spelled.py": "def marker(root, k):\n    return root / f'part-{k}.done'\n"}
     assert marker_writers(planted) == ["data/planted.py:4", "data/spelled.py:2"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
 from llmkit.stages import BY_COMMAND, STAGES
-from llmkit.targets import check_target
+from llmkit.core.targets import check_target
 
 runner = CliRunner()
 APP = build_app()

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from llmkit.keydocs import documented_keys
+from llmkit.core.keydocs import documented_keys
 from llmkit.stages import BY_COMMAND, STAGES
 from llmkit.version import __version__
 

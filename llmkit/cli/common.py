@@ -18,9 +18,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmkit.errors import UserError
-from llmkit.stage import StageContext
+from llmkit.core.context import StageContext
 from llmkit.stages import stage_of_function
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 
 WORKSPACE = [
     ("workspace", Annotated[Optional[Path], typer.Option(

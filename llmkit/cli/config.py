@@ -5,9 +5,9 @@ from typing import Annotated
 import typer
 
 from llmkit.cli.common import stage_command
-from llmkit.config import config_yaml, value_sources
+from llmkit.core.config import config_yaml, value_sources
 from llmkit.errors import UserError
-from llmkit.recipes import section_stage
+from llmkit.core.recipes import section_stage
 from llmkit.stages import CONFIGURED, config_class
 
 

@@ -5,7 +5,7 @@ import typer
 from llmkit.cli.common import stage_command
 from llmkit.stages import deferred
 
-find_in_workspace = deferred("llmkit.loading:find_in_workspace")
+find_in_workspace = deferred("llmkit.checkpoints.loading:find_in_workspace")
 run_import = deferred("llmkit.hf.import_:run_import")
 
 

@@ -1,7 +1,7 @@
 """The compiled kernels of llmkit.data.decontam (numba): folded tokens with their positions,
 the n-grams of evaluation items, an open-addressing hash table, and the scan of documents.
 
-llmkit.data.decontam_index loads them ahead of time (llmkit.aot). They work on code points
+llmkit.data.decontam_index loads them ahead of time (llmkit.core.aot). They work on code points
 (UTF-32), so a token's position is a Python string index: excision cuts the original text.
 Token and n-gram hashes are the dedup shingles' (FNV-1a over the token, an n-gram mixed
 token by token with its width, MurmurHash3's finaliser), over folded code points instead of

@@ -4,7 +4,7 @@ words; `measure` does all of it for every document of a batch in one call. And `
 llmkit.data.normalize: which normalisation steps have work in each text of a batch.
 
 llmkit.data.document loads them compiled ahead of time (no numba import) when it can, else
-through numba's JIT with its cache; see llmkit.aot.
+through numba's JIT with its cache; see llmkit.core.aot.
 """
 
 import numpy as np

@@ -23,7 +23,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
-from llmkit.cjk import COMMON_HAN
+from llmkit.tokenizers.cjk import COMMON_HAN
 from llmkit.data.io import open_binary
 
 SAMPLE_BYTES = 1 << 20

@@ -27,7 +27,8 @@ from llmkit.data.line_dedup import (count_line_keys, frequent_line_keys, load_fr
                                     save_counts, save_frequent)
 from llmkit.data.normalize import normalize_text, scan_texts
 from llmkit.data.pipeline import BATCH_ROWS, SplitTasks, SplitWriter, _mapper
-from llmkit.workspace import Artifact, kill_point
+from llmkit.core.workspace import Artifact
+from llmkit.core.durable import kill_point
 
 FREQUENT = "frequent_lines.npy"  # in the work area: the lines cut, from every part's counts
 

@@ -37,7 +37,7 @@ from llmkit.data.driver import DataConfig, run_data_stage
 from llmkit.data.io import dataset_files, open_parquet
 from llmkit.data.pipeline import map_stage
 from llmkit.errors import ConfigError, UserError
-from llmkit.eval_files import eval_input
+from llmkit.data.input_files import eval_input
 
 CONTAMINATED = "contaminated"
 

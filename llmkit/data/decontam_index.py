@@ -7,7 +7,7 @@ tokens. A token is a run of word characters, or one character of a script writte
 spaces (Han, kana, Thai, Lao, Khmer, Myanmar), so Chinese is compared character by
 character and English word by word, in the same pass, in mixed text too.
 
-An evaluation file is read as `llmkit eval` reads it (llmkit.eval_files.read_rows) and each row
+An evaluation file is read as `llmkit eval` reads it (llmkit.data.input_files.read_rows) and each row
 becomes the texts a leak would show (`item_texts`): a question with its gold answer after
 it, its choices; a prompt with its references or replies; a plain `text`. Each text gives its
 n-grams (`segment_grams` in llmkit.data._decontam_kernels): 13 words, or 13 characters where
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit import aot
+from llmkit.core import aot
 from llmkit.errors import UserError
-from llmkit.eval_files import eval_input, parse_question, read_rows
-from llmkit.workspace import Workspace
+from llmkit.data.input_files import eval_input, parse_question, read_rows
+from llmkit.core.workspace import Workspace
 
 TABLE_SIZE = 0x32400  # fold and class tables cover the BMP and planes 2–3 (CJK extensions)
 _TABLES_VERSION = 1  # bump when fold_tables changes: the cached tables are rebuilt

@@ -4,7 +4,7 @@ The rules share one `Doc`, whose measurements are computed once. Every number a 
 reads (word counts, symbol and letter counts, the lines and paragraphs with their repeats, the
 marks, the n-gram statistics; jieba's words aside) comes from one compiled pass over the
 text's code points (`measure_texts`, llmkit.data._rule_kernels, compiled ahead of time: see
-llmkit.aot), which `clean_batch` makes once for a whole batch: per document, Python only
+llmkit.core.aot), which `clean_batch` makes once for a whole batch: per document, Python only
 compares numbers with thresholds. Text is cut once (into words, lines, paragraphs) and each
 cut serves every rule that reads it.
 """
@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llmkit import aot
-from llmkit.cjk import (CJK_CHAR, CJK_CLASS, CJK_RANGES, COMMON_HAN, HAN_CHAR, HAN_RANGES,
+from llmkit.core import aot
+from llmkit.tokenizers.cjk import (CJK_CHAR, CJK_CLASS, CJK_RANGES, COMMON_HAN, HAN_CHAR, HAN_RANGES,
                         jieba_words)
 
 _TOKEN = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")  # Doc.words of CJK text
@@ -277,7 +277,7 @@ _SIGNATURES = {  # of the passes compiled ahead of time: the arrays their caller
 
 def kernels():
     """The passes of llmkit.data._rule_kernels: compiled ahead of time where that can be had,
-    else through numba's JIT (see llmkit.aot)."""
+    else through numba's JIT (see llmkit.core.aot)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = aot.load(KERNEL_MODULE, _SIGNATURES, what="the quality rules' passes",

@@ -2,7 +2,7 @@
 
 A data stage names its inputs, its phases and its assembly (`DataStage`); `run_data_stage` does
 the rest: the up-to-date check, the work area, each phase's pending tasks on the config's
-executor (`run`: llmkit.executor.RunsOn), this rank's share only with --rank, the assembly
+executor (`run`: llmkit.core.executor.RunsOn), this rank's share only with --rank, the assembly
 into the artifact, the refusal of an output without rows (`require_rows`) and the summary.
 
 A phase is a set of sealed tasks (`SealedTasks`, datatrove's completion markers): task k fills
@@ -32,9 +32,9 @@ from typing import Callable
 
 from llmkit.data.io import fresh_dir, replace_dir
 from llmkit.errors import UserError
-from llmkit.executor import RunsOn, run_option
-from llmkit.progress import data_stage_summary
-from llmkit.workspace import kill_point, seal, sealed
+from llmkit.core.executor import RunsOn, run_option
+from llmkit.core.progress import data_stage_summary
+from llmkit.core.durable import kill_point, seal, sealed
 
 
 @dataclass

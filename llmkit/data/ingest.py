@@ -47,7 +47,8 @@ from llmkit.data.pipeline import link_task_outputs
 from llmkit.data.readers import COMPRESSIONS, FORMATS, expand_inputs, format_of, read_records
 from llmkit.data.record_kinds import normalise
 from llmkit.errors import ConfigError
-from llmkit.workspace import Artifact, kill_point
+from llmkit.core.workspace import Artifact
+from llmkit.core.durable import kill_point
 
 
 @dataclass

@@ -14,7 +14,7 @@ a config stays plain values and a Ray worker or a spawned local worker builds it
 
 from __future__ import annotations
 
-from llmkit.cjk import language_of
+from llmkit.tokenizers.cjk import language_of
 from llmkit.errors import UserError
 
 SAMPLE_CHARS = 1000  # its start tells a page's language; py3langid loops over its bytes in Python
@@ -71,7 +71,7 @@ class LanguageIdentifier:
     def columns(self, text: str) -> dict:
         """`lang_id` (the model's code), `lang_score` (its probability) and `script`: zh-Hans or
         zh-Hant when the language is Chinese (a Chinese page full of code or Latin names too),
-        else the script label of `llmkit.cjk.language_of` (zh / latin / other)."""
+        else the script label of `llmkit.tokenizers.cjk.language_of` (zh / latin / other)."""
         lang, score = self.identify(text)
         script = language_of(text)
         if lang == "zh":

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from llmkit.data.driver import Assembled, DataStage, Phase, SealedTasks, Work
 from llmkit.data.io import DatasetWriter, dataset_files, open_parquet, part_path
-from llmkit.executor import process_context
-from llmkit.workspace import kill_point, link_or_copy
+from llmkit.core.executor import process_context
+from llmkit.core.durable import kill_point, link_or_copy
 
 BATCH_ROWS = 2048
 

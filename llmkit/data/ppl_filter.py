@@ -37,10 +37,10 @@ from llmkit.data.driver import Assembled, DataConfig, DataStage, run_data_stage
 from llmkit.data.io import dataset_files
 from llmkit.data.score_filter import ScoreFilter, scored_median_mean
 from llmkit.errors import ConfigError, UserError
-from llmkit.eval_files import eval_input, resolve_checkpoint
-from llmkit.executor import worker_slot
-from llmkit.lm_scoring import LMScorer, text_documents
-from llmkit.loading import load
+from llmkit.data.input_files import eval_input, resolve_checkpoint
+from llmkit.core.executor import worker_slot
+from llmkit.model.lm_scoring import LMScorer, text_documents
+from llmkit.checkpoints.loading import load
 
 BUCKETS = ("head", "middle", "tail")
 REASONS = (None, "ppl_above_threshold", *(f"ppl_bucket_{b}" for b in BUCKETS))

@@ -34,8 +34,8 @@ from llmkit.data.quality_classifier import (INFO, TEXT_FORMAT, FastTextConfig, H
                                             fit_classifier, load_classifier)
 from llmkit.data.score_filter import ScoreFilter, scored_median_mean
 from llmkit.errors import ConfigError, UserError
-from llmkit.eval_files import eval_input, resolve_checkpoint
-from llmkit.progress import print_summary
+from llmkit.data.input_files import eval_input, resolve_checkpoint
+from llmkit.core.progress import print_summary
 
 REASONS = (None, "quality_below_threshold", "quality_below_top_share", "quality_no_text")
 TRAINING_KEYS = ("backend", "max_chars", "label_column", "label_threshold", "holdout", "seed")

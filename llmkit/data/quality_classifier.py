@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit.cjk import CJK_RANGES
+from llmkit.tokenizers.cjk import CJK_RANGES
 from llmkit.data.quality_labels import read_examples, require_both_classes
 from llmkit.errors import ConfigError, UserError
-from llmkit.lm_scoring import LMScorer
-from llmkit.loading import load
+from llmkit.model.lm_scoring import LMScorer
+from llmkit.checkpoints.loading import load
 
 INFO = "classifier.json"
 FASTTEXT_MODEL = "model.bin"

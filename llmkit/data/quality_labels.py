@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit.cjk import language_of
+from llmkit.tokenizers.cjk import language_of
 from llmkit.data.io import BadRecord, dataset_files, read_jsonl
 from llmkit.errors import UserError
-from llmkit.eval_files import FILE_STAGE, read_rows
+from llmkit.data.input_files import FILE_STAGE, read_rows
 
 GOOD_WORDS = {"good", "1", "true", "yes", "pos", "positive", "__label__good"}
 BAD_WORDS = {"bad", "0", "false", "no", "neg", "negative", "__label__bad"}

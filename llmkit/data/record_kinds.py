@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from llmkit.cjk import language_of
+from llmkit.tokenizers.cjk import language_of
 
 
 def _text(value) -> str | None:

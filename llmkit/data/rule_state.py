@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmkit.config import config_to_dict
+from llmkit.core.config import config_to_dict
 from llmkit.data import langid
 from llmkit.data.document import measure_params, word_hash
 from llmkit.data.rules import RULES

@@ -25,7 +25,7 @@ from llmkit.data.driver import Phase, SealedTasks, Work
 from llmkit.data.io import open_parquet
 from llmkit.data.pipeline import SplitTasks
 from llmkit.errors import UserError
-from llmkit.workspace import kill_point
+from llmkit.core.durable import kill_point
 
 
 class Scoring(Protocol):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from llmkit.checkpoints import tokenizer_folder
+from llmkit.checkpoints.step_folders import tokenizer_folder
 from llmkit.data.arrow import string_buffers, strings
 from llmkit.data.driver import (Assembled, DataConfig, DataStage, Phase, SealedTasks,
                                 run_data_stage)
@@ -49,9 +49,9 @@ from llmkit.data.pipeline import ordered_imap
 from llmkit.data.token_shards import (INDEX, SHARD, SHARD_FILES, SPLITS, ShardWriter,
                                       token_dtype)
 from llmkit.errors import ConfigError, UserError
-from llmkit.progress import print_summary
-from llmkit.tokenizer import open_tokenizer
-from llmkit.workspace import kill_point, link_or_copy
+from llmkit.core.progress import print_summary
+from llmkit.tokenizers.sentencepiece import open_tokenizer
+from llmkit.core.durable import kill_point, link_or_copy
 
 TOKENIZER_DIR = "tokenizer"
 

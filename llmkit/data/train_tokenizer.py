@@ -1,6 +1,6 @@
 """`llmkit tokenizer` as a data stage: one phase of one sealed task (llmkit.data.driver) that
 samples the input's sentences, trains the sentencepiece model on `--workers` threads and
-measures fertility on held-out documents (llmkit.tokenizer_training); the assembly links its
+measures fertility on held-out documents (llmkit.data.tokenizer_training); the assembly links its
 files into the `tokenizer` artifact.
 
 One task, not a task per input part: the training sample is the whole input's (its `k`
@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit.cjk import language_of
+from llmkit.tokenizers.cjk import language_of
 from llmkit.data.driver import Assembled, DataStage, Phase, SealedTasks, run_data_stage
-from llmkit.progress import Progress, print_summary
-from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
-from llmkit.tokenizer_training import (TokenizerConfig, TrainingSample, _documents, _hash01,
+from llmkit.core.progress import Progress, print_summary
+from llmkit.tokenizers.sentencepiece import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.data.tokenizer_training import (TokenizerConfig, TrainingSample, _documents, _hash01,
                                        fertility, tokenizer_config_json, train_sentencepiece)
-from llmkit.workspace import link_or_copy, write_atomic
+from llmkit.core.durable import link_or_copy, write_atomic
 
 FILES = (MODEL_FILE, CONFIG_FILE)
 TASK_KEYS = ("seconds", "files")  # what the driver adds to a task's record: not the stage's stats

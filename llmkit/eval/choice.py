@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.eval_files import LETTERS, Question
+from llmkit.data.input_files import LETTERS, Question
 
 
 @dataclass

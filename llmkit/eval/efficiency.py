@@ -66,7 +66,7 @@ class LlmkitEngine:
         self.parameters = model.num_parameters()
 
     def generate(self, ids, new_tokens: int):
-        from llmkit.decoding import generate  # looked up per call: tests replace it
+        from llmkit.model.decoding import generate  # looked up per call: tests replace it
 
         return generate(self.model, ids.to(self.device), new_tokens, greedy=True)[:, ids.shape[1]:]
 

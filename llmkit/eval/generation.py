@@ -10,7 +10,7 @@ reference that is mostly Han characters is Chinese.
 - ROUGE-1/2/L are rouge-score's F-measures (best over references, averaged, × 100). rouge-score's
   own tokenizer drops every non-ASCII character, so Chinese is split here: each Han character
   (or each jieba word, `zh_tokenizer: jieba`) is a token, as are runs of ASCII letters/digits.
-- exact match: the share of replies equal to a reference up to whitespace (`llmkit.rewards`).
+- exact match: the share of replies equal to a reference up to whitespace (`llmkit.model.verifiable_rewards`).
 - contains: the share of replies that hold a reference anywhere, ignoring case, as a whole word
   where it begins or ends with a letter or digit ("7" is not in "17", "Rome" not in "Romeo") —
   the lenient check for a question whose reply is a sentence ("The capital of Japan is Tokyo.").
@@ -25,7 +25,7 @@ from typing import Literal
 
 from llmkit.data.chat import prompt_messages
 from llmkit.errors import ConfigError, UserError
-from llmkit.rewards import exact_match
+from llmkit.model.verifiable_rewards import exact_match
 
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
@@ -177,7 +177,7 @@ def prompt_ids(tokenizer, row: dict, chat: bool, where: str) -> list[int]:
 def evaluate_generation(model, tokenizer, rows: list[dict], cfg: GenerationConfig, *, chat: bool,
                         device, name: str = "generation") -> tuple[dict, list[dict]]:
     """Metrics by language for one file, and the samples (prompt, references, reply, lang)."""
-    from llmkit.decoding import generate_replies, reply_text
+    from llmkit.model.decoding import generate_replies, reply_text
 
     refs = [references_of(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
     langs = [language_of(r, ref) for r, ref in zip(rows, refs)]

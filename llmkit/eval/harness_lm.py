@@ -27,7 +27,7 @@ from lm_eval.api.samplers import ContextSampler
 
 from llmkit.errors import UserError
 from llmkit.eval.harness_scoring import PrefixScorer, request_ids
-from llmkit.hf_tokenizer import HFTokenizer
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
 
 
 def hf_special_ids(tokenizer) -> tuple[list[int], int, int]:
@@ -191,7 +191,7 @@ class LlmkitLM(TemplateLM):
         """Each prompt's continuation text, up to a stop id, an `until` string or max_new tokens."""
         import torch
 
-        from llmkit.decoding import KVCache, left_pad, sample_next_token
+        from llmkit.model.decoding import KVCache, left_pad, sample_next_token
 
         ids, mask = left_pad(prompts, self.tok.pad_id)
         ids, mask = ids.to(self._device), mask.to(self._device)

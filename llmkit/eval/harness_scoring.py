@@ -137,7 +137,7 @@ class PrefixScorer:
     def _score_cluster(self, cluster: Cluster, results) -> None:
         import torch
 
-        from llmkit.decoding import KVCache
+        from llmkit.model.decoding import KVCache
 
         prefix = cluster.inputs[0].ids[:cluster.shared]
         cache = KVCache(self.model.config, 1, len(prefix))

@@ -3,7 +3,7 @@
 A document is scored as it appears in the token shards: after the `</s>` that ends the one
 before, and followed by its own `</s>`. So its first token is predicted too, and every text
 token plus the final `</s>` counts. Long documents use the sliding window of `LMScorer`
-(llmkit.lm_scoring, with `text_documents`).
+(llmkit.model.lm_scoring, with `text_documents`).
 `ppl` is the corpus perplexity exp(Σ nll / Σ tokens); `bits_per_byte` (texts only) divides the
 same log-likelihood by UTF-8 bytes instead, which compares across tokenizers.
 """
@@ -19,9 +19,9 @@ import numpy as np
 
 from llmkit.data.token_shards import read_index
 from llmkit.errors import ConfigError, UserError
-from llmkit.lm_scoring import text_documents
-from llmkit.tokenizer import same_tokenizer, tokenizer_file
-from llmkit.workspace import Artifact
+from llmkit.model.lm_scoring import text_documents
+from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
+from llmkit.core.workspace import Artifact
 
 
 @dataclass

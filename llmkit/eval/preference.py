@@ -87,7 +87,7 @@ def win_rate(policy_rewards: np.ndarray, reference_rewards: np.ndarray) -> dict:
 
 def policy_replies(model, tokenizer, rows: list[dict], cfg: RewardConfig, *, chat: bool, device,
                    seed: int = 0) -> list[str]:
-    from llmkit.decoding import generate_replies
+    from llmkit.model.decoding import generate_replies
 
     prompts = [prompt_ids(tokenizer, r, chat, f"prompt row {i + 1}") for i, r in enumerate(rows)]
     stop_ids = [tokenizer.end_of_turn_id, tokenizer.eos_id] if chat else [tokenizer.eos_id]

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from llmkit.data.decontam_index import file_identity
 from llmkit.errors import UserError
-from llmkit.eval_files import FILE_STAGE, input_name
+from llmkit.data.input_files import FILE_STAGE, input_name
 from llmkit.stages import TRAINING
-from llmkit.workspace import Artifact
+from llmkit.core.workspace import Artifact
 
 MODEL_STAGES = (*TRAINING, "import")  # artifacts that are weights, not rows or tokens
 NOT_DATA = (*MODEL_STAGES, "tokenizer", FILE_STAGE)

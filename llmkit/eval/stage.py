@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.checkpoints import checkpoint_step_dir
+from llmkit.checkpoints.step_folders import checkpoint_step_dir
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.choice import ChoiceConfig, evaluate_choice
 from llmkit.eval.efficiency import EfficiencyConfig, evaluate_efficiency
@@ -32,11 +32,11 @@ from llmkit.eval.harness import HarnessConfig, harness_files, headline as harnes
 from llmkit.eval.perplexity import PerplexityConfig, text_perplexity, token_split_perplexity
 from llmkit.eval.preference import RewardConfig, judge_policies, pairwise_accuracy, policy_replies
 from llmkit.eval.provenance import contamination_warnings, harness_notes
-from llmkit.eval_files import (eval_input, input_name, parse_questions, read_rows, require_columns,
+from llmkit.data.input_files import (eval_input, input_name, parse_questions, read_rows, require_columns,
                                resolve_checkpoint)
-from llmkit.lm_scoring import LMScorer, resolve_device
-from llmkit.progress import print_summary
-from llmkit.loading import load, load_reward_model, load_tokenizer
+from llmkit.model.lm_scoring import LMScorer, resolve_device
+from llmkit.core.progress import print_summary
+from llmkit.checkpoints.loading import load, load_reward_model, load_tokenizer
 
 TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "harness")
 RESULTS = "results.json"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
-from llmkit.cjk import HAN_RANGES, KANA_RANGES
+from llmkit.tokenizers.cjk import HAN_RANGES, KANA_RANGES
 from llmkit.errors import UserError
 
 # the scripts pieces can be trained for: code point ranges

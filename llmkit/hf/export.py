@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit.checkpoints import ADAPTER_CONFIG, ADAPTER_WEIGHTS, checkpoint_step_dir, step_of, weights_file
+from llmkit.checkpoints.step_folders import ADAPTER_CONFIG, ADAPTER_WEIGHTS, checkpoint_step_dir, step_of, weights_file
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.gguf_export import GGUF_QUANTS, export_gguf
 from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CONFIG, HF_WEIGHTS,
@@ -21,11 +21,11 @@ from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CO
 from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
 from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
-from llmkit.progress import print_summary
-from llmkit.loading import find_checkpoint, load
-from llmkit.targets import check_target
-from llmkit.train.lora import base_of, holds_adapters
-from llmkit.workspace import Artifact
+from llmkit.core.progress import print_summary
+from llmkit.checkpoints.loading import find_checkpoint, load
+from llmkit.core.targets import check_target
+from llmkit.checkpoints.lora import base_of, holds_adapters
+from llmkit.core.workspace import Artifact
 
 
 @dataclass

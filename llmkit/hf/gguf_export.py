@@ -32,14 +32,14 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from llmkit.checkpoints import step_of
+from llmkit.checkpoints.step_folders import step_of
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import EXPORT_RECORD, write_json
 from llmkit.hf.gguf_qwen35 import qwen35_refusal, qwen35_tensor, write_qwen35_architecture
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
-from llmkit.loading import load
+from llmkit.checkpoints.loading import load
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",

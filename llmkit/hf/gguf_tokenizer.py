@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from llmkit.errors import UserError
 from llmkit.hf.tokenizer import _chat_special_tokens, hf_tokenizer_json
-from llmkit.hf_tokenizer import _text_start_ids
+from llmkit.tokenizers.tokenizer_json import _text_start_ids
 
 # llama.cpp's token types (llama_token_type), the same numbers as sentencepiece's piece types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

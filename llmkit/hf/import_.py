@@ -12,16 +12,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit import checkpoints as ckpt
-from llmkit.checkpoints import read_weights, weights_problem
+from llmkit.checkpoints import step_folders as ckpt
+from llmkit.checkpoints.step_folders import read_weights, weights_problem
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
 from llmkit.hf.gguf_read import load_gguf_with_transformers
 from llmkit.hf.mapping import LEFT_OUT, from_hf_config, from_hf_state_dict
 from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
-from llmkit.model_config import ModelConfig
-from llmkit.progress import print_summary
-from llmkit.tokenizer import MODEL_FILE
+from llmkit.model.config import ModelConfig
+from llmkit.core.progress import print_summary
+from llmkit.tokenizers.sentencepiece import MODEL_FILE
 
 
 @dataclass
@@ -122,7 +122,7 @@ def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> di
     """transformers' weights under llmkit's names; a UserError unless they fit the config."""
     import torch
 
-    from llmkit.model import Transformer
+    from llmkit.model.transformer import Transformer
 
     state_dict = from_hf_state_dict(weights, model_config)
     with torch.device("meta"):

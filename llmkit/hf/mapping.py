@@ -3,7 +3,7 @@
 q_norm / k_norm, and `MixtralForCausalLM`'s on-disk names for MoE; SmolLM3 is Llama's names with
 RoPE left out of its `no_rope_layers`; Qwen3.5-MoE's and Qwen3-Next's `mlp.` are our `block_sparse_moe.`
 and Qwen3-Next's fused Gated DeltaNet projections are split into Qwen3.5's), for `llmkit export` (to_*)
-and `llmkit import` (from_*), for the families of `llmkit.model_config.FAMILIES`."""
+and `llmkit import` (from_*), for the families of `llmkit.model.config.FAMILIES`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import re
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
-from llmkit.model_config import FAMILIES, LAYER_TYPES, LLAMA3_ROPE_KEYS, ModelConfig
+from llmkit.model.config import FAMILIES, LAYER_TYPES, LLAMA3_ROPE_KEYS, ModelConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from llmkit.model import Transformer
+    from llmkit.model.transformer import Transformer
 
 
 def hf_family(cfg: ModelConfig) -> str:

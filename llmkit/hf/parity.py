@@ -96,7 +96,7 @@ def probe_batch(tokenizer, model_config, cfg):
 
 
 def _greedy_llmkit(model, inputs, n: int) -> list[list[int]]:
-    from llmkit.decoding import generate
+    from llmkit.model.decoding import generate
 
     return generate(model, inputs, n, greedy=True)[:, inputs.shape[1]:].tolist()
 

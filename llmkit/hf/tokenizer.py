@@ -13,10 +13,10 @@ from pathlib import Path
 
 from llmkit.errors import UserError
 from llmkit.hf.folder import HF_TOKENIZER, HF_TOKENIZER_CONFIG, LLMKIT_TOKENIZER_KEY, write_json
-from llmkit.hf_tokenizer import FILES as HF_TOKENIZER_FILES, HFTokenizer
-from llmkit.tokenizer import END_OF_TURN, ROLE_TOKENS
-from llmkit.tokenizer_base import CONFIG_FILE, MODEL_FILE, read_config
-from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json
+from llmkit.tokenizers.tokenizer_json import FILES as HF_TOKENIZER_FILES, HFTokenizer
+from llmkit.tokenizers.sentencepiece import END_OF_TURN, ROLE_TOKENS
+from llmkit.tokenizers.base import CONFIG_FILE, MODEL_FILE, read_config
+from llmkit.data.tokenizer_training import TokenizerConfig, tokenizer_config_json
 
 # -- export ---------------------------------------------------------------------------------
 

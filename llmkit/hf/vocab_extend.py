@@ -21,20 +21,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit import checkpoints as ckpt
-from llmkit.checkpoints import TOKENIZER
-from llmkit.cjk import language_of
+from llmkit.checkpoints import step_folders as ckpt
+from llmkit.checkpoints.step_folders import TOKENIZER
+from llmkit.tokenizers.cjk import language_of
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.bpe_extend import (SCRIPTS, byte_level_problem, extended_tokenizer_json, has_script,
                                   script_words, train_extension)
 from llmkit.hf.export import stored_dtype
 from llmkit.hf.folder import write_json
-from llmkit.hf_tokenizer import HFTokenizer
-from llmkit.loading import load_model, starting_weights
-from llmkit.progress import print_summary
-from llmkit.tokenizer_base import JSON_FILE, MODEL_FILE
-from llmkit.tokenizer_training import _documents, _hash01, fertility
-from llmkit.train.new_rows import write_extension
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
+from llmkit.checkpoints.loading import load_model, starting_weights
+from llmkit.core.progress import print_summary
+from llmkit.tokenizers.base import JSON_FILE, MODEL_FILE
+from llmkit.data.tokenizer_training import _documents, _hash01, fertility
+from llmkit.checkpoints.new_rows import write_extension
 
 INITS = ("mean", "noisy_mean")
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from llmkit.errors import UserError
-from llmkit.workspace import _fsync_dir, kill_point
+from llmkit.core.durable import _fsync_dir, kill_point
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"  # beside the journal: flocked by the one process that writes it

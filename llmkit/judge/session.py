@@ -8,7 +8,7 @@ page receives names a model.
 
 Sessions and exports are both built by `llmkit judge`, so their manifests share the stage; an
 export's manifest records the kind `EXPORT_KIND` (a session's kind is the stage's own), so the
-workspace refuses either in place of the other without --force (llmkit.targets), and
+workspace refuses either in place of the other without --force (llmkit.core.targets), and
 `refuse_while_judged` refuses to replace a session while a server writes its journal.
 """
 
@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from llmkit.config import config_to_dict
+from llmkit.core.config import config_to_dict
 from llmkit.data.chat import prompt_messages
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.generation import GenerateConfig, generate_texts, read_prompts, uses_chat_template, warn_if_empty
 from llmkit.judge.journal import JOURNAL_FILE, describe_holder, read_journal, writer_of
-from llmkit.loading import load
-from llmkit.workspace import MANIFEST, Artifact
+from llmkit.checkpoints.loading import load
+from llmkit.core.workspace import MANIFEST, Artifact
 
 ITEMS_FILE = "items.jsonl"
 EXPORT_KIND = "judge-export"  # an export's manifest `kind`; a session's is its stage, `judge`

@@ -8,7 +8,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from llmkit.model import Transformer
+from llmkit.model.transformer import Transformer
 from llmkit.train.rl_losses import logprobs_of
 
 

@@ -1,7 +1,7 @@
 """A checkpoint run's lifecycle: whether a (re)start continues the run, rewinds it or starts it
 over (`plan_run`), what it records of its settings (`run.json`), and how every process enters it
 (`training_run`). The step-folder format itself (names, completeness, pruning, weights, RNG
-states, safe loading) is `llmkit.checkpoints`.
+states, safe loading) is `llmkit.checkpoints.step_folders`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 import shutil
 from pathlib import Path
 
-from llmkit.checkpoints import LATEST, is_complete, step_dir_name, step_dirs, step_of
+from llmkit.checkpoints.step_folders import LATEST, is_complete, step_dir_name, step_dirs, step_of
 from llmkit.errors import ConfigError
 from llmkit.train.distributed import barrier, setup_distributed
 from llmkit.train.metrics import METRICS_FILE
-from llmkit.workspace import write_atomic
+from llmkit.core.durable import write_atomic
 
 # -- the run folder as a workspace artifact ----------------------------------------------------
 #

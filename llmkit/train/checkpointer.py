@@ -5,7 +5,7 @@ A step folder holds the weights as safetensors (a LoRA run: its adapters and tra
 the frozen base is an input of the run, not its state), config.json, the tokenizer, DeepSpeed's
 `ds/` (optimizer state and ZeRO shards) and trainer_state.json: the counters below, the train
 config and each process's RNG and task state (its data position), so a resumed run logs the same
-losses as one never stopped. The folder format itself is `llmkit.checkpoints`; which run to
+losses as one never stopped. The folder format itself is `llmkit.checkpoints.step_folders`; which run to
 continue and when to start over is `train.checkpoint`.
 """
 
@@ -17,9 +17,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.errors import UserError
-from llmkit.train import lora
+from llmkit.checkpoints import lora
 from llmkit.train.distributed import barrier
 
 log = logging.getLogger("llmkit.train")

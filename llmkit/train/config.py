@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.errors import ConfigError
-from llmkit.executor import RUN_OPTION
-from llmkit.train.lora import LoraConfig
+from llmkit.core.executor import RUN_OPTION
+from llmkit.checkpoints.lora import LoraConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")  # see llmkit.train.optim

@@ -27,8 +27,8 @@ import numpy as np
 
 from llmkit.data.chat import IGNORE_INDEX, fixed_batches
 from llmkit.errors import ConfigError, UserError
-from llmkit.loading import load_model, starting_weights
-from llmkit.tokenizer import same_tokenizer
+from llmkit.checkpoints.loading import load_model, starting_weights
+from llmkit.tokenizers.sentencepiece import same_tokenizer
 from llmkit.train.distill_data import (DistillData, TOP_K_DIR, collate_distill, distill_data, load_top_k,
                                        precompute_top_k, store_top_k, student_replies)
 from llmkit.train.distill_losses import DISTILL_LOSSES, distill_divergence, restricted_to_top_k, teacher_top_k

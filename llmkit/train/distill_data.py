@@ -114,7 +114,7 @@ def student_replies(module, batch: dict, *, max_new_tokens: int, seq_len: int, t
     stop token), labelled as a reply; `seed` fixes the sample."""
     import torch
 
-    from llmkit.decoding import generate, left_pad
+    from llmkit.model.decoding import generate, left_pad
 
     prompts = prompts_of(batch)
     ids, mask = left_pad(prompts, pad_id)

@@ -37,8 +37,8 @@ from llmkit.data.chat import fixed_batches, one_per_prompt
 from llmkit.data.preferences import collate_pairs, require_dataset_kind
 from llmkit.errors import ConfigError
 from llmkit.dryrun import parameters, plan
-from llmkit.loading import load_model, starting_weights
-from llmkit.train.lora import adapters_disabled, adapters_of
+from llmkit.checkpoints.loading import load_model, starting_weights
+from llmkit.checkpoints.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import (NO_REFERENCE_LOSS_TYPES, PreferenceLossType, dpo_loss, orpo_loss,
                                  simpo_loss)
 from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,

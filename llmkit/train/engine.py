@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.errors import ConfigError, UserError
-from llmkit.train import lora
+from llmkit.checkpoints import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.checkpointer import Checkpointer
 from llmkit.train.distributed import seed_everything, setup_distributed
@@ -94,7 +94,7 @@ class Engine:
 
     def fit(self) -> FitResult:
         """Train to max_steps (resuming if run_dir holds a checkpoint); checkpoint at the end."""
-        from llmkit.packed_linear import packed_linears
+        from llmkit.model.packed_linear import packed_linears
 
         self.dist = setup_distributed()
         self.run_dir.mkdir(parents=True, exist_ok=True)

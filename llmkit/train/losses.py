@@ -6,7 +6,7 @@ Conventions shared by every function here:
 - `labels` are aligned with `input_ids` (Hugging Face style): `labels[t]` is the token at
   position t when it is trained on, `IGNORE_INDEX` otherwise; the shift by one (logits at t
   predict the token at t + 1) happens inside `token_logps`. (The language-model loss itself,
-  `llmkit.model_losses.chunked_cross_entropy`, sits beside the model and takes `targets`
+  `llmkit.model.cross_entropy.chunked_cross_entropy`, sits beside the model and takes `targets`
   instead, already shifted, as pretraining batches hold them.)
 - A sequence's log-probability is the sum over its labelled tokens (TRL's convention for DPO);
   `average=True` divides by their number (IPO, as its authors specify).
@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from llmkit.model_losses import IGNORE_INDEX
+from llmkit.model.cross_entropy import IGNORE_INDEX
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo", "robust", "reference_free")
 DpoLossType = Literal["sigmoid", "ipo", "cdpo", "robust", "reference_free"]

@@ -13,7 +13,7 @@ import math
 
 from llmkit.errors import ConfigError
 from llmkit.train.config import OPTIMIZERS, TrainConfig
-from llmkit.train.quant import import_bitsandbytes
+from llmkit.model.quant import import_bitsandbytes
 
 BITSANDBYTES_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW",
                            "paged_adamw8bit": "PagedAdamW8bit"}

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from llmkit.checkpoints import MODEL_CONFIG, read_latest
+from llmkit.checkpoints.step_folders import MODEL_CONFIG, read_latest
 from llmkit.dryrun import Shape, head_parameters, lora_parameters, parameters
 from llmkit.errors import ConfigError
 from llmkit.train.posttrain import post_training_inputs
@@ -25,7 +25,7 @@ def world_size() -> int:
 
 def dense_attention_mask() -> bool:
     """Whether masked attention (packed or padded batches) builds a dense mask: on CPU, or
-    when LLMKIT_ATTENTION=dense (see llmkit.model)."""
+    when LLMKIT_ATTENTION=dense (see llmkit.model.transformer)."""
     kernel = os.environ.get("LLMKIT_ATTENTION", "auto")
     if kernel != "auto":
         return kernel == "dense"

@@ -16,10 +16,10 @@ from llmkit.data.chat import BatchStream, prompt_messages, reference_answer
 from llmkit.data.preferences import collate_pairs, encode_pairs
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
-from llmkit.loading import load_model, load_tokenizer
-from llmkit.rewards import verify_rewards
+from llmkit.checkpoints.loading import load_model, load_tokenizer
+from llmkit.model.verifiable_rewards import verify_rewards
 from llmkit.train.config import TrainConfig
-from llmkit.train.quant import on_load
+from llmkit.model.quant import on_load
 from llmkit.train.stage import run_start
 
 # -- configuration -------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=No
 
     targets = labels[:, 1:]
     mask = targets != IGNORE_INDEX
-    # position t predicts token t + 1; through the model's forward (see llmkit.model: ZeRO-3)
+    # position t predicts token t + 1; through the model's forward (see llmkit.model.transformer: ZeRO-3)
     logits = model(input_ids, position_ids, doc_ids, logits_at=F.pad(mask, (0, 1), value=False))
     picked = targets[mask]
     logps = logits.gather(-1, picked[:, None]).squeeze(-1) - logits.logsumexp(-1)
@@ -206,7 +206,7 @@ def labelled_token_logps(model, input_ids, labels, position_ids=None, doc_ids=No
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int,
                      batch_size: int = 64) -> list[str]:
     """Greedy replies (text up to the first stop token) to each conversation's prompt."""
-    from llmkit.decoding import generate_replies as generate_tokens
+    from llmkit.model.decoding import generate_replies as generate_tokens
 
     prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0] for c in conversations]
     was_training = model.training
@@ -224,14 +224,14 @@ def evaluate_exact_match(model, tokenizer, records: list[dict], max_new_tokens: 
 
     A record is a row of an SFT, preference or prompt dataset: the prompt is its `messages`
     before the last assistant turn, or its `prompt`; the answer is its `answer`, else its
-    reference reply. Comparison is `llmkit.rewards.exact_match` (whitespace-insensitive).
+    reference reply. Comparison is `llmkit.model.verifiable_rewards.exact_match` (whitespace-insensitive).
     """
     return evaluate_answers(model, tokenizer, records, max_new_tokens)["exact_match"]
 
 
 def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int = 32) -> dict:
     """`exact_match` (see `evaluate_exact_match`) and `similarity`, the mean
-    `llmkit.rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
+    `llmkit.model.verifiable_rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
     credit, which also moves when a reply gets closer without becoming right."""
     if not records:  # nothing held out: no score (None in the manifest, not NaN, which JSON lacks)
         return {"exact_match": None, "similarity": None}

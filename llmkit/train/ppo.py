@@ -18,7 +18,7 @@ The file reads top to bottom: the engine Task (prompts, rollouts, minibatches, r
 stage; the settings are `train.ppo_config`, the advantages and the loss of each algorithm
 `train.ppo_algorithms`. The per-token maths (KL estimators and controllers, GAE, the clipped
 losses) are pure functions in `train.rl_losses`; the scorers of sampled responses are in
-`llmkit.rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
+`llmkit.model.verifiable_rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
 longest response), right-padded, with `mask` 1 on real response tokens (the stop token that
 ends a response included) and 0 on padding.
 
@@ -37,12 +37,12 @@ import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.errors import UserError
-from llmkit.loading import load_reward_model, load_tokenizer, starting_weights
-from llmkit.model import Transformer
-from llmkit.rewards import Scorer, reward_mode, rollout_scorer
-from llmkit.tokenizer import same_tokenizer
+from llmkit.checkpoints.loading import load_reward_model, load_tokenizer, starting_weights
+from llmkit.model.transformer import Transformer
+from llmkit.model.verifiable_rewards import Scorer, reward_mode, rollout_scorer
+from llmkit.tokenizers.sentencepiece import same_tokenizer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
-from llmkit.train.lora import adapters_disabled, adapters_of
+from llmkit.checkpoints.lora import adapters_disabled, adapters_of
 from llmkit.train.losses import masked_mean
 from llmkit.train.ppo_algorithms import add_advantages, algorithm_loss
 from llmkit.train.rl_losses import (AdaptiveKLController, FixedKLController, RunningMoments, at_temperature,
@@ -313,7 +313,7 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
 
 def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], mode: str, tokenizer,
              reward_model=None) -> PpoTask:
-    """The task of a run rewarded by `mode` (llmkit.rewards.reward_mode)."""
+    """The task of a run rewarded by `mode` (llmkit.model.verifiable_rewards.reward_mode)."""
     scorer = rollout_scorer(mode, reward_model, cfg.verify_weight, cfg.partial_credit)
     # LoRA: the reference is the policy with its adapters disabled, no second copy of the base
     reference = None if adapters_of(policy) is not None else copy.deepcopy(policy)

@@ -13,15 +13,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.checkpoints import TOKENIZER, tokenizer_folder
+from llmkit.checkpoints.step_folders import TOKENIZER, tokenizer_folder
 from llmkit.data.loader import TokenLoader
 from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
-from llmkit.model_config import model_config
-from llmkit.tokenizer import same_tokenizer, tokenizer_file
+from llmkit.model.config import model_config
+from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from llmkit.train.planning import check_seq_len, lora_split, model_shape, show, world_size
 from llmkit.train.stage import Fit, fit_stage, run_start
 from llmkit.train.task import Task
@@ -29,9 +29,9 @@ from llmkit.train.task import Task
 
 @dataclass
 class ModelSection:
-    """A preset of `llmkit.model` with any of its fields overridden; None keeps the preset's."""
+    """A preset of `llmkit.model.transformer` with any of its fields overridden; None keeps the preset's."""
 
-    preset: str = "small"  # tiny | small | smol-135m | 1b | 3b (see llmkit.model_config.PRESETS)
+    preset: str = "small"  # tiny | small | smol-135m | 1b | 3b (see llmkit.model.config.PRESETS)
     vocab_size: int | None = None  # None = the tokenizer's vocabulary
     hidden_size: int | None = None  # width of the residual stream
     n_layers: int | None = None  # transformer blocks
@@ -61,6 +61,7 @@ class ModelSection:
     n_experts: int | None = None  # 0 = dense MLP; >= 2 = mixture of experts
     experts_top_k: int | None = None  # experts per token (MoE)
     router_aux_loss_coef: float | None = None  # weight of the MoE load-balancing loss
+    shared_expert_size: int | None = None  # inner width of the shared expert beside the routed ones (Qwen3.5-MoE); 0 = none
     init_std: float | None = None  # std of the normal weight init
     family: str | None = None  # Hugging Face model_type for export; None = from the features
 
@@ -152,7 +153,7 @@ def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: P
 def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_dir, tokens_dir):
     """The model a run starts from: --from's weights and architecture, else a fresh one of
     cfg.model (the same initial weights on every process); checked against the data."""
-    from llmkit.model import Transformer
+    from llmkit.model.transformer import Transformer
 
     seed_everything(cfg.seed)  # every rank builds the same initial weights
     if from_step is not None:

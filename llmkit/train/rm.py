@@ -1,6 +1,6 @@
 """Reward modelling (`llmkit rm`): a transformer trunk with a scalar head (`RewardModel`), trained
 on preference pairs with the Bradley–Terry loss and scored by held-out pairwise accuracy.
-`llmkit.loading.load_reward_model(path)` gives a trained one back, for `ppo` and `eval`.
+`llmkit.checkpoints.loading.load_reward_model(path)` gives a trained one back, for `ppo` and `eval`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape
                                    world_size)
 from llmkit.train.posttrain import (PostTrainConfig, batch_stream, holds_whole_model, load_start,
                                     post_training_inputs, preference_data)
-from llmkit.train.reward_model import RewardModel
+from llmkit.model.reward_model import RewardModel
 from llmkit.train.stage import LOSSES, Fit, fit_stage
 from llmkit.train.task import Task, to_device
 

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from llmkit.data.chat import prompt_messages
-from llmkit.decoding import generate, left_pad
+from llmkit.model.decoding import generate, left_pad
 from llmkit.errors import UserError
 
 

@@ -4,7 +4,7 @@ A trainer names its inputs and hands over a `prepare` function; `fit_stage` open
 checkpoint run (and stops there when it is up to date), calls `prepare` on every process to
 load the start and the data into a `Fit`, and inside the run builds the trainer's Task, scores
 the model before and after the engine trains it, records the stats (main process) and prints
-the summary. With `lora.r > 0` it freezes the model and adds LoRA adapters first (`train.lora`):
+the summary. With `lora.r > 0` it freezes the model and adds LoRA adapters first (`checkpoints.lora`):
 the Task, the scores and the engine see the model with its adapters.
 
     def run_sft(ctx, cfg, base, eval_data=None):
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from llmkit.errors import ConfigError
-from llmkit.loading import starting_weights
-from llmkit.progress import print_summary
+from llmkit.checkpoints.loading import starting_weights
+from llmkit.core.progress import print_summary
 from llmkit.train.checkpoint import open_run, training_run
 from llmkit.train.engine import Engine
-from llmkit.train.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, pinned_start, trainable_share
-from llmkit.train.quant import unpool_large_allocations
+from llmkit.checkpoints.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, pinned_start, trainable_share
+from llmkit.model.quant import unpool_large_allocations
 from llmkit.train.threads import threads_label
 
 # the stats most stages take from the engine's last logged record: stat name -> record key

@@ -305,10 +305,10 @@ def threads_label(record: dict | None, short: bool = False) -> str:
 
 def cpu_kernel_path(device: str) -> str:
     """The kernels a run's CPU work goes through: `llmkit-avx512` where llmkit's own
-    (`llmkit.cpu_kernels`) load here, else `torch`; `cuda` for a run on a GPU."""
+    (`llmkit.model.cpu_kernels`) load here, else `torch`; `cuda` for a run on a GPU."""
     if str(device).startswith("cuda"):
         return "cuda"
-    from llmkit import cpu_kernels
+    from llmkit.model import cpu_kernels
 
     return "llmkit-avx512" if cpu_kernels.available() else "torch"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 def split(clean: str, fraction: str, seed: str, out: str, docs: int = 16, chars: int = 400) -> None:
     import pyarrow.parquet as pq
 
-    from llmkit.tokenizer_training import _hash01
+    from llmkit.data.tokenizer_training import _hash01
 
     train, heldout = [], []
     for f in sorted(Path(clean).glob("part-*.parquet")):

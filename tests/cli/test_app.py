@@ -47,8 +47,8 @@ def test_helper_commands_come_after_the_stages():
 def test_stage_help_ends_with_every_key_of_its_config(stage):
     """Every field of the stage's config class (nested sections' too), with its type, default
     and the comment beside it in the source."""
-    from llmkit.config import dotted_keys
-    from llmkit.keydocs import documented_keys
+    from llmkit.core.config import dotted_keys
+    from llmkit.core.keydocs import documented_keys
     from llmkit.stages import BY_COMMAND, config_class
 
     r = runner.invoke(build_app(), [stage, "--help"], terminal_width=200)

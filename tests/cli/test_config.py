@@ -5,7 +5,7 @@ import yaml
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.config import load_recipe, parse_overrides, resolve_config
+from llmkit.core.config import load_recipe, parse_overrides, resolve_config
 from llmkit.train.pretrain import PretrainConfig
 
 

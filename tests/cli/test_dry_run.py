@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from tests.conftest import write_jsonl
-from tests.test_tokenizer import small_corpus
+from tests.tokenizers.test_sentencepiece import small_corpus
 
 TINY = ["model.preset=tiny", "model.hidden_size=32", "model.n_layers=2", "model.n_heads=2",
         "model.n_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=64", "seq_len=64",

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from tests.test_hf_tokenizer import QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py

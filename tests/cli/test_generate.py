@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 import llmkit
 from llmkit.generation import GenerateConfig, generate_texts
 from llmkit.cli.app import build_app
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from tests.train.posttrain_fixtures import make_tokenizer, memorizing_model, write_checkpoint_run
 
 runner = CliRunner()
@@ -99,9 +99,9 @@ def test_a_run_trained_on_chats_gets_the_chat_template_unless_chat_false(ws):
 
 @pytest.fixture
 def first_ids_then(monkeypatch):
-    """`llmkit.decoding.generate` answering each prompt with the ids set in `answer` (default:
+    """`llmkit.model.decoding.generate` answering each prompt with the ids set in `answer` (default:
     the stop token at once), recording the prompt ids and stop id it was given."""
-    import llmkit.decoding
+    import llmkit.model.decoding
 
     seen, answer = [], []
 
@@ -110,7 +110,7 @@ def first_ids_then(monkeypatch):
         new = torch.tensor([(answer or [eos_id])[:n]] * len(ids))
         return torch.cat([ids, new], dim=1)
 
-    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", fake_generate)
     return seen, answer
 
 
@@ -143,7 +143,7 @@ def imported(tmp_path_factory):
     template) and `base` (the same folder without one)."""
     import transformers
 
-    from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+    from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
     root = tmp_path_factory.mktemp("imported")
     config = transformers.Qwen2Config(vocab_size=832, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ def hf_folder(tmp_path_factory):
     """A tiny Qwen2 folder as transformers' save_pretrained writes it."""
     import transformers
 
-    from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+    from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
     folder = save_folder(tmp_path_factory.mktemp("hf") / "Qwen-tiny", train_bpe(QWEN_SPECIALS), QWEN25_TEMPLATE,
                          eos_token="<|im_end|>")

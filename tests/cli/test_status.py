@@ -3,7 +3,7 @@ from dataclasses import dataclass
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 
 
 @dataclass

@@ -123,7 +123,7 @@ def good_documents(split: str) -> dict[str, list[str]]:
 def vocabulary(docs: list[str], lang: str) -> list[str]:
     if lang == "en":
         return sorted({w.lower() for d in docs for w in re.findall(r"[A-Za-z]{4,}", d)})
-    from llmkit.cjk import jieba_words
+    from llmkit.tokenizers.cjk import jieba_words
 
     return sorted({w for d in docs for w in jieba_words(d) if len(w) >= 2 and re.fullmatch(r"\w+", w)})
 

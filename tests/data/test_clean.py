@@ -25,7 +25,7 @@ from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
 from llmkit.data.clean_stage import run_clean
 from llmkit.errors import UserError
-from llmkit.executor import RunsOn
+from llmkit.core.executor import RunsOn
 from tests.conftest import write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -425,7 +425,7 @@ def test_a_clean_that_keeps_nothing_is_refused_naming_the_rule_unless_allowed(ma
 
 
 def test_recipe_section_and_set_overrides_build_the_config():
-    from llmkit.config import parse_overrides, resolve_config
+    from llmkit.core.config import parse_overrides, resolve_config
 
     recipe = {"min_words": 20, "max_top_ngram_chars": [0.3, 0.2, 0.1], "cjk_words": "jieba"}
     cfg = resolve_config(CleanConfig, recipe, parse_overrides(

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.data.ingest import input_names
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from llmkit.tokenizer import Tokenizer
-from llmkit.tokenizer_training import TokenizerConfig, train_sentencepiece
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from llmkit.tokenizers.sentencepiece import Tokenizer
+from llmkit.data.tokenizer_training import TokenizerConfig, train_sentencepiece
 from tests.train.posttrain_fixtures import write_checkpoint_run
 
 RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"

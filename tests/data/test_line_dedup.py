@@ -11,7 +11,7 @@ from llmkit.data.clean import CleanConfig
 from llmkit.data.clean_stage import run_clean
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
-from llmkit.executor import RunsOn
+from llmkit.core.executor import RunsOn
 from llmkit.data.line_dedup import count_line_keys, drop_frequent_lines, line_key
 from llmkit.data.rules import RULE_NAMES
 from llmkit.errors import ConfigError

@@ -3,7 +3,7 @@ happens to a worker or to the driver.
 
 The identity tests run the CLI in this process (one Ray cluster for the module); the kill
 tests run `llmkit` in a process group of its own, so that what Ray started dies with it, and
-kill at named points (`workspace.kill_point`): a worker once (`LLMKIT_KILL_ONCE`, so that
+kill at named points (`core.durable.kill_point`): a worker once (`LLMKIT_KILL_ONCE`, so that
 Ray's retry in a fresh worker goes through), the driver after some tasks finished. A cluster
 that `ray start --head` runs from another directory (ports and temp dir of its own, stopped by
 killing its session: `ray stop` would stop every Ray on the machine) is joined with relative
@@ -47,8 +47,8 @@ def test_each_data_stage_on_ray_gives_the_local_artifact(ws, stage):
 
 
 def test_a_task_that_cannot_see_the_workspace_fails_with_the_reason(ws, tmp_path):
-    from llmkit.executor import RayConfig, _run_on_ray
-    from llmkit.progress import Progress
+    from llmkit.core.executor import RayConfig, _run_on_ray
+    from llmkit.core.progress import Progress
 
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "executor-token").write_text("another node's disk")

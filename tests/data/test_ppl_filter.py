@@ -19,11 +19,11 @@ from llmkit.data.io import DatasetWriter, read_table
 from llmkit.data.ppl_filter import (KenLMScorer, PplFilterConfig, bucket_edges, ccnet_normalize,
                                     perplexities, removal_reasons)
 from llmkit.errors import ConfigError, UserError
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
-from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from llmkit.workspace import Workspace
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from llmkit.tokenizers.sentencepiece import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.data.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
+from llmkit.core.workspace import Workspace
 from tests.train.posttrain_fixtures import write_checkpoint_run
 
 RAW = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "raw"
@@ -262,7 +262,7 @@ def test_a_threshold_that_keeps_nothing_is_refused_unless_allowed(monkeypatch, t
 
 def test_a_kenlm_file_given_as_model_says_how_to_use_it(tmp_path):
     from llmkit.data.ppl_filter import PplFilterConfig, scoring_input
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     lm = tmp_path / "lm.bin"
     lm.write_bytes(b"kenlm")

@@ -20,7 +20,7 @@ from llmkit.data.io import DatasetWriter, dataset_files, read_table
 from llmkit.data.quality import QualityConfig, removal_codes, top_share
 from llmkit.data.quality_classifier import auc, load_classifier
 from llmkit.errors import ConfigError
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 from tests.conftest import write_jsonl
 from tests.data.quality_corpus import build, write
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmkit import cjk
-from llmkit.cjk import COMMON_HAN
+from llmkit.tokenizers import cjk
+from llmkit.tokenizers.cjk import COMMON_HAN
 from llmkit.data import document, rules
 from llmkit.data.clean import CleanConfig, clean_batch, clean_text
 from llmkit.data.document import Doc

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 from llmkit.cli.app import build_app
 from llmkit.data.token_shards import token_dtype
 from llmkit.data.tokenize import val_mask
-from llmkit.tokenizer import Tokenizer
+from llmkit.tokenizers.sentencepiece import Tokenizer
 from tests.conftest import write_jsonl
-from tests.test_tokenizer import EDGE_CASES, small_corpus
+from tests.tokenizers.test_sentencepiece import EDGE_CASES, small_corpus
 
 
 def llmkit(*args):

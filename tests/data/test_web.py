@@ -23,7 +23,7 @@ from warcio.warcwriter import WARCWriter
 
 from llmkit.cli.app import build_app
 from llmkit.data.ingest import IngestConfig, run_ingest
-from llmkit.executor import RunsOn
+from llmkit.core.executor import RunsOn
 from llmkit.data.io import read_table
 from llmkit.data.langid import language_columns
 from llmkit.data.readers import read_records
@@ -378,7 +378,7 @@ def test_the_crawl_gives_the_same_artifact_on_one_and_two_workers(make_ctx, tmp_
 @pytest.mark.slow
 def test_the_crawl_gives_the_same_artifact_on_ray(make_ctx, tmp_path):
     pytest.importorskip("ray")
-    from llmkit.executor import RayConfig
+    from llmkit.core.executor import RayConfig
 
     folder = crawl(tmp_path / "crawl", files=2)[0]
     local = run_ingest(make_ctx(force=True, out="local"), [str(folder)],

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.data.io import DatasetWriter
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 from tests.train.posttrain_fixtures import make_tokenizer
 
 

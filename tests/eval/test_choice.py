@@ -7,8 +7,8 @@ import torch
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.choice import (ChoiceConfig, choice_scores, context, continuation,
                                 continuation_requests, evaluate_choice, split_first_shots)
-from llmkit.eval_files import Question, eval_input, parse_question, parse_questions, read_rows
-from llmkit.lm_scoring import LMScorer
+from llmkit.data.input_files import Question, eval_input, parse_question, parse_questions, read_rows
+from llmkit.model.lm_scoring import LMScorer
 from tests.eval.conftest import UnigramLM
 
 EVAL_DATA = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "eval"

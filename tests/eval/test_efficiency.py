@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-import llmkit.decoding
+import llmkit.model.decoding
 from llmkit.eval.efficiency import EfficiencyConfig, evaluate_efficiency, measure_generation
 from tests.train.posttrain_fixtures import tiny_model
 
@@ -28,7 +28,7 @@ def test_efficiency_reports_median_latency_throughput_and_memory_per_batch_size(
     # per batch size: one warm-up, 3 first-token runs, 3 whole replies (4 new tokens)
     noise = [9.0, 0.5, 0.0, 0.0625, 0.0, 1.0, 0.125] * 2
     device = SimulatedDevice(noise)
-    monkeypatch.setattr(llmkit.decoding, "generate", device.generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", device.generate)
     cfg = EfficiencyConfig(batch_sizes=[1, 3], prompt_tokens=8, new_tokens=4, repeats=3)
     got = evaluate_efficiency(tiny_model(64), cfg, device=torch.device("cpu"), clock=device.clock)
     assert device.calls == [(1, 4), (1, 1), (1, 1), (1, 1), (1, 4), (1, 4), (1, 4),
@@ -85,7 +85,7 @@ def test_requests_served_in_turn_finish_one_after_another_and_percentiles_say_so
 def test_batched_requests_finish_together_and_each_run_s_throughput_is_kept(monkeypatch):
     noise = [9.0, 0.5, 0.0, 0.0625, 0.0, 1.0, 0.125]
     device = SimulatedDevice(noise)
-    monkeypatch.setattr(llmkit.decoding, "generate", device.generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", device.generate)
     run = measure_generation(tiny_model(64), batch_size=2, prompt_tokens=8, new_tokens=4, repeats=3,
                              device=torch.device("cpu"), clock=device.clock)
     latencies = sorted([1.25, 1.25 + 1.0, 1.25 + 0.125])  # 2 × (0.25 + 3 × 0.125) + noise

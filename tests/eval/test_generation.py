@@ -91,12 +91,12 @@ def test_evaluate_generation_reports_each_language_and_keeps_samples(tok):
 
 
 def test_a_reply_cut_at_the_token_limit_inside_a_character_is_scored_without_it(tok, monkeypatch):
-    import llmkit.decoding
+    import llmkit.model.decoding
 
     ids = tok.encode("等于龘")  # 龘 is not in the vocabulary: three byte tokens
     assert [tok.id_to_piece(i) for i in ids[-3:]] == ["<0xE9>", "<0xBE>", "<0x98>"]
     replies = {len(ids) - 1: ids[:-1], len(ids): ids}  # max_new_tokens -> the reply it allows
-    monkeypatch.setattr(llmkit.decoding, "generate_replies",
+    monkeypatch.setattr(llmkit.model.decoding, "generate_replies",
                         lambda model, prompts, max_new_tokens, **kw: [replies[max_new_tokens]] * len(prompts))
     rows = [{"prompt": "计算", "reference": "等于龘"}]
     for limit, reply in ((len(ids) - 1, "等于"), (len(ids), "等于龘")):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit.eval.harness_scoring import PrefixScorer, clusters, distinct_inputs
-from llmkit.lm_scoring import LMScorer
+from llmkit.model.lm_scoring import LMScorer
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

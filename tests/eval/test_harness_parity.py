@@ -19,9 +19,9 @@ from llmkit.cli.app import build_app
 from llmkit.eval.choice import ChoiceConfig, evaluate_choice
 from llmkit.eval.harness import HarnessConfig, run_harness, shut_the_network, task_manager
 from llmkit.eval.harness_lm import LlmkitLM
-from llmkit.eval_files import parse_questions
-from llmkit.lm_scoring import LMScorer
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from llmkit.data.input_files import parse_questions
+from llmkit.model.lm_scoring import LMScorer
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ from llmkit.data.tokenize import val_mask
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.perplexity import (PerplexityConfig, split_documents, text_perplexity,
                                     token_split_perplexity)
-from llmkit.lm_scoring import LMScorer
+from llmkit.model.lm_scoring import LMScorer
 from tests.eval.conftest import tokenize_rows
 from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_model
 
@@ -80,7 +80,7 @@ def test_stride_must_leave_context():
 def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
     """One convention for plain text before a pretrained model (Tokenizer.document_start_ids):
     the </s> that ended the document before, as in the token shards — never <s>."""
-    import llmkit.decoding
+    import llmkit.model.decoding
     from llmkit.generation import GenerateConfig, generate_texts
     from llmkit.data.ppl_filter import ModelScorer, PplFilterConfig
     from llmkit.eval.choice import continuation_requests
@@ -97,7 +97,7 @@ def test_generate_eval_and_ppl_filter_start_plain_text_alike(tok, monkeypatch):
         seen["generate"] = ids[0].tolist()
         return torch.cat([ids, torch.full((len(ids), max_new_tokens), tok.eos_id)], 1)
 
-    monkeypatch.setattr(llmkit.decoding, "generate", fake_generate)
+    monkeypatch.setattr(llmkit.model.decoding, "generate", fake_generate)
     generate_texts(model, tok, [text], GenerateConfig(max_new_tokens=2, chat=False))
 
     def fake_document_nll(self, docs, window, stride):

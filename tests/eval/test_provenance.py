@@ -14,7 +14,7 @@ from llmkit.cli.app import build_app
 from llmkit.data.io import DatasetWriter
 from llmkit.eval.harness import SHIPPED
 from llmkit.eval.provenance import contamination_warnings, harness_notes
-from llmkit.workspace import Artifact, Workspace
+from llmkit.core.workspace import Artifact, Workspace
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 EVAL_DATA = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "data" / "eval"
@@ -135,6 +135,6 @@ def test_an_imported_model_or_untraceable_data_is_said_so(ws, tmp_path):
 
 
 def _file(path: Path) -> Artifact:
-    from llmkit.eval_files import eval_input
+    from llmkit.data.input_files import eval_input
 
     return eval_input(Workspace(path.parent), str(path))

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError
-from llmkit import lm_scoring
-from llmkit.lm_scoring import LMScorer, windows
+from llmkit.model import lm_scoring
+from llmkit.model.lm_scoring import LMScorer, windows
 from tests.train.posttrain_fixtures import tiny_model
 
 

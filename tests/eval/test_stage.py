@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.train.reward_model import RewardModel
+from llmkit.model.reward_model import RewardModel
 from tests.conftest import write_jsonl
 from tests.eval.conftest import tokenize_rows
 from tests.train.posttrain_fixtures import (preference_rows, task_sentences, tiny_model,

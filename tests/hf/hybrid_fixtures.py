@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.test_smollm3 import SPECIALS as SMOLLM3_SPECIALS, TEMPLATE as SMOLLM3_TEMPLATE
 
 LINEAR, FULL = "linear_attention", "full_attention"

@@ -9,13 +9,13 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from llmkit.hf.export import ExportConfig
 from llmkit.hf.parity import PROBE_CHAT, compare_with_transformers, load_transformers
 from llmkit.hf.tokenizer import hf_tokenizer_json
-from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
-from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from llmkit import checkpoints as ckpt
+from llmkit.tokenizers.sentencepiece import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.data.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
+from llmkit.checkpoints import step_folders as ckpt
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 
 runner = CliRunner()

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 import llmkit
 from llmkit.cli.app import build_app
 from llmkit.hf.gguf_read import load_gguf_with_transformers, read_gguf_metadata
-from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
-from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
+from llmkit.tokenizers.sentencepiece import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.data.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
 from tests.hf.test_export import corpus as sentencepiece_corpus
-from tests.test_hf_tokenizer import (LLAMA3_TEMPLATE, LLAMA_SPECIALS, QWEN25_TEMPLATE, QWEN_SPECIALS,
+from tests.tokenizers.test_tokenizer_json import (LLAMA3_TEMPLATE, LLAMA_SPECIALS, QWEN25_TEMPLATE, QWEN_SPECIALS,
                                      save_folder, train_bpe)
 from tests.train.posttrain_fixtures import tiny_model, write_checkpoint_run
 

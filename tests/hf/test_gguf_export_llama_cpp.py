@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from llmkit.generation import encode_prompt
 from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_model, write_checkpoint_run
 

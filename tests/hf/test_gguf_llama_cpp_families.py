@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from tests.hf.hybrid_fixtures import save_qwen35, save_smollm3
 from tests.train.posttrain_fixtures import task_sentences
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import addition_rows, preference_rows, write_dataset
 
 runner = CliRunner()
@@ -110,7 +110,7 @@ def test_post_training_stages_train_the_imported_model(pipeline, stage, start):
 
 
 def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
-    from llmkit.loading import load_reward_model
+    from llmkit.checkpoints.loading import load_reward_model
 
     _, _, ws, _ = pipeline
     s = stats(ws, "rm")

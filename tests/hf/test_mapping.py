@@ -14,12 +14,12 @@ import pytest
 import torch
 import transformers
 
-from llmkit.decoding import generate
+from llmkit.model.decoding import generate
 from llmkit.errors import ConfigError
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
-from llmkit.model import Transformer, rope_tables
-from tests.test_hf_tokenizer import (PROBE_TEXTS, QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, save_mistral_folder,
+from llmkit.model.transformer import Transformer, rope_tables
+from tests.tokenizers.test_tokenizer_json import (PROBE_TEXTS, QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, save_mistral_folder,
                                      train_bpe)
 
 

@@ -14,12 +14,12 @@ import transformers
 from typer.testing import CliRunner
 
 import llmkit
-from llmkit.checkpoints import read_weights
-from llmkit.cjk import COMMON_HAN
+from llmkit.checkpoints.step_folders import read_weights
+from llmkit.tokenizers.cjk import COMMON_HAN
 from llmkit.cli.app import build_app
 from llmkit.hf.bpe_extend import script_bytes_test, token_bytes
-from llmkit.hf_tokenizer import HFTokenizer
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import addition_rows, write_dataset
 
 runner = CliRunner()

@@ -14,7 +14,7 @@ import pytest
 
 from llmkit.judge.server import make_server
 from llmkit.judge.session import pair_items, write_items
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(

@@ -74,7 +74,7 @@ def llmkit_refused(*args) -> str:
 
 
 def test_an_export_never_replaces_a_session_nor_a_session_an_export_without_force(tmp_path):
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     ws = tmp_path / "ws"
     session = write_session(ws, "judged", arithmetic_prompts(4), known_replies(4))

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from llmkit.config import load_recipe
+from llmkit.core.config import load_recipe
 from llmkit.errors import ConfigError
-from llmkit.recipes import check_recipe
+from llmkit.core.recipes import check_recipe
 from llmkit.stages import CONFIGURED, STAGES
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].glob("recipes/*/recipe.yaml"))

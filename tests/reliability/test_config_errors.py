@@ -7,9 +7,9 @@ from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
 from llmkit import stages
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from tests.conftest import write_jsonl
-from tests.test_tokenizer import small_corpus
+from tests.tokenizers.test_sentencepiece import small_corpus
 from tests.train.test_pretrain import TINY
 
 CONFIGURED = [c for c in stages.CONFIGURED if c != "generate"]

@@ -1,7 +1,7 @@
 """SIGKILL a stage at named points, then rerun it: the artifact equals an undisturbed run's.
 
 Each stage runs as `llmkit <stage>` in its own process group (so pool workers die with it),
-with `LLMKIT_KILL_AT=<point>`: the stage SIGKILLs itself there (`workspace.kill_point`), so
+with `LLMKIT_KILL_AT=<point>`: the stage SIGKILLs itself there (`core.durable.kill_point`), so
 every window is hit on every machine. The points: `build` (lock taken, temporary folder made),
 `progress` (the first batch or task reported done), `checkpoint` (a step folder written, not
 yet sealed), `tokenize:assemble` / `dedup:assemble` (before each work file is linked into the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.metrics import read_metrics
 from tests.train.conftest import make_engine
 

@@ -110,8 +110,8 @@ def fast_config(**overrides) -> TrainConfig:
 
 def tiny_transformer():
     """llmkit's model at toy size: GQA, RoPE, tied embeddings (what ZeRO-3 must gather once)."""
-    from llmkit.model import Transformer
-    from llmkit.model_config import ModelConfig
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import ModelConfig
 
     return Transformer(ModelConfig(vocab_size=VOCAB, hidden_size=16, n_layers=2, n_heads=2,
                                    n_kv_heads=1, intermediate_size=32, max_seq_len=16))
@@ -136,7 +136,7 @@ def main(argv: list[str]) -> None:
     """argv: RUN_DIR OPTIONS_JSON [RUN_DIR OPTIONS_JSON ...], trained one after the other.
     Option `unreadable_on_rank: [rank, step folder]` makes that folder look damaged to that rank
     alone (as a node whose copy of shared storage is stale or broken would see it)."""
-    from llmkit import checkpoints as ckpt
+    from llmkit.checkpoints import step_folders as ckpt
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     for run_dir, options in zip(argv[::2], argv[1::2]):

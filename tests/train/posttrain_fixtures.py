@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from llmkit.tokenizer import CONFIG_FILE, MODEL_FILE, Tokenizer
-from llmkit.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
-from llmkit import checkpoints as ckpt
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from llmkit.tokenizers.sentencepiece import CONFIG_FILE, MODEL_FILE, Tokenizer
+from llmkit.data.tokenizer_training import TokenizerConfig, tokenizer_config_json, train_sentencepiece
+from llmkit.checkpoints import step_folders as ckpt
 
 LETTERS = "abcdefgh"
 
@@ -119,7 +119,7 @@ def write_dataset(ws_root: Path, name: str, rows: list[dict]) -> Path:
     import pyarrow as pa
 
     from llmkit.data.io import DatasetWriter
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     b = Workspace(ws_root).builder(name, stage="ingest", config={"rows": len(rows)}, quiet=True)
     with b:
@@ -135,7 +135,7 @@ def write_checkpoint_run(ws_root: Path, name: str, model: torch.nn.Module, token
     """A checkpoint-run artifact with one complete step folder, as the engine writes it."""
     import dataclasses
 
-    from llmkit.workspace import Workspace
+    from llmkit.core.workspace import Workspace
 
     b = Workspace(ws_root).builder(name, stage="pretrain", config={"name": name}, in_place=True,
                                    quiet=True)

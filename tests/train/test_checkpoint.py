@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.checkpoint import RUN_RECORD, plan_run
 from llmkit.train.metrics import read_metrics
 from tests.train.conftest import TinyLM, make_engine
@@ -141,7 +141,7 @@ def planned(tmp_path, *, config=None, fingerprint="aaa", record=True, resume_fro
     """The plan for a rerun of a run dir holding complete `steps`, started with RUN_CONFIG on an
     input whose fingerprint was "aaa"; `config`/`fingerprint` are the rerun's."""
     from llmkit.train.config import TrainConfig
-    from llmkit.workspace import Artifact, Workspace
+    from llmkit.core.workspace import Artifact, Workspace
 
     run = tmp_path / "run"
     run.mkdir(parents=True)

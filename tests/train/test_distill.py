@@ -14,15 +14,15 @@ import pytest
 import torch
 from trl.experimental.gkd import GKDTrainer
 
-from llmkit import checkpoints as ckpt
-from llmkit.config import parse_overrides
+from llmkit.checkpoints import step_folders as ckpt
+from llmkit.core.config import parse_overrides
 from llmkit.data.chat import IGNORE_INDEX, encode_sft_rows, sft_rows
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.distill import DistillConfig, DistillTask, run_distill
 from llmkit.train.distill_data import (TOP_K_DIR, DistillItem, collate_distill, precompute_top_k,
                                        prompts_of)
 from llmkit.train.distill_losses import generalized_jsd, restricted_to_top_k, teacher_top_k
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.task import to_device
 from tests.train.posttrain_fixtures import (addition_rows, make_tokenizer, tiny_model,

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmkit.config import _Raw
+from llmkit.core.config import _Raw
 from llmkit.data.preferences import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
 from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
                               run_dpo)
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from llmkit.train.losses import token_logps
 from tests.train.reference_losses import sequence_logps
 from tests.make_fragments import make_command

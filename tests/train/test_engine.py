@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.distributed import free_port
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.engine import TrainingDiverged, TrainingInterrupted

@@ -21,10 +21,10 @@ import transformers
 from typer.testing import CliRunner
 
 import llmkit
-from llmkit import checkpoints as ckpt
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.cli.app import build_app
 from llmkit.train.metrics import read_metrics
-from tests.test_hf_tokenizer import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.hf.test_vocab_extend import ENGLISH, chinese
 from tests.train.posttrain_fixtures import (addition_rows, preference_rows, separable_pairs,
                                             write_dataset)
@@ -189,7 +189,7 @@ def test_lora_qlora_and_dora_adapt_every_projection_of_the_family(pipeline):
 
 
 def test_the_reward_model_trains_on_the_imported_trunk(pipeline):
-    from llmkit.loading import load_reward_model
+    from llmkit.checkpoints.loading import load_reward_model
 
     family, _, ws = pipeline
     assert stats(ws, "rm")["steps"] == 2 and 0.0 <= stats(ws, "rm")["accuracy"] <= 1.0
@@ -202,8 +202,8 @@ def test_left_padded_rollouts_score_as_each_row_alone(pipeline):
     """ppo/grpo score their left-padded rollouts (prompts of different lengths, then the replies)
     with the policy and the reward model: padding must not reach a Gated DeltaNet state or shift a
     position, so each row scores as it does alone."""
-    from llmkit.decoding import left_pad
-    from llmkit.loading import load_reward_model
+    from llmkit.model.decoding import left_pad
+    from llmkit.checkpoints.loading import load_reward_model
     from llmkit.train.actor_critic import response_logprobs
 
     family, _, ws = pipeline

@@ -15,17 +15,17 @@ from trl import KTOConfig, KTOTrainer
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.config import parse_overrides
+from llmkit.core.config import parse_overrides
 from llmkit.data.chat import IGNORE_INDEX
 from llmkit.data.preferences import collate_feedback, encode_feedback, mismatch_completions, mismatched_pair
 from llmkit.data.ingest import IngestConfig, run_ingest
 from llmkit.data.io import read_table
-from llmkit.hf_tokenizer import HFTokenizer
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
 from llmkit.train.kto import KtoConfig, KtoTask, run_kto
 from llmkit.train.kto_loss import kl_reference_point, kto_loss
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from tests.conftest import write_jsonl
-from tests.test_hf_tokenizer import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.posttrain_fixtures import separable_pairs, tiny_model, write_checkpoint_run, write_dataset
 from tests.train.test_trl_parity import assert_close, assert_same_weight_grads, llmkit_copy, tiny_llama
 

@@ -56,7 +56,7 @@ def test_pretrain_on_two_processes_equals_one_with_the_same_global_batch(tokens_
 
 @pytest.fixture(scope="module")
 def post_ws(tmp_path_factory):
-    from llmkit.train.reward_model import RewardModel
+    from llmkit.model.reward_model import RewardModel
 
     ws = tmp_path_factory.mktemp("launch") / "ws"
     tok = make_tokenizer(ws.parent / "tok")

@@ -1,4 +1,4 @@
-"""LoRA and QLoRA (`llmkit.train.lora`, `llmkit.train.quant`) on the hybrid families: on tiny random
+"""LoRA and QLoRA (`llmkit.checkpoints.lora`, `llmkit.model.quant`) on the hybrid families: on tiny random
 Qwen3.5 (Gated DeltaNet layers beside gated attention) and SmolLM3 (NoPE layers) models imported
 from transformers' own classes, the `attention` and `all-linear` presets name the linear-attention
 projections by peft's module names, and the loss and every adapter gradient equal peft's on the
@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.loading import load_model
-from llmkit.train import lora, quant
+from llmkit.checkpoints.loading import load_model
+from llmkit.checkpoints import lora
+from llmkit.model import quant
 from tests.test_qwen3_5 import PATTERNS, save_qwen35
 from tests.test_smollm3 import save_smollm3
 

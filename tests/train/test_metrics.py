@@ -59,8 +59,8 @@ def test_cpu_peak_follows_the_threads_of_each_run(monkeypatch):
 
 
 def tiny_model(**overrides):
-    from llmkit.model import Transformer
-    from llmkit.model_config import ModelConfig
+    from llmkit.model.transformer import Transformer
+    from llmkit.model.config import ModelConfig
 
     return Transformer(ModelConfig(vocab_size=64, hidden_size=16, n_layers=2, n_heads=2, n_kv_heads=1,
                                    intermediate_size=32, max_seq_len=16, **overrides))

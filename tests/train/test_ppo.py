@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.decoding import left_pad
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
+from llmkit.model.decoding import left_pad
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
 from llmkit.train.actor_critic import build_actor_critic
 from llmkit.train.engine import Engine
 from llmkit.train.rl_losses import logprobs_of
@@ -23,7 +23,7 @@ from tests.train.posttrain_fixtures import (memorizing_model, preference_rows, t
 
 
 # ---- rollouts (the per-token maths are tested in tests/train/test_rl_losses.py, the scorers in
-# tests/test_rewards.py) ---------------------------------------------------------------------------
+# tests/model/test_verifiable_rewards.py) ---------------------------------------------------------------------------
 
 
 def test_left_pad_and_response_mask():
@@ -426,7 +426,7 @@ def test_each_algo_names_every_setting_it_would_ignore():
 
 
 def test_separate_value_model_trains_its_own_trunk_and_leaves_the_policy_alone(tmp_path):
-    from llmkit.train.reward_model import RewardModel
+    from llmkit.model.reward_model import RewardModel
 
     torch.manual_seed(1)
     rm = RewardModel(Transformer(ModelConfig(vocab_size=12, hidden_size=32, n_layers=1, n_heads=2,
@@ -487,7 +487,7 @@ def prompt_rows(n: int, start: int = 0) -> list[dict]:
 
 @pytest.fixture
 def stage_ws(tmp_path, tok):
-    from llmkit.train.reward_model import RewardModel
+    from llmkit.model.reward_model import RewardModel
 
     ws = tmp_path / "ws"
     write_checkpoint_run(ws, "sft", tiny_model(tok.vocab_size), tok)
@@ -499,7 +499,7 @@ def stage_ws(tmp_path, tok):
 
 
 def run_stage(make_ctx, reward_model=None, policy="sft", eval_data="prompts_eval", out=None, **overrides):
-    from llmkit.config import _Raw
+    from llmkit.core.config import _Raw
 
     base = dict(max_steps=2, prompts_per_rollout=4, micro_batch_size=4, ppo_epochs=1,
                 max_new_tokens=4, seq_len=64, eval_records=4, lr=1e-3, min_lr=1e-3)
@@ -521,7 +521,7 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
                                                                          answers_42):
     """The policy answers 42 to every sum; half the held-out sums are 42 and the others 41 and 40
     (similarity 0.5 each), and two small steps do not change a greedy answer."""
-    from llmkit.loading import load_model
+    from llmkit.checkpoints.loading import load_model
 
     write_checkpoint_run(stage_ws, "sft42", answers_42, tok)
     write_dataset(stage_ws, "sums_eval", [{"id": f"e{i}", "prompt": f"What is {a}+{b}?", "answer": str(a + b)}
@@ -543,10 +543,10 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
 
 
 def test_stage_reward_mix_adds_the_weighted_verifiable_reward(make_ctx, stage_ws, monkeypatch):
-    import llmkit.rewards
+    import llmkit.model.verifiable_rewards
 
     # every response verifies: the same first rollout scores exactly verify_weight more under mix
-    monkeypatch.setattr(llmkit.rewards, "verify_rewards", lambda responses, answers, partial=False:
+    monkeypatch.setattr(llmkit.model.verifiable_rewards, "verify_rewards", lambda responses, answers, partial=False:
                         [1.0] * len(responses))
     by_model = run_stage(make_ctx, reward_model="rm", reward="model", max_steps=1, eval_records=0)
     mixed = run_stage(make_ctx, reward_model="rm", reward="mix", verify_weight=0.5, max_steps=1,
@@ -562,7 +562,7 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
 
 
 def test_stage_rloo_with_the_verifiable_reward_writes_a_plain_policy(make_ctx, stage_ws):
-    from llmkit.loading import load_model
+    from llmkit.checkpoints.loading import load_model
 
     b = run_stage(make_ctx, algo="rloo", group_size=2, prompts_per_rollout=2, normalize_advantages=True)
     assert b.stats["reward"] == "verify" and b.stats["algo"] == "rloo" and b.stats["rollouts"] == 2

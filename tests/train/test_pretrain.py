@@ -10,14 +10,14 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from llmkit.cli.app import build_app
-from llmkit.model import Transformer
-from llmkit.model_config import ModelConfig
-from llmkit import checkpoints as ckpt
+from llmkit.model.transformer import Transformer
+from llmkit.model.config import ModelConfig
+from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.metrics import read_metrics
 from llmkit.train.pretrain import ModelSection, PretrainTask
 from tests.train.conftest import REPO
 from tests.conftest import write_jsonl
-from tests.test_tokenizer import small_corpus
+from tests.tokenizers.test_sentencepiece import small_corpus
 
 TINY = ["model.preset=tiny", "model.hidden_size=32", "model.n_layers=2", "model.n_heads=2",
         "model.n_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=32", "seq_len=32",

@@ -15,16 +15,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmkit import checkpoints as ckpt
-from llmkit.config import parse_overrides, resolve_config
+from llmkit.checkpoints import step_folders as ckpt
+from llmkit.core.config import parse_overrides, resolve_config
 from llmkit.errors import ConfigError
-from llmkit.train import lora, quant
+from llmkit.checkpoints import lora
+from llmkit.model import quant
 from llmkit.train.config import TrainConfig
-from llmkit.loading import load, load_model
+from llmkit.checkpoints.loading import load, load_model
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig
 from tests.train.posttrain_fixtures import separable_pairs, tiny_model, write_checkpoint_run, write_dataset
-from tests.train.test_lora import (BASE_STEP, FAST, GENERATIVE, LORA, addition_rows, keep_started_model,
+from tests.checkpoints.test_lora import (BASE_STEP, FAST, GENERATIVE, LORA, addition_rows, keep_started_model,
                                    logits, train)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -226,7 +227,7 @@ def test_rm_and_dpo_train_on_an_nf4_base(make_ctx, ws, monkeypatch, stage):
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_ppo_and_grpo_train_on_an_nf4_base(make_ctx, ws, tok, monkeypatch, algo):
     import llmkit.train.ppo as ppo
-    from llmkit.train.reward_model import RewardModel
+    from llmkit.model.reward_model import RewardModel
 
     reward_model = RewardModel(tiny_model(tok.vocab_size, seed=1, init_std=0.3))
     write_checkpoint_run(ws, "rm", reward_model, tok, config=reward_model.checkpoint_config())

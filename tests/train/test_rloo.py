@@ -28,7 +28,7 @@ from llmkit.train.engine import Engine
 from llmkit.train.rl_losses import kl_penalized_scores, leave_one_out_advantages
 from llmkit.train.ppo import PpoConfig, PpoTask
 from llmkit.train.rollouts import Prompt, ends_with_stop, response_mask_of, select_rows
-from tests.test_hf_tokenizer import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 from tests.train.test_ppo import tiny_setup
 from tests.train.test_trl_parity import (LLAMA, assert_close, assert_same_weight_grads, llmkit_copy,
                                          tiny_llama, trainer_args)

@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 
-from llmkit.config import _Raw
+from llmkit.core.config import _Raw
 from llmkit.errors import UserError
-from llmkit.loading import load_reward_model
-from llmkit.train.reward_model import RewardModel
+from llmkit.checkpoints.loading import load_reward_model
+from llmkit.model.reward_model import RewardModel
 from llmkit.train.rm import RmConfig, run_rm
 from tests.make_fragments import make_command
 from tests.train.posttrain_fixtures import (separable_pairs, tiny_model, write_checkpoint_run,

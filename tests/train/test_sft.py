@@ -6,7 +6,7 @@ import torch
 from llmkit.data.chat import collate_sft, encode_conversation, packed_row
 from llmkit.errors import ConfigError, UserError
 from llmkit.train.losses import token_logps
-from llmkit.loading import load_model
+from llmkit.checkpoints.loading import load_model
 from llmkit.train.posttrain import evaluate_exact_match, generate_replies, labelled_token_logps
 from llmkit.train.sft import SftConfig, run_sft
 from tests.make_fragments import make_command
@@ -31,7 +31,7 @@ def fast(**overrides) -> dict:
 
 
 def run(make_ctx, ws, force=False, train="sft_train", eval_data="sft_eval", **overrides):
-    from llmkit.config import _Raw
+    from llmkit.core.config import _Raw
 
     ctx = make_ctx(inputs=[train], force=force)
     ctx.overrides = {k: _Raw(v) for k, v in fast(**overrides).items()}

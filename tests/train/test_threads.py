@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmkit.config import config_to_dict
+from llmkit.core.config import config_to_dict
 from llmkit.train import threads
 from llmkit.train.config import TrainConfig
 from llmkit.train.metrics import read_metrics

@@ -40,8 +40,8 @@ from trl import (DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, R
 from llmkit.data.chat import IGNORE_INDEX, collate_sft, encode_sft_rows, packed_row, sft_rows
 from llmkit.data.preferences import collate_pairs, encode_pairs
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict
-from llmkit.hf_tokenizer import HFTokenizer
-from llmkit.model import Transformer
+from llmkit.tokenizers.tokenizer_json import HFTokenizer
+from llmkit.model.transformer import Transformer
 from llmkit.train.actor_critic import ActorCritic
 from llmkit.train.dpo import DpoConfig, DpoTask, per_row
 from llmkit.train.engine import items_per_micro_batch
@@ -52,7 +52,7 @@ from llmkit.train.rm import RmTask
 from llmkit.train.rollouts import Prompt
 from llmkit.train.sft import SftTask
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH
-from tests.test_hf_tokenizer import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import GENERATION_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
 REL = 1e-5  # the parity asked of every loss and gradient, relative to its largest entry
 LLAMA = dict(vocab_size=832, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -3,7 +3,7 @@ fingerprints, MinHash signatures and band keys (union-find over verified bucket 
 `_cluster_kernels` module).
 
 llmkit.data.dedup.compiled loads them compiled ahead of time (no numba import) when it can,
-else through numba's JIT with its cache; see llmkit.aot. The modules that use them say what
+else through numba's JIT with its cache; see llmkit.core.aot. The modules that use them say what
 each computes.
 """
 

@@ -1,10 +1,10 @@
 """The dedup kernels (llmkit.data.dedup._kernels: the sketches; _cluster_kernels: union-find),
-compiled ahead of time on first use so that a dedup process never imports numba (see llmkit.aot),
+compiled ahead of time on first use so that a dedup process never imports numba (see llmkit.core.aot),
 else run through numba's JIT."""
 
 from __future__ import annotations
 
-from llmkit import aot
+from llmkit.core import aot
 
 _KERNELS = _CLUSTER_KERNELS = None
 SIGNATURES = {  # of the kernels compiled ahead of time: the arrays the dedup modules hand them

@@ -31,7 +31,7 @@ from llmkit.data.dedup.phases import PHASES, dedup_phases
 from llmkit.data.dedup.simhash import SimHashConfig
 from llmkit.data.driver import DataConfig, DataStage, run_data_stage
 from llmkit.errors import ConfigError, UserError
-from llmkit.progress import data_stage_summary, print_summary
+from llmkit.core.progress import data_stage_summary, print_summary
 
 
 @dataclass

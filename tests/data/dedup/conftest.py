@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmkit.data.io import DatasetWriter, read_table
-from llmkit.workspace import Workspace
+from llmkit.core.workspace import Workspace
 
 
 @dataclass

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmkit import aot
+from llmkit.core import aot
 from llmkit.data.dedup import compiled
 from llmkit.data.dedup.planted import planted_corpus
 from llmkit.data.dedup.sketch import Sketcher, cluster_in_memory

@@ -13,7 +13,7 @@ from llmkit.data.dedup.planted import pair_scores, planted_corpus
 from llmkit.data.dedup.stage import DedupConfig, run_dedup
 from llmkit.data.io import dataset_files, read_table
 from llmkit.errors import UserError
-from llmkit.executor import RunsOn
+from llmkit.core.executor import RunsOn
 from tests.data.dedup.conftest import make_dataset, predicted_clusters
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from llmkit.data.driver import SealedTasks
-from llmkit.workspace import kill_point
+from llmkit.core.durable import kill_point
 
 
 class DedupPhase(SealedTasks):

@@ -1,0 +1,1 @@
+"""The stage framework every command stands on: context, config, recipes, workspace, locks, executor, progress, targets, compiled kernels."""

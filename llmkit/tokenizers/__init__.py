@@ -1,0 +1,1 @@
+"""Tokenizers: one interface, the sentencepiece and tokenizer.json backends, chat templates, CJK, the batch encoder."""
