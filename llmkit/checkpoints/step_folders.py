@@ -214,6 +214,24 @@ def save_weights(path: Path, tensors: dict, tied: dict[str, str]) -> None:
 
     unique = {k: v.detach().contiguous() for k, v in tensors.items() if k not in tied}
     save_file(unique, str(path), metadata={"format": "pt", "tied": json.dumps(tied)})
+    sort_metadata(path)
+
+
+def sort_metadata(path: Path) -> None:
+    """Put a safetensors header's metadata keys in sorted order, in place: safetensors writes
+    them in its hash map's order, which changes from process to process, so two runs computing
+    the same weights would write different bytes. The sorted header has the same length."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        raw = f.read(size)
+        header = json.loads(raw)
+        if len(header.get("__metadata__") or {}) < 2:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= size and raw.rstrip(b" ") != text:  # the writer pads with spaces
+            f.seek(8)
+            f.write(text.ljust(size, b" "))
 
 
 def read_weights(path: Path) -> dict:
