@@ -78,6 +78,7 @@ STAGES = (
           {"imported": ""}),
     Stage("extend-vocab", "llmkit.cli.extend_vocab:extend_vocab", "llmkit.hf.vocab_extend:ExtendVocabConfig",
           "model", {"extended": ""}),
+    Stage("merge", "llmkit.cli.merge:merge", "llmkit.merge.stage:MergeConfig", "model", {"merged": ""}),
     Stage("report", "llmkit.cli.report:report", "llmkit.report:ReportConfig", "report"),
     Stage("status", "llmkit.cli.status:status", None, "workspace"),
     Stage("config", "llmkit.cli.config:config", None, "helper"),  # prints any stage's settings

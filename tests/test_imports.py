@@ -72,7 +72,8 @@ FLOORS = (
     ("llmkit.model",),
     ("llmkit.checkpoints",),  # step folders, LoRA files, loading a model
     ("llmkit.data",),
-    ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation"),  # the wings
+    ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation",
+     "llmkit.merge"),  # the wings
     ("llmkit.api", "llmkit.status", "llmkit.report"),  # commands across the wings
     ("llmkit", "llmkit.cli", "llmkit.__main__"),  # the facade and the CLI
 )

@@ -1,0 +1,1 @@
+"""Model merging: `llmkit merge` (stage.py) over the per-tensor methods of methods.py."""
