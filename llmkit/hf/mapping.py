@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING
 
 from llmkit.errors import ConfigError
-from llmkit.model.config import FAMILIES, LAYER_TYPES, LLAMA3_ROPE_KEYS, ModelConfig
+from llmkit.model.config import FAMILIES, LAYER_TYPES, ROPE_SCALING_KEYS, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -66,17 +66,20 @@ def to_hf_config(cfg: ModelConfig) -> dict:
     """config.json for transformers' <Family>ForCausalLM (hf_family), with the RoPE settings in both
     spellings: rope_theta / rope_scaling (transformers 4) and rope_parameters (transformers 5)."""
     family = hf_family(cfg)
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
+    scaling, window = dict(cfg.rope_scaling or {}), cfg.max_seq_len
+    if scaling.get("rope_type") == "dynamic":  # transformers' dynamic NTK counts from max_position_embeddings
+        window = scaling.pop("original_max_position_embeddings")
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **scaling}
     out = dict(
         architectures=[ARCHITECTURES[family]], model_type=family,
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.max_seq_len,
+        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=window,
         rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, rope_parameters=rope,
         tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
     )
-    if cfg.rope_scaling:
-        out["rope_scaling"] = cfg.rope_scaling
+    if scaling:
+        out["rope_scaling"] = scaling
     if family in ("llama", "qwen3", "smollm3"):
         out["attention_bias"] = False
     if family in ("llama", "smollm3"):
@@ -138,12 +141,15 @@ def from_hf_config(hf: dict) -> ModelConfig:
     if refused:
         raise ConfigError(f"config.json sets {', '.join(refused)}, which llmkit does not implement")
     theta, scaling = read_rope(hf)
+    window = hf.get("max_position_embeddings", 2048)
+    if scaling and scaling["rope_type"] == "dynamic":  # its reach: the original window times the factor
+        window = int(window * scaling["factor"])
     shape = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         head_dim=hf.get("head_dim"), intermediate_size=hf.get("moe_intermediate_size") if hf.get("num_experts")
         else hf["intermediate_size"],
-        max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta, rope_scaling=scaling,
+        max_seq_len=window, rope_theta=theta, rope_scaling=scaling,
         norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=hf.get("tie_word_embeddings", family == "smollm3"),  # as each config class defaults
         init_std=hf.get("initializer_range", 0.02), attention_bias=family == "qwen2",
@@ -166,16 +172,28 @@ def from_hf_config(hf: dict) -> ModelConfig:
 
 def read_rope(hf: dict) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from transformers 5's rope_parameters or transformers 4's
-    rope_theta + rope_scaling; a scaling type llmkit does not implement is refused by name."""
+    rope_theta + rope_scaling, completed as transformers' standardize_rope_params completes it (the
+    original context from max_position_embeddings where the kind needs one and the file has none;
+    yarn's and longrope's factor from the two); a scaling type llmkit does not implement is refused by name."""
     rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return theta, None
-    if kind != "llama3":
-        raise ConfigError(f"config.json RoPE scaling {kind!r} is not implemented (llmkit implements default "
-                          "and llama3 RoPE)")
-    return theta, {"rope_type": "llama3", **{k: rope.get(k) for k in LLAMA3_ROPE_KEYS}}
+    if kind not in ROPE_SCALING_KEYS:
+        raise ConfigError(f"config.json RoPE scaling {kind!r} is not implemented (llmkit implements default, "
+                          f"{', '.join(ROPE_SCALING_KEYS)})")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    scaling = {"rope_type": kind, **{k: rope[k] for k in (*required, *optional) if rope.get(k) is not None}}
+    window = hf.get("max_position_embeddings", 2048)
+    if kind == "dynamic":  # transformers counts from max_position_embeddings, whatever else the file says
+        scaling["original_max_position_embeddings"] = window
+    elif kind != "linear":  # Phi3's top-level key first, as transformers
+        original = hf.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = original or window
+    if kind in ("yarn", "longrope") and scaling.get("factor") is None:
+        scaling["factor"] = window / scaling["original_max_position_embeddings"]
+    return theta, scaling
 
 
 def read_qwen3_5(hf: dict) -> dict:

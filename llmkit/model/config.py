@@ -22,8 +22,8 @@ class ModelConfig:
     intermediate_size: int = 1024  # SwiGLU inner width (per expert when n_experts > 0)
     max_seq_len: int = 512  # longest sequence (prompt + generation); RoPE tables are built up to it
     rope_theta: float = 10000.0  # RoPE base frequency
-    rope_scaling: dict | None = None  # long-context RoPE: {"rope_type": "llama3", "factor", "low_freq_factor",
-    #                                   "high_freq_factor", "original_max_position_embeddings"}; None = plain
+    rope_scaling: dict | None = None  # long-context RoPE: {"rope_type": linear | dynamic | yarn | longrope |
+    #                                   llama3, "factor", ...: ROPE_SCALING_KEYS}; None = plain (llmkit.model.rope)
     norm: str = "rmsnorm"  # "rmsnorm" or "layernorm" (layernorm has no HF Llama equivalent: no export)
     norm_eps: float = 1e-5  # epsilon inside every norm
     sliding_window: int | None = None  # a token sees itself and the window-1 tokens before it; None = all
@@ -82,7 +82,7 @@ class ModelConfig:
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.router_aux_loss_coef < 0:
             raise ConfigError("model.rope_theta, norm_eps and init_std must be > 0, router_aux_loss_coef >= 0")
         if self.rope_scaling is not None:
-            check_rope_scaling(self.rope_scaling)
+            check_rope_scaling(self.rope_scaling, self.head_dim * self.rotary_fraction)
         if self.nope_layers is not None:
             self.nope_layers = checked_nope_layers(self.nope_layers, self.n_layers)
         if self.layer_types is not None:
@@ -104,6 +104,15 @@ class ModelConfig:
 FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm3", "qwen3_5_text", "qwen3_5_moe_text",
             "qwen3_next")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# the keys of each RoPE scaling kind, as transformers' modeling_rope_utils reads them: (required, optional)
+ROPE_SCALING_KEYS = {
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "longrope": (("factor", "original_max_position_embeddings", "short_factor", "long_factor"), ("attention_factor",)),
+    "llama3": (LLAMA3_ROPE_KEYS, ()),
+}
 
 
 def checked_nope_layers(layers, n_layers: int) -> list[int] | None:
@@ -136,16 +145,49 @@ def checked_layer_types(cfg: ModelConfig) -> list[str] | None:
     return types if "linear_attention" in types else None
 
 
-def check_rope_scaling(scaling: dict) -> None:
+def check_rope_scaling(scaling, rotary_dim: float) -> None:
+    """A ConfigError naming the key of `model.rope_scaling` that transformers' RoPE of its kind could not
+    use: an unknown kind or key, a required key missing, a factor <= 1 (no scaling), a wrong type."""
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"model.rope_scaling must be a mapping such as {{rope_type: yarn, factor: 4, "
+                          f"original_max_position_embeddings: 2048}}, or null, got {scaling!r}")
     kind = scaling.get("rope_type")
-    if kind != "llama3":
-        raise ConfigError(f"model.rope_scaling rope_type {kind!r} is not implemented; llmkit implements "
-                          "plain RoPE (rope_scaling null) and 'llama3'")
-    missing = [k for k in LLAMA3_ROPE_KEYS if not isinstance(scaling.get(k), (int, float))]
-    if missing:
-        raise ConfigError(f"model.rope_scaling (llama3) needs numbers for {', '.join(missing)}")
-    if scaling["high_freq_factor"] <= scaling["low_freq_factor"] or scaling["factor"] <= 0:
-        raise ConfigError("model.rope_scaling (llama3) needs factor > 0 and high_freq_factor > low_freq_factor")
+    if kind not in ROPE_SCALING_KEYS:
+        raise ConfigError(f"model.rope_scaling.rope_type {kind!r} is not implemented; choose one of "
+                          f"{', '.join(ROPE_SCALING_KEYS)} (rope_scaling null is plain RoPE)")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    known = ("rope_type", *required, *optional)
+    for key in scaling:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            raise ConfigError(f"model.rope_scaling.{key} is not a key of {kind} RoPE scaling"
+                              + (f" (did you mean {close[0]!r}?)" if close else f"; it reads {', '.join(known[1:])}"))
+    for key in required:
+        if scaling.get(key) is None:
+            raise ConfigError(f"model.rope_scaling.{key} is required for {kind} RoPE scaling (it reads "
+                              f"{', '.join(required)})")
+    for key, value in scaling.items():
+        if key in ("rope_type", "short_factor", "long_factor") or value is None:
+            continue
+        wanted = bool if key == "truncate" else int if key == "original_max_position_embeddings" else (int, float)
+        if isinstance(value, bool) != (wanted is bool) or not isinstance(value, wanted):
+            what = "true or false" if wanted is bool else "a whole number" if wanted is int else "a number"
+            raise ConfigError(f"model.rope_scaling.{key} must be {what}, got {value!r}")
+    if scaling["factor"] <= 1:
+        raise ConfigError(f"model.rope_scaling.factor must be > 1 (how many times the original context the "
+                          f"scaling stretches to), got {scaling['factor']}; rope_scaling null is plain RoPE")
+    if scaling["original_max_position_embeddings" if kind != "linear" else "factor"] < 1:
+        raise ConfigError("model.rope_scaling.original_max_position_embeddings must be >= 1")
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ConfigError("model.rope_scaling.high_freq_factor must be > low_freq_factor (llama3)")
+    if (scaling.get("attention_factor") or 1) <= 0:
+        raise ConfigError(f"model.rope_scaling.attention_factor must be > 0, got {scaling['attention_factor']}")
+    for key in ("short_factor", "long_factor") if kind == "longrope" else ():
+        values = scaling[key]
+        if (not isinstance(values, list) or len(values) != int(rotary_dim) // 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values)):
+            raise ConfigError(f"model.rope_scaling.{key} must list {int(rotary_dim) // 2} positive numbers (one per "
+                              f"rotated pair of a head), got {values!r}")
 
 
 # Shapes only; vocab_size is a placeholder the tokenizer overrides.

@@ -14,6 +14,7 @@ import torch
 
 from llmkit.errors import ConfigError
 from llmkit.model.packed_linear import packed_linears
+from llmkit.model.rope import LENGTH_DEPENDENT
 
 if TYPE_CHECKING:
     from llmkit.model.gated_deltanet import RecurrentState
@@ -159,14 +160,17 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
     and the tokens every prompt starts with (a chat template's system turn) once for all: the cache
     then holds that prefix first and each row's left-padded rest after it. Attention sees the same
     keys at the same positions either way; only a sliding window reads slot distances, and a
-    linear-attention layer's state would decay over the padding between prefix and rest, so those
-    models keep the plain layout."""
+    linear-attention layer's state would decay over the padding between prefix and rest, and RoPE
+    whose frequencies follow the forward's length (dynamic, longrope) must see the whole prompt in one
+    forward, as transformers does, so those models keep the plain layout."""
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     unique, first_of, inverse = distinct_rows(torch.cat([input_ids, mask], 1))
     ids, mask = input_ids[first_of], mask[first_of]
     B, T = ids.shape
     rows = [r[T - n:] for r, n in zip(ids.tolist(), mask.sum(-1).tolist())]
-    plain = model.config.sliding_window is not None or model.config.layer_types is not None
+    scaling = (model.config.rope_scaling or {}).get("rope_type")
+    plain = (model.config.sliding_window is not None or model.config.layer_types is not None
+             or scaling in LENGTH_DEPENDENT)
     shared = shared_prefix_length(rows) if B > 1 and not plain else 0
     cache = KVCache(model.config, 1 if shared else B, max_len)
     if shared:
@@ -177,7 +181,8 @@ def prefill(model: Transformer, input_ids, attention_mask, max_len: int):
         mask = torch.cat([mask.new_ones(B, shared), rest_mask], 1)
         position_ids = (shared + rest_mask.cumsum(-1) - 1).clamp(min=0)
         hidden = model.hidden_states(rest, position_ids, kv_cache=cache, attention_mask=mask)[:, -1]
-    elif len(groups := length_groups(mask.sum(-1).tolist())) > 1:  # prompts of very different lengths
+    elif scaling not in LENGTH_DEPENDENT and len(groups := length_groups(mask.sum(-1).tolist())) > 1:
+        # prompts of very different lengths
         hidden = torch.empty(B, model.config.hidden_size, device=ids.device)
         for group in groups:
             rows = torch.tensor(group, dtype=torch.long, device=ids.device)

@@ -1,7 +1,8 @@
 """The decoder-only transformer: Llama layout (RoPE, GQA, RMSNorm, SwiGLU) with optional sliding-window
 attention and a Mixtral-style mixture of experts (`llmkit.model.mixture_of_experts`, with Qwen3.5-MoE's shared
 expert); the deltas of the public families llmkit imports are fields of ModelConfig: an explicit head_dim
-(Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5), q/k norm (Qwen3), Llama 3.1's RoPE scaling,
+(Qwen3, Llama 3.x, Mistral Nemo), q/k/v bias (Qwen2/2.5), q/k norm (Qwen3), RoPE scaling (`llmkit.model.rope`:
+linear, dynamic, yarn, longrope, llama3),
 layers without RoPE (SmolLM3's NoPE layers), Qwen3.5's gated attention (an output gate, partial rotary,
 zero-centred norms) and its Gated DeltaNet layers (`layer_types`: `llmkit.model.gated_deltanet`, a recurrent state where attention keeps a KV cache).
 
@@ -50,6 +51,7 @@ from llmkit.model.mixture_of_experts import MixtureOfExperts
 from llmkit.model.config import ModelConfig
 from llmkit.model.cross_entropy import chunked_cross_entropy
 from llmkit.model.packed_linear import grouped_products
+from llmkit.model.rope import rope_tables, rotation
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -78,30 +80,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "layernorm":
         return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)  # bias-free: same names as RMSNorm
     return RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.zero_centred_norm)
-
-
-def rope_tables(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_seq_len, rotary_dim] in the HF Llama layout (frequencies repeated over both halves)."""
-    dim = cfg.rotary_dim
-    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
-    if cfg.rope_scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, cfg.rope_scaling)
-    angles = torch.outer(torch.arange(cfg.max_seq_len, device=device).float(), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    """Llama 3.1's long-context frequencies: wavelengths longer than the original context / low_freq_factor
-    are stretched by `factor`, shorter than original / high_freq_factor kept, those between interpolated
-    (transformers' _compute_llama3_parameters)."""
-    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-    original = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    stretched = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low) / (high - low)
-    between = (wavelen >= original / high) & (wavelen <= original / low)
-    return torch.where(between, (1 - smooth) * stretched / factor + smooth * stretched, stretched)
 
 
 def rotate_half(x):
@@ -337,10 +315,7 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {past + T} tokens exceeds model.max_seq_len={cfg.max_seq_len}")
         if position_ids is None and attention_mask is not None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-        if position_ids is None:
-            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
-        else:
-            cos, sin = self.rope_cos[position_ids].unsqueeze(1), self.rope_sin[position_ids].unsqueeze(1)
+        cos, sin = rotation(cfg, self.rope_cos, self.rope_sin, position_ids, past, T)
         mask = self.attention_mask(B, T, past, input_ids.device, doc_ids, attention_mask)
         is_causal = mask is None and past == 0
         token_mask = attention_mask[:, past:] if attention_mask is not None else None

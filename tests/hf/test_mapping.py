@@ -198,7 +198,7 @@ def test_qwen2_windows_attention_only_with_use_sliding_window(settings, window):
 
 @pytest.mark.parametrize("change, named", [
     (dict(model_type="gemma"), "'gemma' is not supported; llmkit implements llama, mistral, mixtral, qwen2, qwen3"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "RoPE scaling 'yarn' is not implemented"),
+    (dict(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}), "RoPE scaling 'proportional' is not implemented"),
     (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), "layers 1.. only"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
 ])
