@@ -27,6 +27,7 @@ from llmkit.checkpoints.loading import check_language_model, load_model, model_c
 from llmkit.checkpoints.lora_files import holds_adapters, read_config
 from llmkit.core.progress import print_summary
 from llmkit.errors import ConfigError, UserError
+from llmkit.tokenizers.base import JSON_FILE, MODEL_FILE
 from llmkit.merge.methods import gradient_value, linear, slerp, task_arithmetic
 
 # method -> (sparsification, sign consensus, normalize by default, rescale by default): mergekit's registry
@@ -177,14 +178,17 @@ def model_shape(step_dir: Path) -> dict:
 
 
 def tokenizer_digest(step_dir: Path) -> str:
-    """A hash of the tokenizer folder's files (names and bytes) a step folder carries."""
+    """A hash of the vocabulary a step folder's tokenizer carries (sentencepiece's model file, or
+    tokenizer.json's pieces, merges and added tokens): a chat template or special-token names added
+    by fine-tuning do not change which text an id means."""
     folder = step_dir / ckpt.TOKENIZER
-    if not folder.is_dir():
-        raise UserError(f"{step_dir} has no {ckpt.TOKENIZER}/ folder; merge needs the tokenizer each model reads")
-    h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
+    if (folder / MODEL_FILE).is_file():
+        return hashlib.sha256((folder / MODEL_FILE).read_bytes()).hexdigest()
+    if not (folder / JSON_FILE).is_file():
+        raise UserError(f"{step_dir} has no {ckpt.TOKENIZER}/ folder with {MODEL_FILE} or {JSON_FILE}; merge needs "
+                        "the tokenizer each model reads")
+    data = json.loads((folder / JSON_FILE).read_text(encoding="utf-8"))
+    return hashlib.sha256(json.dumps([data.get("model"), data.get("added_tokens")], sort_keys=True).encode()).hexdigest()
 
 
 def resolved_weights(cfg: MergeConfig, sources: list[Source]) -> list[float] | None:
