@@ -5,8 +5,10 @@ loading a tensor library; the network itself is `llmkit.model.transformer`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, fields
+from typing import Any
 
 from llmkit.errors import ConfigError
 
@@ -145,9 +147,10 @@ def checked_layer_types(cfg: ModelConfig) -> list[str] | None:
     return types if "linear_attention" in types else None
 
 
-def check_rope_scaling(scaling, rotary_dim: float) -> None:
+def check_rope_scaling(scaling, rotary_dim: float | None) -> None:
     """A ConfigError naming the key of `model.rope_scaling` that transformers' RoPE of its kind could not
-    use: an unknown kind or key, a required key missing, a factor <= 1 (no scaling), a wrong type."""
+    use: an unknown kind or key, a required key missing, a factor <= 1 (no scaling), a wrong type
+    (longrope's factor lists against rotary_dim, when known)."""
     if not isinstance(scaling, dict):
         raise ConfigError(f"model.rope_scaling must be a mapping such as {{rope_type: yarn, factor: 4, "
                           f"original_max_position_embeddings: 2048}}, or null, got {scaling!r}")
@@ -164,7 +167,7 @@ def check_rope_scaling(scaling, rotary_dim: float) -> None:
                               + (f" (did you mean {close[0]!r}?)" if close else f"; it reads {', '.join(known[1:])}"))
     for key in required:
         if scaling.get(key) is None:
-            raise ConfigError(f"model.rope_scaling.{key} is required for {kind} RoPE scaling (it reads "
+            raise ConfigError(f"model.rope_scaling.{key} is required for {kind} RoPE scaling ({kind} needs "
                               f"{', '.join(required)})")
     for key, value in scaling.items():
         if key in ("rope_type", "short_factor", "long_factor") or value is None:
@@ -183,11 +186,40 @@ def check_rope_scaling(scaling, rotary_dim: float) -> None:
     if (scaling.get("attention_factor") or 1) <= 0:
         raise ConfigError(f"model.rope_scaling.attention_factor must be > 0, got {scaling['attention_factor']}")
     for key in ("short_factor", "long_factor") if kind == "longrope" else ():
-        values = scaling[key]
-        if (not isinstance(values, list) or len(values) != int(rotary_dim) // 2
+        values, pairs = scaling[key], len(scaling[key]) if rotary_dim is None else int(rotary_dim) // 2
+        if (not isinstance(values, list) or len(values) != pairs
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values)):
-            raise ConfigError(f"model.rope_scaling.{key} must list {int(rotary_dim) // 2} positive numbers (one per "
+            raise ConfigError(f"model.rope_scaling.{key} must list {pairs} positive numbers (one per "
                               f"rotated pair of a head), got {values!r}")
+
+
+@dataclass
+class ContextExtension:
+    """RoPE settings a run changes on the trained model it starts from (`pretrain --from`, `sft`, …:
+    `--set model.rope_scaling=…`) to extend its context; None keeps the checkpoint's."""
+
+    rope_scaling: dict[str, Any] | None = None  # e.g. {rope_type: yarn, factor: 4, original_max_position_embeddings:
+    #                                             2048} (llmkit.model.rope); None = the checkpoint's
+    max_seq_len: int | None = None  # longest sequence after the change; None = the scaling's reach (original x factor)
+    rope_theta: float | None = None  # RoPE base frequency; None = the checkpoint's
+
+    def __post_init__(self):
+        if self.rope_scaling is not None:  # named now, not when the checkpoint is loaded
+            check_rope_scaling(self.rope_scaling, None)
+
+
+def extended_context(config: ModelConfig, change: ContextExtension) -> ModelConfig:
+    """`config` with the RoPE settings of `change`; max_seq_len, unless given, grows to what the new
+    scaling reaches (its original context, else the checkpoint's max_seq_len, times its factor)."""
+    updates = {k: v for k, v in dataclasses.asdict(change).items() if v is not None}
+    scaling = updates.get("rope_scaling")
+    if scaling is not None and "max_seq_len" not in updates and isinstance(scaling, dict):
+        try:
+            reach = int(scaling.get("original_max_position_embeddings") or config.max_seq_len) * scaling["factor"]
+            updates["max_seq_len"] = max(config.max_seq_len, int(reach))
+        except (KeyError, TypeError, ValueError):
+            pass  # ModelConfig names what is wrong with the scaling
+    return dataclasses.replace(config, **updates) if updates else config
 
 
 # Shapes only; vocab_size is a placeholder the tokenizer overrides.

@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from llmkit.model.config import ContextExtension, extended_context
+
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # kinds whose frequencies depend on the forward's length
 
 
@@ -141,3 +143,13 @@ def rotation(cfg, cos_table, sin_table, position_ids, past: int, T: int) -> tupl
     if position_ids is None:
         return cos_table[past:past + T], sin_table[past:past + T]
     return cos_table[position_ids].unsqueeze(1), sin_table[position_ids].unsqueeze(1)
+
+
+def extend_context(model, change: ContextExtension):
+    """`model` (a Transformer) with the RoPE settings of `change` (model.config and the tables): the
+    weights stay, a longer context is what a run starting from them trains on."""
+    config = extended_context(model.config, change)
+    if config is not model.config:
+        model.config = config
+        model.rope_cos, model.rope_sin = rope_tables(config, model.rope_cos.device)
+    return model

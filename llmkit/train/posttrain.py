@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from statistics import fmean
 from typing import ClassVar
@@ -17,6 +17,7 @@ from llmkit.data.preferences import collate_pairs, encode_pairs
 from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints.loading import load_model, load_tokenizer
+from llmkit.model.config import ContextExtension
 from llmkit.model.verifiable_rewards import verify_rewards
 from llmkit.train.config import TrainConfig
 from llmkit.model.quant import on_load
@@ -39,6 +40,7 @@ class PostTrainConfig(TrainConfig):
     seq_len: int = 512  # longest sequence (conversation, or prompt + reply); longer ones are cut
     eval_fraction: float = 0.05  # share of --in held out for evaluation when --eval is not given
     eval_every: int = 100  # validation loss (and metrics) on held-out batches every N steps
+    model: ContextExtension = field(default_factory=ContextExtension)  # RoPE scaling to extend the context
 
     def __post_init__(self):
         super().__post_init__()
@@ -78,7 +80,10 @@ def post_training_inputs(ctx, stage: str, cfg, base: str, eval_data: str | None)
 
 def load_start(step_dir, cfg: PostTrainConfig):
     """(model, tokenizer) of the checkpoint a post-training run starts from; seq_len must fit."""
+    from llmkit.model.rope import extend_context
+
     model, step_dir = load_model(step_dir, quantize=on_load(cfg.lora, cfg.torch_dtype))
+    extend_context(model, cfg.model)
     check_seq_len(cfg, model)
     return model, load_tokenizer(step_dir)
 

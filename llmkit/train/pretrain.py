@@ -12,12 +12,13 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmkit.checkpoints.step_folders import TOKENIZER, tokenizer_folder
 from llmkit.data.loader import TokenLoader
 from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
-from llmkit.model.config import model_config
+from llmkit.model.config import ContextExtension, model_config
 from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
@@ -41,7 +42,9 @@ class ModelSection:
     intermediate_size: int | None = None  # SwiGLU inner width (per expert for MoE)
     max_seq_len: int | None = None  # longest sequence the model handles (RoPE table size)
     rope_theta: float | None = None  # RoPE base frequency
-    rope_scaling: dict | None = None  # long-context RoPE ({"rope_type": "llama3", ...}); None = plain
+    # with --from only these three apply (a context extension); the checkpoint fixes the rest
+    rope_scaling: dict[str, Any] | None = None  # long-context RoPE ({rope_type: yarn, factor: 4, ...}: llmkit.model.rope);
+    #                                             None = plain; with --from, None keeps the checkpoint's
     norm: str | None = None  # rmsnorm | layernorm
     norm_eps: float | None = None  # epsilon inside the norms
     sliding_window: int | None = None  # attention window; None = the preset's (full attention)
@@ -157,8 +160,11 @@ def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_di
 
     seed_everything(cfg.seed)  # every rank builds the same initial weights
     if from_step is not None:
+        from llmkit.model.rope import extend_context
+
         model, _ = load_model(from_step)
         require_tokens_of_the_run(from_step, tokenizer_dir, tokens_dir)
+        extend_context(model, ContextExtension(cfg.model.rope_scaling, cfg.model.max_seq_len, cfg.model.rope_theta))
     else:
         model = Transformer(cfg.model.build(vocab_size))
     if model.config.vocab_size < vocab_size:
