@@ -1,0 +1,107 @@
+"""`llmkit merge`, measured: its tensors against mergekit 0.1.5's, and checkpoint averaging of a
+demo-size pretraining against its last step.
+
+    python bench/merge.py parity [--scratch DIR]
+    python bench/merge.py average WORKSPACE [--seeds 0,1 --last 3 --save-every 25]
+
+parity: for a tiny Llama and a tiny Qwen2 (a base and two fine-tunes of it, saved by transformers
+and imported), each method through `llmkit merge` and through mergekit's run_merge on the same
+folders (DARE: the same seed); prints the largest absolute difference over every tensor.
+
+average: WORKSPACE holds the demo's `tokens` (and `tokenizer`); for each seed, the demo recipe's
+pretraining with a checkpoint every --save-every steps (keep_last 3 keeps the last three), then
+`merge --method average --set last=K`, then `llmkit eval` (perplexity on the tokens' val split) of
+the last step and of the average; prints both losses and their difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+
+def parity(scratch: Path) -> None:
+    from llmkit.checkpoints import step_folders as ckpt
+    from tests.merge.test_stage import CASES, FAMILIES, llmkit, mergekit_merge, save_model
+    from tests.tokenizers.test_tokenizer_json import QWEN_SPECIALS, train_bpe
+
+    backend = train_bpe(QWEN_SPECIALS)
+    print("| family | method | tensors | max abs diff (llmkit - mergekit) |\n|---|---|---|---|")
+    for family in FAMILIES:
+        root = scratch / family
+        folders = {"base": save_model(root / "base", backend, family, 0)}
+        for seed, name in enumerate(["a", "b"], start=1):
+            folders[name] = save_model(root / name, backend, family, seed, base=folders["base"])
+        ws = root / "ws"
+        for name, folder in folders.items():
+            assert llmkit("import", "--from", folder, "--out", name, "-w", ws).exit_code == 0
+        for method, (extra, args) in CASES.items():
+            r = llmkit("merge", "--method", method, *args, "--out", method, "-w", ws)
+            assert r.exit_code == 0, r.output
+            ours, _ = ckpt.load_weights(ws / method)
+            theirs = mergekit_merge(method, folders, root / f"mergekit_{method}", extra)
+            diff = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
+            print(f"| {family} | {method} | {len(theirs)} | {diff:.3g} |", flush=True)
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(Path(sys.executable).parent / "llmkit"), *map(str, args)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        sys.exit(f"llmkit {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return done
+
+
+def val_loss(ws: Path, run: str, step: str | None, out: str) -> float:
+    args = ["--set", f"step={step}"] if step else []
+    cli("eval", "--from", run, "-w", ws, "--out", out, "--force", *args)
+    stats = json.loads((ws / "eval" / out / "manifest.json").read_text())["stats"]
+    return stats["ppl"]["tokens"]["loss"]
+
+
+def average(ws: Path, seeds: list[int], last: int, save_every: int) -> None:
+    print("| seed | steps averaged | val loss, last step | val loss, average | average - last |\n|---|---|---|---|---|")
+    for seed in seeds:
+        run = f"pre_s{seed}"
+        started = time.time()
+        cli("pretrain", "--recipe", REPO / "recipes/demo/recipe.yaml", "-w", ws, "--in", "tokens", "--out", run,
+            "--set", f"save_every={save_every}", "--set", f"seed={seed}")
+        trained = time.time() - started
+        cli("merge", "--method", "average", "--from", run, "--set", f"last={last}", "--out", f"{run}_avg{last}",
+            "-w", ws)
+        steps = [i["step"] for i in json.loads((ws / f"{run}_avg{last}" / "manifest.json").read_text())
+                 ["stats"]["inputs"]]
+        final = val_loss(ws, run, None, f"{run}_last")
+        soup = val_loss(ws, f"{run}_avg{last}", None, f"{run}_avg{last}")
+        print(f"| {seed} | {', '.join(steps)} | {final:.4f} | {soup:.4f} | {soup - final:+.4f} |"
+              f"  <!-- pretrain {trained:.0f} s -->", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("parity")
+    p.add_argument("--scratch", type=Path)
+    a = sub.add_parser("average")
+    a.add_argument("workspace", type=Path)
+    a.add_argument("--seeds", default="0,1")
+    a.add_argument("--last", type=int, default=3)
+    a.add_argument("--save-every", type=int, default=25)
+    args = ap.parse_args()
+    if args.what == "parity":
+        with tempfile.TemporaryDirectory() as tmp:
+            parity(args.scratch or Path(tmp))
+    else:
+        average(args.workspace, [int(s) for s in args.seeds.split(",")], args.last, args.save_every)
+
+
+if __name__ == "__main__":
+    main()
