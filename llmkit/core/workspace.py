@@ -4,8 +4,8 @@ An artifact is a directory with `config.yaml` and `manifest.json`. The manifest 
 last and atomically, so its presence means "complete". A stage builds into a temporary
 sibling (`NAME.tmp-<pid>/`) and renames it into place, holding `NAME.lock` meanwhile, so a
 killed stage never leaves a half artifact that looks done and two writers never share one.
-The fingerprint (llmkit version + stage + resolved config + input fingerprints) decides
-whether a re-run has anything to do.
+The fingerprint (llmkit version + stage + resolved config + input fingerprints,
+llmkit.core.fingerprints) decides whether a re-run has anything to do.
 
 A stage that splits its work into tasks keeps their results in `Builder.work_dir`, which
 outlives killed runs; each task's `<task>.done` marker (`seal`) is written last and records
@@ -15,7 +15,6 @@ its files' sizes, so a rerun redoes a task whose files were lost or cut short (`
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from llmkit.core.config import config_to_dict
 from llmkit.core.durable import _fsync_dir, kill_point, write_atomic
+from llmkit.core.fingerprints import fingerprint_of, recorded_fingerprint
 from llmkit.errors import UserError
 from llmkit.core.locks import acquire_lock, release_lock
 from llmkit.stages import OUTPUTS, build_command
@@ -54,15 +54,6 @@ def shown(root: Path) -> str:
     """A workspace root as a user typed it: `./workspace`, not a bare `workspace`."""
     text = str(root)
     return text if Path(root).is_absolute() or text.startswith(".") else f"./{text}"
-
-
-def fingerprint_of(stage: str, config: dict, input_fingerprints: list[str]) -> str:
-    blob = json.dumps(
-        {"llmkit": __version__, "stage": stage, "config": config, "inputs": input_fingerprints},
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -155,10 +146,11 @@ class Workspace:
 
     def builder(self, name: str, *, stage: str, config, inputs: list[Artifact] = (),
                 force: bool = False, in_place: bool = False, quiet: bool = False,
-                kind: str | None = None) -> "Builder":
+                kind: str | None = None, defaults: dict | None = None) -> "Builder":
         """`kind` tells apart two artifacts one stage builds (a classifier and a dataset): neither
-        replaces the other without --force."""
-        return Builder(self, name, stage, config, list(inputs), force, in_place, quiet, kind)
+        replaces the other without --force. `defaults`: the settings' defaults where `config` is a
+        dict (a dataclass knows its own; llmkit.core.fingerprints)."""
+        return Builder(self, name, stage, config, list(inputs), force, in_place, quiet, kind, defaults)
 
     def artifacts(self) -> list[Path]:
         """Every artifact-like directory (complete or not), checkpoint-run folders and
@@ -201,23 +193,23 @@ class Builder:
             ... write files into b.dir, counts into b.stats ...
     """
 
-    def __init__(self, ws, name, stage, config, inputs, force, in_place, quiet, kind=None):
+    def __init__(self, ws, name, stage, config, inputs, force, in_place, quiet, kind=None, defaults=None):
         self.ws, self.name, self.stage, self.kind = ws, name, stage, kind
         self.config = config_to_dict(config)
         self.inputs = inputs
         self.in_place = in_place
         self.quiet = quiet
         self.final = ws.path(name)
-        self.fingerprint = fingerprint_of(stage, config_to_dict(config, fingerprint=True),
-                                          [a.fingerprint for a in inputs])
+        inputs_fingerprints = [a.fingerprint for a in inputs]
+        self.fingerprint = fingerprint_of(stage, config_to_dict(config, fingerprint=True), inputs_fingerprints)
         self.stats: dict = {}
         self.extra: dict = {}
         self.started = time.time()
         self.dir = self.final if in_place else self.final.with_name(
             f"{self.final.name}.tmp-{os.getpid()}")
-        self.work_dir = ws.root / ".work" / f"{name.replace('/', '_')}-{self.fingerprint[:12]}"
         self._lock: Path | None = None
-        self.up_to_date = not force and self._existing_fingerprint() == self.fingerprint
+        self.up_to_date = not force and self._built_alike(config, inputs_fingerprints, defaults)
+        self.work_dir = ws.root / ".work" / f"{name.replace('/', '_')}-{self.fingerprint[:12]}"
         # an artifact up to date is this stage's own, whatever kind an older llmkit recorded; a run
         # continued in place may read what it keeps inside (a LoRA run's pinned base)
         check_target(self.final, root=ws.root, stage=stage, kind=kind or stage,
@@ -256,11 +248,22 @@ class Builder:
             f"`llmkit {self.stage}` would replace it with its own output. Write elsewhere with --out "
             f"NEW_NAME, or add --force to replace it (its contents are deleted)")
 
-    def _existing_fingerprint(self) -> str | None:
+    def _built_alike(self, config, inputs_fingerprints: list[str], defaults: dict | None) -> bool:
+        """The artifact in place has this fingerprint, or had it as its llmkit spelled the config
+        (settings added since at their defaults); then it keeps the fingerprint it has."""
         try:
-            return json.loads((self.final / MANIFEST).read_text())["fingerprint"]
-        except (OSError, ValueError, KeyError):
-            return None
+            manifest = json.loads((self.final / MANIFEST).read_text())
+            existing = manifest["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if existing == self.fingerprint:
+            return True
+        recorded = manifest.get("config")
+        if isinstance(recorded, dict) and existing == recorded_fingerprint(
+                self.stage, config, inputs_fingerprints, recorded, defaults):
+            self.fingerprint = existing
+            return True
+        return False
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "Builder":

@@ -21,6 +21,7 @@ from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CO
 from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
 from llmkit.hf.parity import TOKENIZER_NOTES, probe_parity
 from llmkit.hf.tokenizer import generation_config, write_hf_tokenizer
+from llmkit.core.fingerprints import config_defaults
 from llmkit.core.progress import print_summary
 from llmkit.checkpoints.loading import find_checkpoint, load
 from llmkit.core.targets import check_target
@@ -71,7 +72,7 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     identity = {"source": str(step_dir.resolve()), "weights_bytes": weights.stat().st_size,
                 "weights_mtime_ns": weights.stat().st_mtime_ns}
     b = ctx.workspace.builder(name, stage="export", config={**dataclasses.asdict(cfg), **identity},
-                              inputs=inputs, force=ctx.force)
+                              inputs=inputs, force=ctx.force, defaults=config_defaults(cfg))
     if b.up_to_date:
         return b
     with b:
