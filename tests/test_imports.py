@@ -70,6 +70,7 @@ FLOORS = (
     ("llmkit.core",),  # the stage framework: context, config, workspace, executor
     ("llmkit.tokenizers",),
     ("llmkit.model",),
+    ("llmkit.rewards",),  # reward functions of sampled responses: built-ins, user files, their weighting
     ("llmkit.checkpoints",),  # step folders, LoRA files, loading a model
     ("llmkit.data",),
     ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation",

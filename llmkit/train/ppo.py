@@ -43,6 +43,7 @@ from llmkit.model.verifiable_rewards import Scorer, reward_mode, rollout_scorer
 from llmkit.tokenizers.sentencepiece import same_tokenizer
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.checkpoints.lora import adapters_disabled, adapters_of
+from llmkit.train.grpo_losses import STEP_TOKEN_LOSSES
 from llmkit.train.losses import masked_mean
 from llmkit.train.ppo_algorithms import add_advantages, algorithm_loss
 from llmkit.train.rl_losses import (AdaptiveKLController, FixedKLController, RunningMoments, at_temperature,
@@ -111,7 +112,7 @@ class PpoTask(Task):
         return {**select_rows(self._rollout, rows), ROLLOUT_ROWS: rows}
 
     def items_in_batch(self, batch) -> int | None:
-        if self.cfg.algo == "grpo" and self.cfg.loss_type == "dapo":
+        if self.cfg.algo == "grpo" and self.cfg.loss_type in STEP_TOKEN_LOSSES:
             return int(batch["response_mask"].sum())
         return None
 

@@ -11,7 +11,8 @@ import torch
 
 from llmkit.train.losses import masked_mean, whiten
 from llmkit.train.ppo_config import PpoConfig
-from llmkit.train.rl_losses import (aggregate_token_loss, clipped_policy_token_loss, clipped_value_loss, gae,
+from llmkit.train.grpo_losses import STEP_TOKEN_LOSSES, aggregate_token_loss, grpo_token_loss
+from llmkit.train.rl_losses import (clipped_policy_token_loss, clipped_value_loss, gae,
                                     group_relative_advantages, kl_estimate, kl_penalized_scores,
                                     leave_one_out_advantages, sequence_clipped_policy_loss, token_rewards)
 from llmkit.train.rollouts import over_processes
@@ -60,24 +61,31 @@ def group_advantages(cfg: PpoConfig, rewards: torch.Tensor) -> torch.Tensor:
 
 def algorithm_loss(cfg: PpoConfig, batch: dict, logprobs, old, values, kl_coef: float) -> tuple:
     """(loss, metrics) of a minibatch before the entropy bonus: the clipped policy loss plus the
-    clipped value loss (ppo) or the k3 KL to the reference at the rollout's β (grpo), or the clipped
-    loss of whole responses alone (rloo); `old` are the sampling policy's log-probs."""
+    clipped value loss (ppo), or the policy loss of GRPO's loss_type (`train.grpo_losses`) plus the
+    k3 KL to the reference at the rollout's β (grpo), or the clipped loss of whole responses alone
+    (rloo); `old` are the sampling policy's log-probs."""
     mask, metrics = batch["response_mask"], {}
     if cfg.algo == "rloo":  # no KL term: the KL is in the rewards
         policy_loss, was_clipped = sequence_clipped_policy_loss(
             logprobs, old, batch["advantages"][:, 0], mask, cfg.clip_range, cfg.clip_range_high)
         loss, metrics["clipfrac"] = policy_loss, was_clipped.float().mean()
-    else:
+    elif cfg.algo == "ppo":
         per_token, was_clipped = clipped_policy_token_loss(
             logprobs, old, batch["advantages"], cfg.clip_range, cfg.clip_range_high)
         metrics["clipfrac"] = masked_mean(was_clipped.float(), mask)
-    if cfg.algo == "ppo":
         policy_loss = masked_mean(per_token, mask)
         value_loss, value_clipfrac = clipped_value_loss(
             values, batch["values"], batch["returns"], mask, cfg.clip_range_value)
         loss = policy_loss + cfg.vf_coef * value_loss
         metrics.update(value_loss=value_loss.detach(), value_clipfrac=value_clipfrac)
-    elif cfg.algo == "grpo":
+    else:
+        per_token, ratio, was_clipped = grpo_token_loss(
+            logprobs, old, batch["advantages"], mask, cfg.loss_type, level=cfg.importance_sampling_level,
+            clip_range=cfg.clip_range, clip_range_high=cfg.clip_range_high, ratio_max=cfg.ratio_max,
+            sapo_temperatures=(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg),
+            vespo=(cfg.vespo_k_pos, cfg.vespo_lambda_pos, cfg.vespo_k_neg, cfg.vespo_lambda_neg))
+        if was_clipped is not None:  # sapo and vespo weigh softly: nothing is clipped
+            metrics["clipfrac"] = masked_mean(was_clipped.expand_as(mask).float(), mask)
         aggregate = functools.partial(
             aggregate_token_loss, mask=mask, loss_type=cfg.loss_type, max_tokens=cfg.max_new_tokens,
             # a batch not served by next_batch is an optimizer step of its own
@@ -85,10 +93,10 @@ def algorithm_loss(cfg: PpoConfig, batch: dict, logprobs, old, values, kl_coef: 
         policy_loss = loss = aggregate(per_token)
         if "ref_logprobs" in batch:  # none at β = 0, where the term is 0
             kl = kl_estimate(logprobs, batch["ref_logprobs"], "k3")
-            if cfg.kl_bias_correction:  # the ratio is differentiable: it changes the gradient at ρ = 1 too
-                kl = kl * torch.exp(logprobs - old)
+            if cfg.kl_bias_correction:  # ρ is differentiable: it changes the gradient at ρ = 1 too
+                kl = kl * ratio  # the response's ρ under importance_sampling_level=sequence, as TRL's
             kl_loss = aggregate(kl)
-            # the aggregation is linear: this is TRL's aggregate of (surrogate + β·k3) per token,
+            # the aggregation is linear: this is TRL's aggregate of (policy loss + β·k3) per token,
             # with the β this rollout logged (adaptive_kl moves it between rollouts)
             loss = policy_loss + kl_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()

@@ -8,8 +8,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from llmkit.errors import ConfigError
-from llmkit.train.rl_losses import GrpoLossType, RewardScaling
+from llmkit.train.grpo_losses import CLIPPED_SURROGATE_LOSSES, GrpoLossType, ImportanceSamplingLevel
+from llmkit.train.rl_losses import RewardScaling
 from llmkit.train.posttrain import GenerativeConfig
+
+
+SAPO_SETTINGS = ("sapo_temperature_pos", "sapo_temperature_neg")
+VESPO_SETTINGS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 @dataclass
@@ -25,7 +30,8 @@ class PpoConfig(GenerativeConfig):
         # the value model, GAE and the per-token KL penalty in the reward: only ppo has them
         **dict.fromkeys(("gamma", "lam", "whiten_advantages", "vf_coef", "clip_range_value",
                          "value_model", "kl_estimator"), ("ppo",)),
-        **dict.fromkeys(("loss_type", "scale_rewards", "kl_bias_correction"), ("grpo",)),
+        **dict.fromkeys(("loss_type", "scale_rewards", "kl_bias_correction", "importance_sampling_level",
+                         "ratio_max", *SAPO_SETTINGS, *VESPO_SETTINGS), ("grpo",)),
         "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",)}
 
     algo: Literal["ppo", "grpo", "rloo"] = "ppo"  # grpo, rloo: advantages within a group of samples, no value model
@@ -39,13 +45,23 @@ class PpoConfig(GenerativeConfig):
     # log-probs are those of logits / temperature, so a truncated sampler would be off-policy
     temperature: float = 1.0  # sampling temperature of rollouts
     clip_range: float = 0.2  # ε: the policy ratio is clipped to [1 − ε, 1 + ε_high]
-    clip_range_high: float | None = None  # ε_high (DAPO's clip-higher, TRL's epsilon_high; DAPO uses 0.28); None = clip_range
-    # grpo: how per-token losses become one (TRL's loss_type and its default): grpo = mean of each
-    # sequence's token mean (the paper), bnpo = token mean of the micro-batch, dr_grpo = token sum
-    # / (sequences × max_new_tokens), dapo = token mean over the whole optimizer step (every
-    # micro-batch and process). ppo keeps the token mean of the micro-batch, as TRL's PPOTrainer
-    # and OpenRLHF (token_level_loss) do.
+    clip_range_high: float | None = None  # ε_high (DAPO's clip-higher, TRL's epsilon_high; DAPO uses 0.28; cispo: the cap of ρ itself, ScaleRL uses 5.0); None = clip_range
+    # grpo: the policy loss and how per-token losses become one (TRL's loss_type and its default;
+    # llmkit.train.grpo_losses): grpo = mean of each sequence's token mean (the paper), bnpo =
+    # token mean of the micro-batch, dr_grpo = token sum / (sequences × max_new_tokens), dapo =
+    # token mean over the whole optimizer step (every micro-batch and process); cispo (clipped,
+    # detached IS weight × log π), sapo (a soft sigmoid gate for the clip), vespo (a smooth weight
+    # of the response's ratio) and luspo (sum per sequence) change the loss itself. ppo keeps the
+    # token mean of the micro-batch, as TRL's PPOTrainer and OpenRLHF (token_level_loss) do.
     loss_type: GrpoLossType = "dapo"
+    importance_sampling_level: ImportanceSamplingLevel = "token"  # grpo: ρ per token, or one per response (sequence: GSPO, exp of the mean token log-ratio)
+    ratio_max: float | None = None  # grpo clipped losses: ρ capped at this before the clip also for A < 0 (INTELLECT-2's two-sided clip, TRL's delta; > 1 + clip_range_high)
+    sapo_temperature_pos: float = 1.0  # sapo: τ of the soft gate where the advantage is > 0
+    sapo_temperature_neg: float = 1.05  # sapo: τ where the advantage is <= 0
+    vespo_k_pos: float = 2.0  # vespo: power k of φ(w) = e^λ·w^k·e^(−λw) where the advantage is >= 0
+    vespo_lambda_pos: float = 3.0  # vespo: decay λ where the advantage is >= 0
+    vespo_k_neg: float = 3.0  # vespo: k where the advantage is < 0
+    vespo_lambda_neg: float = 2.0  # vespo: λ where the advantage is < 0
     scale_rewards: RewardScaling = "group"  # grpo: divide score − group mean by the group's std, the batch's (all processes), or nothing (Dr. GRPO)
     mask_truncated_completions: bool = False  # grpo, rloo: a response cut off before its stop token takes no part in the loss (DAPO, TRL's)
     clip_range_value: float = 0.2  # a value may move at most this far from its rollout estimate
@@ -109,6 +125,7 @@ class PpoConfig(GenerativeConfig):
                 f"{self.micro_batch_size}): an optimizer step would mix two passes; use a grad_accum "
                 f"that divides {per_pass}, or change prompts_per_rollout or micro_batch_size")
         self._refuse_settings_of_the_other_algo()
+        self._refuse_settings_of_another_loss()
 
     def _refuse_settings_of_the_other_algo(self) -> None:
         """A setting the chosen algo never reads is an error, not silently ignored ("set" here:
@@ -121,6 +138,30 @@ class PpoConfig(GenerativeConfig):
             raise ConfigError(f"algo={self.algo} ignores {', '.join(f'{n}={getattr(self, n)!r}' for n in unused)}"
                               f" (only {' and '.join(f'algo={a}' for a in readers)} read them): remove them, "
                               f"or use {' or '.join(f'algo={a}' for a in readers)}")
+
+    def _refuse_settings_of_another_loss(self) -> None:
+        """GRPO's loss-specific settings only with their loss_type, and the combinations TRL warns
+        about that would not do what they say."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        readers = {**dict.fromkeys(SAPO_SETTINGS, ("sapo",)), **dict.fromkeys(VESPO_SETTINGS, ("vespo",)),
+                   "ratio_max": CLIPPED_SURROGATE_LOSSES}
+        unused = [n for n, losses in readers.items()
+                  if self.loss_type not in losses and getattr(self, n) != defaults[n]]
+        if unused:
+            them = "it" if len(unused) == 1 else "them"
+            losses = ", ".join(sorted({loss for name in unused for loss in readers[name]}))
+            raise ConfigError(f"loss_type={self.loss_type} ignores {', '.join(unused)}: remove {them}, "
+                              f"or use the loss_type that reads {them} ({losses})")
+        if self.loss_type == "cispo" and self.clip_range_high is None:
+            # TRL caps ρ at epsilon_high itself, which defaults to epsilon (0.2): nearly every
+            # token's weight would be 0.2, a scaled REINFORCE rather than CISPO
+            raise ConfigError("loss_type=cispo caps the importance weight at clip_range_high (not 1 + it); "
+                              "set it, e.g. clip_range_high=5.0 (ScaleRL's), clip_range_high=0.2 for TRL's default")
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise ConfigError("loss_type=vespo weighs whole responses itself: leave importance_sampling_level=token")
+        for name in (*SAPO_SETTINGS, "vespo_lambda_pos", "vespo_lambda_neg", "ratio_max"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def samples_per_prompt(self) -> int:

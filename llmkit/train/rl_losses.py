@@ -3,7 +3,8 @@ reward shaping, advantages, the clipped policy and value losses, log-probabiliti
 
 Per-token tensors are [B, R] over the response tokens of a rollout (R = longest response),
 right-padded, with `mask` 1 on real response tokens (the stop token that ends a response
-included) and 0 on padding. The preference losses and the masked statistics: `llmkit.train.losses`.
+included) and 0 on padding. The preference losses and the masked statistics: `llmkit.train.losses`;
+GRPO's loss variants and their aggregation: `llmkit.train.grpo_losses`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import torch
 
 from llmkit.train.losses import masked_mean
 
-GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-GrpoLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 REWARD_SCALINGS = ("group", "batch", "none")
 RewardScaling = Literal["group", "batch", "none"]
 
@@ -232,41 +231,6 @@ def sequence_clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Ten
     per_response, was_clipped = clipped_policy_token_loss(
         of_response(logprobs), of_response(old_logprobs), advantages, clip_range, clip_range_high)
     return per_response.mean(), was_clipped
-
-
-def aggregate_token_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: GrpoLossType, *,
-                         max_tokens: int | None = None,
-                         tokens_per_micro_batch: torch.Tensor | float | None = None) -> torch.Tensor:
-    """One micro-batch's loss from its per-token losses [B, R], as TRL's GRPOTrainer forms it
-    (`loss_type`); the engine then averages the micro-batches of a step over accumulation and
-    processes:
-    - grpo: the mean over sequences of each sequence's token mean (Shao et al. 2024, eq. 3);
-      a token of a short response weighs more than one of a long response;
-    - bnpo: the mean over every token of the micro-batch;
-    - dr_grpo: the token sum / (sequences × max_tokens, the generation budget) (Liu et al. 2025,
-      "Dr. GRPO"): no length bias, and a constant normaliser;
-    - dapo: the token sum / `tokens_per_micro_batch` (Yu et al. 2025, DAPO): given the response
-      tokens of the whole optimizer step, over every micro-batch and process, divided by the
-      number of those micro-batches, the engine's mean over them is the mean over every token of
-      the step (TRL's `num_items_in_batch`): each token weighs the same however the step's
-      sequences were split into micro-batches.
-    """
-    mask = mask.to(per_token.dtype)
-    total = (per_token * mask).sum()
-    if loss_type == "grpo":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    if loss_type == "bnpo":
-        return total / mask.sum().clamp(min=1)
-    if loss_type == "dr_grpo":
-        if max_tokens is None:
-            raise ValueError("loss_type dr_grpo divides by sequences × max_tokens: give max_tokens")
-        return total / (per_token.shape[0] * max_tokens)
-    if loss_type == "dapo":
-        if tokens_per_micro_batch is None:
-            raise ValueError("loss_type dapo divides by the step's tokens: give tokens_per_micro_batch")
-        return total / torch.as_tensor(tokens_per_micro_batch, dtype=total.dtype,
-                                       device=total.device).clamp(min=1)
-    raise ValueError(f"unknown GRPO loss_type {loss_type!r}; choose one of {GRPO_LOSS_TYPES}")
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

@@ -18,6 +18,10 @@ from llmkit.errors import UserError
 class Prompt:
     ids: list[int]  # the prompt rendered for generation (chat template), as token ids
     answer: str | None = None  # the checkable answer, for the verifiable reward
+    row: dict | None = None  # its dataset row: reward functions read its columns
+    # what a reward function is given as the prompt, as TRL gives it: the row's `prompt` string,
+    # or a chat row's turns up to the reply (then the completion is an assistant message too)
+    reward_prompt: str | list | None = None
 
 
 def rollout_prompts(tokenizer, rows: list[dict], room: int, where, needs_answer: bool):
@@ -37,7 +41,8 @@ def rollout_prompts(tokenizer, rows: list[dict], room: int, where, needs_answer:
         if len(ids) > room:
             dropped += 1
             continue
-        prompts.append(Prompt(ids, None if answer is None else str(answer)))
+        reward_prompt = prompt_messages(row) if row.get("messages") else row["prompt"]
+        prompts.append(Prompt(ids, None if answer is None else str(answer), row, reward_prompt))
     if not prompts:
         raise UserError(f"{where}: no prompt leaves room for a reply: each needs at most {room} tokens "
                         "(seq_len - max_new_tokens)")
@@ -54,6 +59,7 @@ class Samples:
     response_mask: torch.Tensor   # [N, R] 1 = real response token (its stop token included)
     texts: list[str]              # decoded responses (stop token and padding left out)
     answers: list[str | None]     # each sample's prompt's answer
+    prompts: list[Prompt] | None = None  # each sample's prompt (its row, for reward functions)
 
     @property
     def responses(self) -> torch.Tensor:
@@ -88,7 +94,7 @@ def sample_responses(policy, prompts: list[Prompt], *, max_new_tokens: int, temp
     responses = out[:, P:].masked_fill(response_mask == 0, pad_id)
     texts = [decode(strip_stop(r[m.bool()].tolist(), stop_ids)) for r, m in zip(responses, response_mask)]
     return Samples(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), P,
-                   response_mask, texts, [p.answer for p in prompts])
+                   response_mask, texts, [p.answer for p in prompts], list(prompts))
 
 
 def ends_with_stop(responses: torch.Tensor, response_mask: torch.Tensor,

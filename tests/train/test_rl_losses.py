@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from llmkit.train.rl_losses import (AdaptiveKLController, RunningMoments, aggregate_token_loss, clip_scores,
+from llmkit.train.rl_losses import (AdaptiveKLController, RunningMoments, clip_scores,
                                     clipped_policy_loss, clipped_policy_token_loss, clipped_value_loss,
                                     entropy_from_logits, gae, group_relative_advantages, kl_estimate,
                                     logprobs_of, penalize_missing_stop, token_rewards)
@@ -126,65 +126,6 @@ def test_group_relative_advantages_scale_by_the_group_the_batch_or_nothing():
     assert torch.equal(group, group_relative_advantages(scores, group_size=4))  # the default
     with pytest.raises(ValueError, match="scale_rewards"):
         group_relative_advantages(scores, group_size=4, scale="global")
-
-
-# ---- GRPO's loss aggregation (TRL's loss_type) ----------------------------------------------------
-
-def test_aggregate_token_loss_types_equal_their_hand_computation():
-    per_token = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    total = 1 + 2 + 3 + 4 + 5 + 6
-    assert aggregate_token_loss(per_token, mask, "grpo").item() == pytest.approx((10 / 4 + 11 / 2) / 2)
-    assert aggregate_token_loss(per_token, mask, "bnpo").item() == pytest.approx(total / 6)
-    assert aggregate_token_loss(per_token, mask, "dr_grpo", max_tokens=8).item() == pytest.approx(total / (2 * 8))
-    assert aggregate_token_loss(per_token, mask, "dapo", tokens_per_micro_batch=7.0).item() == pytest.approx(total / 7)
-    padded = per_token.masked_fill(mask == 0, 100.0)  # padding never counts
-    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
-        got = aggregate_token_loss(padded, mask, loss_type, max_tokens=8, tokens_per_micro_batch=7.0)
-        want = aggregate_token_loss(per_token, mask, loss_type, max_tokens=8, tokens_per_micro_batch=7.0)
-        assert got.item() == pytest.approx(want.item())
-    with pytest.raises(ValueError, match="max_tokens"):
-        aggregate_token_loss(per_token, mask, "dr_grpo")
-    with pytest.raises(ValueError, match="'grpo', 'bnpo', 'dr_grpo', 'dapo'"):
-        aggregate_token_loss(per_token, mask, "seq_mean")
-
-
-def test_a_short_good_sample_and_a_long_bad_one_cancel_per_sequence_not_per_token():
-    """Issue 17's example: advantage +1 on a 1-token response, −1 on a 5-token one. The paper's
-    per-sequence mean ("grpo") weighs the two samples alike, so the surrogate objective is 0; the
-    token mean llmkit used (TRL's "bnpo") lets the long one outvote it: (1 − 5) / 6 = −0.67."""
-    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
-    advantages = torch.tensor([[1.0], [-1.0]]).expand(2, 5) * mask
-    logprobs = torch.zeros(2, 5)  # on-policy: ρ = 1, the per-token loss is −A
-    per_token, _ = clipped_policy_token_loss(logprobs, logprobs, advantages, clip_range=0.2)
-    objective = {t: -aggregate_token_loss(per_token, mask, t, max_tokens=5, tokens_per_micro_batch=6.0).item()
-                 for t in ("grpo", "bnpo", "dr_grpo", "dapo")}
-    assert objective["grpo"] == pytest.approx(0.0)
-    assert objective["bnpo"] == pytest.approx(-4 / 6) and round(objective["bnpo"], 2) == -0.67
-    old_token_mean, _ = clipped_policy_loss(logprobs, logprobs, advantages, mask, clip_range=0.2)
-    assert -old_token_mean.item() == pytest.approx(objective["bnpo"])  # what llmkit computed before
-    assert objective["dr_grpo"] == pytest.approx(-4 / (2 * 5))
-    assert objective["dapo"] == pytest.approx(-4 / 6)  # one micro-batch that is the whole step
-
-
-def test_dapo_weighs_every_token_of_the_step_alike_however_it_was_split():
-    """Two processes × two accumulated micro-batches of very different lengths: each micro-batch's
-    token sum over the step's tokens per micro-batch, averaged as the engine does (DeepSpeed: ÷
-    grad_accum, mean over processes), is the mean over every token of the step."""
-    g = torch.Generator().manual_seed(0)
-    lengths = [[1, 2], [6, 6], [3, 1], [5, 4]]  # [process][micro-batch] → two responses each
-    batches = []
-    for pair in lengths:
-        mask = (torch.arange(6)[None] < torch.tensor(pair)[:, None]).long()
-        batches.append((torch.randn(2, 6, generator=g, dtype=torch.float64), mask))
-    step_tokens = sum(m.sum().item() for _, m in batches)
-    per_micro_batch = step_tokens / len(batches)
-    engine_mean = sum(aggregate_token_loss(x, m, "dapo", tokens_per_micro_batch=per_micro_batch)
-                      for x, m in batches) / len(batches)
-    every_token = torch.cat([x[m.bool()] for x, m in batches])
-    assert engine_mean.item() == pytest.approx(every_token.mean().item(), rel=1e-12)
-    bnpo_mean = sum(aggregate_token_loss(x, m, "bnpo") for x, m in batches) / len(batches)
-    assert bnpo_mean.item() != pytest.approx(every_token.mean().item(), rel=1e-3)  # short ones weigh more
 
 
 def test_token_rewards_put_the_score_on_the_last_real_token():
