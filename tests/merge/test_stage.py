@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from llmkit.checkpoints import step_folders as ckpt
 from llmkit.cli.app import build_app
-from tests.tokenizers.test_tokenizer_json import QWEN_SPECIALS, save_folder, train_bpe
+from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
 
 runner = CliRunner()
 SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
@@ -46,7 +46,7 @@ def backend():
 def save_model(folder, backend, family: str, seed: int, base=None, **shape):
     """A random model (or `base` plus noise on every weight, norms included: a fine-tune) in `folder`."""
     cls, tied = FAMILIES[family]
-    save_folder(folder, backend, None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    save_folder(folder, backend, QWEN25_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(
         cls(vocab_size=backend.get_vocab_size(), tie_word_embeddings=tied, **{**SHAPE, **shape}))
@@ -143,6 +143,31 @@ def test_average_is_the_mean_of_the_run_s_last_step_folders(models):
     assert [i["step"] for i in stats["inputs"]] == [ckpt.step_dir_name(s) for s in (1, 2, 3)]
     r = llmkit("merge", "--method", "average", "--from", "a", "--set", "last=5", "--out", "soup5", "-w", ws)
     assert r.exit_code == 2 and "has 4 complete step folder(s)" in r.output and not (ws / "soup5").exists()
+
+
+def test_a_lora_run_is_merged_as_its_merged_weights(models):
+    from llmkit.checkpoints.loading import load_model
+    from llmkit.merge.methods import linear
+    from tests.train.posttrain_fixtures import addition_rows, write_dataset
+
+    family, _, ws = models
+    if family != "llama":
+        pytest.skip("one family is enough: LoRA loading is family-blind")
+    write_dataset(ws, "sft_train", addition_rows(8))
+    r = llmkit("sft", "--from", "a", "--out", "a_lora", "-w", ws, "--set", "lora.r=4", "--set", "lora.alpha=8",
+               "--set", "max_steps=1", "--set", "warmup_steps=0", "--set", "micro_batch_size=2", "--set",
+               "eval_every=0", "--set", "seq_len=64", "--set", "lr=0.05")
+    assert r.exit_code == 0, r.output
+    r = llmkit("merge", "--method", "linear", "--from", "a_lora,b", "--out", "with_lora", "-w", ws)
+    assert r.exit_code == 0, r.output
+    merged, _ = ckpt.load_weights(ws / "with_lora")
+    lora = load_model(ws / "a_lora")[0].state_dict()
+    b, _ = ckpt.load_weights(ws / "b")
+    a, _ = ckpt.load_weights(ws / "a")
+    assert any(not torch.equal(lora[k], a[k]) for k in a)  # the adapters moved some weights
+    assert all(torch.allclose(merged[k], linear([lora[k], b[k]], [1.0, 1.0]), atol=1e-6) for k in b)
+    stats = json.loads((ws / "with_lora" / "manifest.json").read_text())["stats"]
+    assert [i["lora"] for i in stats["inputs"]] == [True, False]
 
 
 @pytest.fixture(scope="module")
