@@ -7,7 +7,7 @@ vectors of --from against --base), and average: the mean of one run's last K com
 (a checkpoint soup of a single run). A LoRA run counts as its merged weights (base + adapters), so
 LoRA runs of one base merge with each other, with full fine-tunes and with the base itself.
 
-Every input is checked before anything is written (its model config, its tokenizer's files); the
+Every input is checked before anything is written (its model config, its tokenizer's vocabulary); the
 manifest records the method, each input with its step folder and fingerprint, and the weights,
 densities, t and seed used.
 """
@@ -83,9 +83,11 @@ def run_merge(ctx, cfg: MergeConfig, from_: list[str], base: str | None = None):
     every = ([base_source] if base_source else []) + sources
     check_compatible(every)
     weights = resolved_weights(cfg, sources)
-    densities = per_model(cfg.density, len(sources), "density")
+    densities = per_model(cfg.density, len(sources), "density", cfg.method != "linear")
     record = {"method": cfg.method, "inputs": [s.record() for s in sources],
               "base": base_source.record() if base_source else None, "weights": weights}
+    if cfg.method == "linear":
+        record.update(normalize=cfg.normalize is not False)
     if cfg.method in TASK_VECTOR_METHODS:
         sparsify, _, normalize, rescale = TASK_VECTOR_METHODS[cfg.method]
         record.update(density=densities if sparsify else None, seed=cfg.seed if sparsify == "random" else None,
@@ -197,15 +199,15 @@ def resolved_weights(cfg: MergeConfig, sources: list[Source]) -> list[float] | N
             raise UserError(f"merge --method {cfg.method} takes no weights ("
                             f"{'t sets the mix: --set t=0.3' if cfg.method == 'slerp' else 'every step counts the same'})")
         return None
-    return per_model(cfg.weights if cfg.weights is not None else 1.0, len(sources), "weights")
+    return per_model(cfg.weights if cfg.weights is not None else 1.0, len(sources), "weights", cfg.method != "linear")
 
 
-def per_model(value, n: int, key: str) -> list[float]:
+def per_model(value, n: int, key: str, besides_base: bool = True) -> list[float]:
     if not isinstance(value, list):
         return [float(value)] * n
     if len(value) != n:
         raise UserError(f"merge {key} has {len(value)} value(s) ({','.join(map(str, value))}) for {n} model(s) "
-                        f"merged{' besides the base' if key in ('weights', 'density') else ''}; give one per model")
+                        f"merged{' besides --base' if besides_base else ''}; give one per model")
     return [float(v) for v in value]
 
 

@@ -172,12 +172,14 @@ def test_a_lora_run_is_merged_as_its_merged_weights(models):
 
 @pytest.fixture(scope="module")
 def odd_models(models, backend, tmp_path_factory):
-    """The workspace plus `deeper` (another shape) and `other_vocab` (same shape, another tokenizer)."""
+    """The workspace plus `deeper` (another shape), `other_vocab` (same shape, another tokenizer) and
+    `cousin` (same shape and tokenizer, the other family)."""
     family, folders, ws = models
     root = tmp_path_factory.mktemp("odd")
     deeper = save_model(root / "deeper", backend, family, 5, num_hidden_layers=4)
     other = save_model(root / "other", train_bpe(QWEN_SPECIALS[::-1]), family, 6)
-    for name, folder in (("deeper", deeper), ("other_vocab", other)):
+    cousin = save_model(root / "cousin", backend, "qwen2" if family == "llama" else "llama", 7)  # same shape
+    for name, folder in (("deeper", deeper), ("other_vocab", other), ("cousin", cousin)):
         assert llmkit("import", "--from", folder, "--out", name, "-w", ws).exit_code == 0
     return ws
 
@@ -185,6 +187,7 @@ def odd_models(models, backend, tmp_path_factory):
 @pytest.mark.parametrize("args, said", [
     (["--method", "linear", "--from", "a,deeper"], "n_layers 3 vs 4"),
     (["--method", "ties", "--from", "a,other_vocab", "--base", "base"], "their tokenizers differ"),
+    (["--method", "task_arithmetic", "--from", "a,cousin", "--base", "base"], "their models differ"),
     (["--method", "linear", "--from", "a,b", "--set", "weights=0.5,0.3,0.2"], "weights has 3 value(s)"),
     (["--method", "ties", "--from", "a,b", "--base", "base", "--set", "density=1.5"], "density must be in (0, 1]"),
     (["--method", "dare_ties", "--from", "a,b", "--base", "base", "--set", "density=0"], "density must be in (0, 1]"),
