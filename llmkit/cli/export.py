@@ -18,7 +18,8 @@ def export(
     format_: Annotated[Optional[str], typer.Option(
         "--format", help="Output format: hf (a transformers folder) or gguf (one file for llama.cpp).")] = None,
     quant: Annotated[Optional[str], typer.Option(
-        "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0 or q4_1 (default f16).")] = None,
+        "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q4_k_s, q4_k_m, q5_k_s, q5_k_m, "
+                "q6_k (default f16; --set imatrix=FILE for an importance matrix).")] = None,
 ):
     """Write a checkpoint as a Hugging Face transformers folder or a GGUF file and record its logit parity."""
     flags = {k: v for k, v in (("format", format_), ("quant", quant)) if v is not None}

@@ -12,6 +12,9 @@ matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding 
 as llama.cpp's quantiser keeps it above 4 bits. A matrix whose rows are not a multiple of 32 values
 cannot be cut into blocks and stays f16: export names them (a note, and `f16_fallback_tensors` in
 llmkit_export.json).
+K-quant mixes (q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k) choose each tensor's type and quantise it, with
+an importance matrix where given, byte for byte as llama.cpp's quantiser does from the f16 file
+(llmkit.hf.gguf_quant_mix, llmkit.hf.gguf_kquants).
 Vectors (norms, biases) and Qwen3.5's convolution kernels stay f32 in every file, as llama.cpp
 writes them.
 
@@ -35,13 +38,15 @@ from pathlib import Path
 from llmkit.checkpoints.step_folders import step_of
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import EXPORT_RECORD, write_json
+from llmkit.hf.gguf_kquants import quantize as quantize_blocks
 from llmkit.hf.gguf_qwen35 import qwen35_refusal, qwen35_tensor, write_qwen35_architecture
+from llmkit.hf.gguf_quant_mix import MIXES, mix_types, read_imatrix, tensor_weights
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
 from llmkit.checkpoints.loading import load
 
-GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1")
+GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1", *MIXES)
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
              "qwen3_5_text": "qwen35"}
 ROTARY_PERMUTED = ("llama", "smollm3")  # llama.cpp rotates adjacent pairs in these graphs (see permute_rotary_rows)
@@ -66,15 +71,25 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / gguf_file_name(cfg.quant)
     reads_back = transformers_reads(GGUF_ARCH[family])
-    stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe and reads_back)
+    imatrix = read_imatrix(Path(cfg.imatrix)) if cfg.imatrix else None
+    if cfg.quant in MIXES and family == "qwen3_5_text":
+        raise UserError(f"{step_dir}: K-quants of the qwen35 layout are not written yet (llama.cpp counts its "
+                        "attn_qkv tensors among attn_v); export quant=f16 and run llama.cpp's llama-quantize")
+    stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe and reads_back,
+                               imatrix=imatrix)
     matrices = [name for name, qtype in types.items() if qtype != "F32"]
     fallback = [name for name in matrices if types[name] == "F16"] if cfg.quant not in ("f16", "bf16") else []
+    if cfg.quant in MIXES and (k_fallback := [n for n in matrices if types[n] in ("Q5_0", "Q5_1")]):
+        print(f"note: {len(k_fallback)} matrices of the {cfg.quant} file ({', '.join(k_fallback[:4])}…) have rows "
+              "that are not a multiple of 256 values, a K block: they fall back as llama.cpp's quantiser does "
+              "(Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)")
     record = {"format": "gguf", "file": path.name, "quant": cfg.quant, "source": str(step_dir),
               "step": step_of(step_dir), "architecture": GGUF_ARCH[family], "family": family,
               "context_length": context, "parameters": model.num_parameters(), "bytes": path.stat().st_size,
               "tokenizer": vocab.model, "pre_tokenizer": vocab.pre, "tokenizer_notes": "; ".join(vocab.notes),
               "max_abs_logit_diff": None, "greedy_tokens_equal": None, "tokenizer_identical": None,
-              "tensor_types": dict(Counter(types.values())), "f16_fallback_tensors": fallback}
+              "tensor_types": dict(Counter(types.values())), "f16_fallback_tensors": fallback,
+              "imatrix": cfg.imatrix or None}
     if fallback:
         print(fallback_note(cfg.quant, fallback, len(matrices)))
     if context < model.config.max_seq_len:
@@ -138,10 +153,11 @@ def transformers_reads(arch: str) -> bool:
 
 
 def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
-               keep_rounded: bool = False) -> tuple[dict, dict[str, str]]:
+               keep_rounded: bool = False, imatrix: dict | None = None) -> tuple[dict, dict[str, str]]:
     """Write the file; returns (with keep_rounded, the weights as the file holds them: dequantised,
     in llmkit's names and layout, for measuring the reader apart from the rounding; each tensor's
-    GGML type by its GGUF name)."""
+    GGML type by its GGUF name). A K-quant mix (llmkit.hf.gguf_quant_mix) quantises the f16 values,
+    as llama.cpp's quantiser does from the f16 file, with `imatrix`'s column weights where given."""
     import gguf
 
 
@@ -156,8 +172,15 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
     hf_config = to_hf_config(cfg)
     writer.add_string(LLMKIT_HF_CONFIG_KEY, json.dumps(hf_config))
     rounded, types = {}, {}
-    for name, gguf_name, array in gguf_tensors(model, arch):
-        data, qtype = encode_tensor(array, quant, gguf_name, cfg.tie_embeddings)
+    tensors = gguf_tensors(model, arch)
+    if quant in MIXES:
+        tensors = list(tensors)
+        mix = mix_types(quant, {gguf_name: array.shape for _, gguf_name, array in tensors}, cfg.n_layers)
+    for name, gguf_name, array in tensors:
+        if quant in MIXES:
+            data, qtype = encode_mix_tensor(array, mix[gguf_name], tensor_weights(imatrix, gguf_name, array.shape[-1]))
+        else:
+            data, qtype = encode_tensor(array, quant, gguf_name, cfg.tie_embeddings)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)
         types[gguf_name] = qtype.name
         if keep_rounded and name is not None:
@@ -170,7 +193,7 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
 
 
 FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
-              "q4_1": "MOSTLY_Q4_1"}
+              "q4_1": "MOSTLY_Q4_1", **{quant: file_type for quant, (file_type, _) in MIXES.items()}}
 
 
 def write_architecture(writer, cfg, context: int, quant: str) -> None:
@@ -285,6 +308,19 @@ def encode_tensor(array, quant: str, gguf_name: str, tied: bool):
     if qtype == gguf.GGMLQuantizationType.F16:
         return np.ascontiguousarray(array, dtype=np.float16), qtype
     return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+
+
+def encode_mix_tensor(array, qtype: str, weights):
+    """(bytes, GGMLQuantizationType) of one tensor of a K-quant mix, from its f16 values."""
+    import gguf
+    import numpy as np
+
+    if qtype == "F32":
+        return np.ascontiguousarray(array, dtype=np.float32), gguf.GGMLQuantizationType.F32
+    values = np.ascontiguousarray(array, dtype=np.float16)
+    if qtype == "F16":
+        return values, gguf.GGMLQuantizationType.F16
+    return quantize_blocks(values.astype(np.float32), qtype, weights), getattr(gguf.GGMLQuantizationType, qtype)
 
 
 def decode_tensor(data, qtype, shape, arch: str, gguf_name: str, cfg):

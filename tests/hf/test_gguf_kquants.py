@@ -1,0 +1,96 @@
+"""llmkit's GGML block quantisers against llama.cpp's own (`ggml_quantize_chunk` of the ggml library
+llama-cpp-python ships; skipped where the binding is absent): the same bytes for Q4_K, Q5_K, Q6_K,
+Q5_0, Q5_1 and Q8_0, with and without an importance matrix, on weights shaped as trained models
+are and on the blocks where rounding paths split (zeros, -0.0, constants, one sign, tiny and
+heavy-tailed values). Without the binding: what the bytes decode to is close to the weights, the
+importance matrix lowers the error where it weighs, and threads do not change the bytes."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from llmkit.hf.gguf_kquants import KERNEL_TYPES, quantize
+
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"]
+GGML_TYPE = {"Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's enum ggml_type
+
+
+def weights(kind: str, rows: int = 8, cols: int = 512, seed: int = 0):
+    """float32 weights as an f16 file holds them."""
+    rng = np.random.default_rng(seed)
+    x = {"normal": lambda: rng.standard_normal((rows, cols)) * 0.02,
+         "heavy": lambda: rng.standard_t(2, (rows, cols)) * 0.01,
+         "sparse": lambda: rng.standard_normal((rows, cols)) * (rng.random((rows, cols)) < 0.05),
+         "positive": lambda: rng.random((rows, cols)),
+         "negative": lambda: -rng.random((rows, cols)) * 1e-3,
+         "constant": lambda: np.full((rows, cols), 0.25),
+         "tiny": lambda: rng.standard_normal((rows, cols)) * 1e-6}[kind]()
+    return x.astype(np.float16).astype(np.float32)
+
+
+def column_weights(cols: int = 512, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    w = (rng.random(cols) ** 4 * 10).astype(np.float32)
+    w[:40] = 0  # columns the calibration never reached
+    return w
+
+
+def ggml_library():
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding is not installed")
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def llama_cpp_bytes(lib, x, qtype, qw):
+    block, size = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, qtype)]
+    out = np.zeros((x.shape[0], x.shape[1] // block * size), np.uint8)
+    lib.ggml_quantize_chunk(GGML_TYPE[qtype], x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
+                            None if qw is None else qw.ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("imatrix", [False, True], ids=["reference", "imatrix"])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_bytes_are_llama_cpps(qtype, imatrix):
+    lib = ggml_library()
+    qw = column_weights() if imatrix else None
+    for kind in ("normal", "heavy", "sparse", "positive", "negative", "constant", "tiny"):
+        x = weights(kind)
+        x[0, :256] = 0  # a block of zeros
+        x[1, :32] = -0.0
+        expected = llama_cpp_bytes(lib, x, qtype, qw)
+        got = quantize(x, qtype, qw)
+        assert got.shape == expected.shape and got.dtype == np.uint8
+        assert np.array_equal(got, expected), f"{qtype} {kind}: rows {np.nonzero((got != expected).any(1))[0]} differ"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
+def test_the_blocks_decode_near_the_weights_and_an_imatrix_lowers_the_weighted_error(qtype):
+    x = weights("normal", rows=16)
+    plain = gguf.quants.dequantize(quantize(x, qtype), getattr(gguf.GGMLQuantizationType, qtype))
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "Q5_0": 5, "Q5_1": 5}[qtype]
+    assert np.abs(plain - x).max() < 4 * np.abs(x).max() / 2 ** bits
+    importance = np.ones(x.shape[1], np.float32)
+    importance[:64] = 1000.0  # a few columns carry the activations
+    weighted = gguf.quants.dequantize(quantize(x, qtype, importance), getattr(gguf.GGMLQuantizationType, qtype))
+    error = lambda y: float((((y - x) ** 2) * importance).sum())  # noqa: E731
+    assert error(weighted) < error(plain)
+
+
+def test_threads_and_chunks_do_not_change_the_bytes():
+    x = weights("heavy", rows=200, cols=768)
+    assert np.array_equal(quantize(x, "Q4_K", threads=1), quantize(x, "Q4_K", threads=3))
+
+
+def test_rows_that_are_not_whole_blocks_are_refused():
+    with pytest.raises(ValueError, match="not a multiple"):
+        quantize(weights("normal", cols=320), "Q6_K")
+    assert set(KERNEL_TYPES) == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
