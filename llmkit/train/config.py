@@ -15,6 +15,8 @@ from llmkit.checkpoints.lora import LoraConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")  # see llmkit.train.optim
+LR_SCHEDULES = ("cosine", "wsd", "constant")
+DECAY_SHAPES = ("linear", "sqrt", "cosine")
 
 
 @dataclass
@@ -23,8 +25,11 @@ class TrainConfig:
     micro_batch_size: int = 8  # sequences per forward pass, per process
     grad_accum: int = 1  # micro-batches accumulated into one optimizer step
     lr: float = 3e-4  # peak learning rate, reached at the end of warmup
-    min_lr: float = 3e-5  # learning rate at the end of the cosine decay
+    min_lr: float = 3e-5  # learning rate at the end of the decay
     warmup_steps: int | None = None  # linear warmup from 0 to lr; None = 100 steps, or 10% of a shorter run
+    lr_schedule: str = "cosine"  # after warmup: cosine (to min_lr at max_steps) | wsd (lr held, then the decay of decay_steps) | constant
+    decay_steps: int | None = None  # wsd: the final decay's length; None = 20% of the steps after warmup
+    decay_shape: str = "linear"  # wsd: how the decay falls to min_lr: linear | sqrt (1 - sqrt(progress)) | cosine
     weight_decay: float = 0.1  # AdamW decay of matrices (norms and biases are not decayed)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW moment coefficients
     optim: str = "adamw"  # adamw | adamw8bit (8-bit states, bitsandbytes) | paged_adamw | paged_adamw8bit (GPU)
@@ -51,9 +56,9 @@ class TrainConfig:
     # and how observed it goes on. The rest (batch shape, precision, ZeRO stage, seed, optimizer
     # moments) is baked into its checkpoints, data position or DeepSpeed shards.
     CONTINUABLE: ClassVar[frozenset] = frozenset({
-        "max_steps", "lr", "min_lr", "warmup_steps", "grad_clip", "save_every", "keep_last",
-        "eval_every", "eval_batches", "log_every", "max_bad_steps", "resume_from", "peak_flops",
-        "compile", "activation_checkpointing", "threads"})
+        "max_steps", "lr", "min_lr", "warmup_steps", "lr_schedule", "decay_steps", "decay_shape",
+        "grad_clip", "save_every", "keep_last", "eval_every", "eval_batches", "log_every",
+        "max_bad_steps", "resume_from", "peak_flops", "compile", "activation_checkpointing", "threads"})
 
     AUTO_WARMUP: ClassVar[int] = 100  # the warmup that warmup_steps=None gives a long enough run
 
@@ -77,6 +82,7 @@ class TrainConfig:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         if self.warmup_steps > self.max_steps:
             raise ConfigError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        self._check_schedule()
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.precision not in PRECISIONS:
@@ -100,6 +106,15 @@ class TrainConfig:
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"peak_flops must be > 0 or null, got {self.peak_flops}")
 
+    def _check_schedule(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ConfigError(f"decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {self.decay_shape!r}")
+        if self.decay_steps is not None and not 1 <= self.decay_steps <= self.max_steps - self.warmup_steps:
+            raise ConfigError(f"decay_steps must be between 1 and max_steps - warmup_steps "
+                              f"({self.max_steps - self.warmup_steps}), got {self.decay_steps}")
+
     @property
     def torch_dtype(self):
         """The dtype the engine trains the weights in (DeepSpeed casts the model to it)."""
@@ -113,8 +128,19 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of optimizer step `step` (1-based): linear warmup, then cosine to min_lr."""
+    """Learning rate of optimizer step `step` (1-based): linear warmup, then `cfg.lr_schedule`."""
     if step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1)
-    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    if cfg.lr_schedule == "cosine":
+        progress = (step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1)
+        return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (cfg.lr - cfg.min_lr)
+    # warmup-stable-decay: the decay is the run's last decay_steps, so a run continued with a
+    # later max_steps (CONTINUABLE) stays at lr until its new end comes near, and a stable
+    # checkpoint continued with max_steps = its step + decay_steps decays from there
+    decay = cfg.decay_steps or max(1, round(0.2 * (cfg.max_steps - cfg.warmup_steps)))
+    progress = min(max(step - (cfg.max_steps - decay), 0) / decay, 1.0)
+    kept = {"linear": 1 - progress, "sqrt": 1 - math.sqrt(progress),
+            "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[cfg.decay_shape]
+    return cfg.min_lr + kept * (cfg.lr - cfg.min_lr)
