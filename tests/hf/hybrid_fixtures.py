@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from tests.tokenizers.test_tokenizer_json import QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, train_bpe
-from tests.test_smollm3 import SPECIALS as SMOLLM3_SPECIALS, TEMPLATE as SMOLLM3_TEMPLATE
+from tests.hf.test_smollm3 import SPECIALS as SMOLLM3_SPECIALS, TEMPLATE as SMOLLM3_TEMPLATE
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # two value heads per key head (the reorder llama.cpp needs), key and value heads of one width (as

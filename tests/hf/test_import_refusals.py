@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from tests.model.test_mixture_of_experts import invoke, save
-from tests.test_qwen3_5 import PATTERNS, save_qwen35
+from tests.hf.test_qwen3_5 import PATTERNS, save_qwen35
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 

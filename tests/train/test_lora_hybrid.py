@@ -16,8 +16,8 @@ from llmkit.cli.app import build_app
 from llmkit.checkpoints.loading import load_model
 from llmkit.checkpoints import lora
 from llmkit.model import quant
-from tests.test_qwen3_5 import PATTERNS, save_qwen35
-from tests.test_smollm3 import save_smollm3
+from tests.hf.test_qwen3_5 import PATTERNS, save_qwen35
+from tests.hf.test_smollm3 import save_smollm3
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
 

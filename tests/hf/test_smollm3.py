@@ -32,7 +32,7 @@ from tests.tokenizers.test_tokenizer_json import save_folder, train_bpe
 from tests.train.posttrain_fixtures import lora_sft_on_import
 
 runner = CliRunner()
-TEMPLATE = (Path(__file__).parent / "assets" / "smollm3_chat_template.jinja").read_text(encoding="utf-8")
+TEMPLATE = (Path(__file__).parents[1] / "assets" / "smollm3_chat_template.jinja").read_text(encoding="utf-8")
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
 SHAPE = dict(vocab_size=832, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256,
