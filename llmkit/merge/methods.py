@@ -2,10 +2,10 @@
 arithmetic, TIES, DARE): pure functions of float32 tensors, each beside its parity test against
 mergekit (tests/merge/test_methods.py).
 
-Every method computes in float32 (float64 inputs stay float64) and the caller rounds the result once
-to the stored dtype. mergekit does the same for linear and slerp; for the task-arithmetic family it
-computes in the stored dtype, so on bfloat16 weights the two differ by bfloat16's rounding of the
-intermediate deltas (in float32 weights they agree to float32 rounding).
+Each computes in the dtype mergekit computes it in, so the tensors are mergekit's in every dtype:
+linear and slerp in float32 (float64 stays float64), rounded once to the stored dtype by the caller;
+the task-vector methods in the base's stored dtype (bfloat16 deltas, masks and sums on a bfloat16
+model), DARE's draws in bfloat16 on a bfloat16 model and in float32 otherwise.
 """
 
 from __future__ import annotations
@@ -71,12 +71,17 @@ def magnitude_mask(delta: torch.Tensor, density: float) -> torch.Tensor:
     return mask.reshape_as(delta)
 
 
+def draw_dtype(delta: torch.Tensor) -> torch.dtype:
+    """Where DARE's mask is drawn and applied (mergekit on CPU: bfloat16 stays, the rest is float32)."""
+    return torch.bfloat16 if delta.dtype == torch.bfloat16 else torch.float32
+
+
 def random_mask(delta: torch.Tensor, density: float, generator: torch.Generator) -> torch.Tensor:
     """DARE's drop: keep each entry with probability `density`, drawn from `generator` as mergekit
-    draws from torch's global one (bernoulli over a float32 tensor filled with density)."""
+    draws from torch's global one (bernoulli over a tensor of draw_dtype filled with density)."""
     if density >= 1:
         return torch.ones_like(delta)
-    return torch.bernoulli(torch.full_like(delta, density, dtype=torch.float32), generator=generator).to(delta.dtype)
+    return torch.bernoulli(torch.full_like(delta, density, dtype=draw_dtype(delta)), generator=generator)
 
 
 def rescaled(delta: torch.Tensor, mask: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -105,15 +110,17 @@ def task_arithmetic(base: torch.Tensor, tensors: list[torch.Tensor], weights: li
     consensus), dare_linear (random). Each delta is sparsified (`densities[i]`, rescaled to its L1
     norm when `rescale`), weighted; with `consensus` only deltas agreeing with the elected sign count.
     `normalize` divides by the sum of the weights that count at each entry (1 where none does)."""
-    dtype = work_dtype(base)
-    base = base.to(dtype)
+    dtype = base.dtype
     deltas = torch.empty((len(tensors), *base.shape), dtype=dtype)
     for i, tensor in enumerate(tensors):
-        delta = tensor.to(dtype) - base
-        if sparsify is not None and densities[i] < 1:
-            mask = (magnitude_mask(delta, densities[i]) if sparsify == "magnitude"
-                    else random_mask(delta, densities[i], generator))
+        delta = tensor - base
+        if sparsify == "magnitude" and densities[i] < 1:
+            mask = magnitude_mask(delta, densities[i])
             delta = rescaled(delta, mask) if rescale else delta * mask
+        elif sparsify == "random" and densities[i] < 1:
+            mask = random_mask(delta, densities[i], generator)
+            kept = delta.to(mask.dtype)
+            delta = (rescaled(kept, mask) if rescale else kept * mask).to(delta.dtype)
         deltas[i] = delta
     w = torch.tensor(weights, dtype=dtype).reshape(-1, *([1] * base.dim()))
     deltas.mul_(w)
@@ -128,7 +135,7 @@ def task_arithmetic(base: torch.Tensor, tensors: list[torch.Tensor], weights: li
         mixed = mixed / divisor
     if scale != 1:
         mixed = mixed * scale
-    return base + mixed
+    return (base + mixed).to(dtype)
 
 
 def gradient_value(values: float | list[float], t: float) -> float:

@@ -65,8 +65,9 @@ def test_slerp_equals_mergekit_s_near_and_far_from_parallel():
             assert torch.equal(slerp(t, a, v1), theirs)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("method", ["task_arithmetic", "ties", "dare_ties", "dare_linear"])
-def test_task_vector_methods_equal_mergekit_s_group_merge(method):
+def test_task_vector_methods_equal_mergekit_s_group_merge(method, dtype):
     pytest.importorskip("mergekit")
     from mergekit.merge_methods import registry
     from mergekit.merge_methods.base import TensorEntry, TensorGroup
@@ -74,7 +75,7 @@ def test_task_vector_methods_equal_mergekit_s_group_merge(method):
     from llmkit.merge.stage import TASK_VECTOR_METHODS
 
     base, x, y = tensors(3, shape=(32, 16), seed=3)
-    x, y = base + 0.1 * x, base + 0.1 * y
+    base, x, y = base.to(dtype), (base + 0.1 * x).to(dtype), (base + 0.1 * y).to(dtype)
     params = {"weight": {"x": 0.7, "y": 0.4}, "density": {"x": 0.5, "y": 0.8}}
     sparsify, consensus, normalize, rescale = TASK_VECTOR_METHODS[method]
     group = TensorGroup(entries=(TensorEntry(id="base", tensor=base, is_base=True),
