@@ -70,7 +70,7 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
         vocab.chat_template = vocab.chat_template.replace("[:]", "")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / gguf_file_name(cfg.quant)
-    reads_back = transformers_reads(GGUF_ARCH[family])
+    reads_back = cfg.probe and transformers_reads(GGUF_ARCH[family])  # imports transformers: only to probe
     imatrix = read_imatrix(Path(cfg.imatrix)) if cfg.imatrix else None
     if cfg.quant in MIXES and family == "qwen3_5_text":
         raise UserError(f"{step_dir}: K-quants of the qwen35 layout are not written yet (llama.cpp counts its "
