@@ -4,8 +4,8 @@ convert_hf_to_gguf.py lays out the same model: its architecture (`llama` for Lla
 Mistral and llmkit's own models; `qwen2`; `qwen3`; `smollm3`; `qwen35` for Qwen3.5's language model,
 its Gated DeltaNet layers and gated attention as llmkit.hf.gguf_qwen35 lays them out), tensor names (`blk.N.attn_q.weight`,
 …), the q/k rows of `llama` and `smollm3` models permuted to llama.cpp's rotary layout, Llama 3 RoPE
-scaling as the `rope_freqs` tensor, and the tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint
-is merged.
+scaling as the `rope_freqs` tensor, linear and YaRN scaling as keys (llmkit.hf.gguf_rope), and the
+tokenizer (llmkit.hf.gguf_tokenizer). A LoRA checkpoint is merged.
 
 Quantisation (`quant`): f16 / bf16 store every matrix in that type; q8_0, q4_0, q4_1 quantise every
 matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding when tied) in q8_0,
@@ -42,6 +42,7 @@ from llmkit.hf.gguf_kquants import quantize as quantize_blocks
 from llmkit.hf.gguf_qwen35 import qwen35_refusal, qwen35_tensor, write_qwen35_architecture
 from llmkit.hf.gguf_quant_mix import MIXES, mix_types, read_imatrix, tensor_weights
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
+from llmkit.hf.gguf_rope import rope_scaling_refusal, write_rope_scaling
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
 from llmkit.checkpoints.loading import load
@@ -134,6 +135,8 @@ def gguf_layout(model_config, source: Path) -> tuple[str, int]:
                         "whatever the file says; export --format hf instead")
     if family == "qwen3_5_text" and (why := qwen35_refusal(model_config)):
         raise UserError(f"{source} cannot be exported as GGUF: {why}; export --format hf instead")
+    if why := rope_scaling_refusal(model_config):
+        raise UserError(f"{source} cannot be exported as GGUF: {why}; export --format hf instead")
     import gguf
 
     if not hasattr(gguf.MODEL_ARCH, GGUF_ARCH[family].upper()):
@@ -210,6 +213,7 @@ def write_architecture(writer, cfg, context: int, quant: str) -> None:
     writer.add_value_length(cfg.head_dim)
     writer.add_rope_dimension_count(cfg.rotary_dim)  # the whole head but in Qwen3.5
     writer.add_rope_freq_base(cfg.rope_theta)
+    write_rope_scaling(writer, cfg)  # linear and yarn as keys; llama3 is the rope_freqs tensor
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[quant]))
