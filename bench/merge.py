@@ -2,16 +2,17 @@
 demo-size pretraining against its last step.
 
     python bench/merge.py parity [--scratch DIR]
-    python bench/merge.py average WORKSPACE [--seeds 0,1 --last 3 --save-every 25]
+    python bench/merge.py average WORKSPACE [--seeds 0,1 --last 2,3 --save-every 25]
 
 parity: for a tiny Llama and a tiny Qwen2 (a base and two fine-tunes of it, saved by transformers
 and imported), each method through `llmkit merge` and through mergekit's run_merge on the same
 folders (DARE: the same seed); prints the largest absolute difference over every tensor.
 
 average: WORKSPACE holds the demo's `tokens` (and `tokenizer`); for each seed, the demo recipe's
-pretraining with a checkpoint every --save-every steps (keep_last 3 keeps the last three), then
-`merge --method average --set last=K`, then `llmkit eval` (perplexity on the tokens' val split) of
-the last step and of the average; prints both losses and their difference.
+pretraining with a checkpoint every --save-every steps (keeping the last max(--last)), then for each
+K of --last `merge --method average --set last=K`, and `llmkit eval` (perplexity on the tokens' val
+split) of the last step and of each average; prints the val losses (nats per token) and the
+difference.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,26 +63,23 @@ def cli(*args) -> subprocess.CompletedProcess:
 def val_loss(ws: Path, run: str, step: str | None, out: str) -> float:
     args = ["--set", f"step={step}"] if step else []
     cli("eval", "--from", run, "-w", ws, "--out", out, "--force", *args)
-    stats = json.loads((ws / "eval" / out / "manifest.json").read_text())["stats"]
-    return stats["ppl"]["tokens"]["loss"]
+    return json.loads((ws / "eval" / out / "results.json").read_text())["ppl"]["tokens:val"]["nll_per_token"]
 
 
-def average(ws: Path, seeds: list[int], last: int, save_every: int) -> None:
+def average(ws: Path, seeds: list[int], lasts: list[int], save_every: int) -> None:
     print("| seed | steps averaged | val loss, last step | val loss, average | average - last |\n|---|---|---|---|---|")
     for seed in seeds:
         run = f"pre_s{seed}"
-        started = time.time()
         cli("pretrain", "--recipe", REPO / "recipes/demo/recipe.yaml", "-w", ws, "--in", "tokens", "--out", run,
-            "--set", f"save_every={save_every}", "--set", f"seed={seed}")
-        trained = time.time() - started
-        cli("merge", "--method", "average", "--from", run, "--set", f"last={last}", "--out", f"{run}_avg{last}",
-            "-w", ws)
-        steps = [i["step"] for i in json.loads((ws / f"{run}_avg{last}" / "manifest.json").read_text())
-                 ["stats"]["inputs"]]
+            "--set", f"save_every={save_every}", "--set", f"seed={seed}", "--set", f"keep_last={max(lasts)}")
         final = val_loss(ws, run, None, f"{run}_last")
-        soup = val_loss(ws, f"{run}_avg{last}", None, f"{run}_avg{last}")
-        print(f"| {seed} | {', '.join(steps)} | {final:.4f} | {soup:.4f} | {soup - final:+.4f} |"
-              f"  <!-- pretrain {trained:.0f} s -->", flush=True)
+        for last in lasts:
+            soup = f"{run}_avg{last}"
+            cli("merge", "--method", "average", "--from", run, "--set", f"last={last}", "--out", soup, "-w", ws)
+            steps = [i["step"].removeprefix("step-000") for i in
+                     json.loads((ws / soup / "manifest.json").read_text())["stats"]["inputs"]]
+            loss = val_loss(ws, soup, None, soup)
+            print(f"| {seed} | {', '.join(steps)} | {final:.4f} | {loss:.4f} | {loss - final:+.4f} |", flush=True)
 
 
 def main() -> None:
@@ -93,14 +90,15 @@ def main() -> None:
     a = sub.add_parser("average")
     a.add_argument("workspace", type=Path)
     a.add_argument("--seeds", default="0,1")
-    a.add_argument("--last", type=int, default=3)
+    a.add_argument("--last", default="2,3")  # one average per value: the last K step folders
     a.add_argument("--save-every", type=int, default=25)
     args = ap.parse_args()
     if args.what == "parity":
         with tempfile.TemporaryDirectory() as tmp:
             parity(args.scratch or Path(tmp))
     else:
-        average(args.workspace, [int(s) for s in args.seeds.split(",")], args.last, args.save_every)
+        average(args.workspace, [int(s) for s in args.seeds.split(",")], [int(k) for k in args.last.split(",")],
+                args.save_every)
 
 
 if __name__ == "__main__":
