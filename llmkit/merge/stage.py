@@ -92,7 +92,7 @@ def run_merge(ctx, cfg: MergeConfig, from_: list[str], base: str | None = None):
         sparsify, _, normalize, rescale = TASK_VECTOR_METHODS[cfg.method]
         record.update(density=densities if sparsify else None, seed=cfg.seed if sparsify == "random" else None,
                       normalize=normalize if cfg.normalize is None else cfg.normalize, scale=cfg.scale,
-                      rescale=(rescale if cfg.rescale is None else cfg.rescale) if sparsify == "random" else None)
+                      rescale=(rescale if cfg.rescale is None else cfg.rescale) if sparsify else None)
     elif cfg.method == "slerp":
         record.update(t=cfg.t)
     artifacts = list({str(s.artifact.path.resolve()): s.artifact for s in every}.values())

@@ -87,3 +87,20 @@ def test_task_vector_methods_equal_mergekit_s_group_merge(method, dtype):
     ours = task_arithmetic(base, [x, y], [0.7, 0.4], sparsify=sparsify, densities=[0.5, 0.8], consensus=consensus,
                            normalize=normalize, rescale=rescale, generator=torch.Generator().manual_seed(11))
     assert torch.equal(ours, theirs)
+
+
+def test_the_normalize_and_lambda_flags_equal_mergekit_s():
+    pytest.importorskip("mergekit")
+    from mergekit.merge_methods import registry
+    from mergekit.merge_methods.base import TensorEntry, TensorGroup
+
+    base, x, y = tensors(3, shape=(16, 8), seed=5)
+    group = TensorGroup(entries=(TensorEntry(id="base", tensor=base, is_base=True),
+                                 TensorEntry(id="x", tensor=x, is_base=False),
+                                 TensorEntry(id="y", tensor=y, is_base=False)))
+    for normalize, scale in ((True, 0.5), (False, 2.0)):
+        theirs = registry.get("task_arithmetic").merge_group(
+            group, int8_mask=False, normalize=normalize, rescale=False, **{"lambda": scale},
+            weight={"x": 0.3, "y": 0.9}, density={"x": 1.0, "y": 1.0})
+        ours = task_arithmetic(base, [x, y], [0.3, 0.9], normalize=normalize, scale=scale)
+        assert torch.equal(ours, theirs)
