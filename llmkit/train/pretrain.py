@@ -90,6 +90,7 @@ class PretrainConfig(TrainConfig):
     mixture_weights: dict[str, float] | None = None  # explicit source weights (replace the temperature)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (validation loss is unsmoothed)
     eval_every: int = 100  # validation on the val split every N steps (and at the end); 0 = never
+    doc_masking: bool = False  # attention (and positions) stay inside each document packed into a sequence; off: a sequence attends across them
 
     def __post_init__(self):
         super().__post_init__()
@@ -107,21 +108,30 @@ class PretrainTask(Task):
     warn_undertrained = True
 
     def __init__(self, model, train_loader, val_loader, seq_len: int, label_smoothing: float = 0.0,
-                 eval_batches: int = 20):
+                 eval_batches: int = 20, document_end: int | None = None):
         super().__init__(model, train_loader)
         self.val_loader, self.seq_len = val_loader, seq_len
         self.label_smoothing, self.n_eval_batches = label_smoothing, eval_batches
+        self.document_end = document_end  # doc_masking: the token that ends each document
+
+    def documents(self, input_ids) -> dict:
+        if self.document_end is None:
+            return {}
+        doc_ids, position_ids = packed_documents(input_ids, self.document_end)
+        return {"doc_ids": doc_ids, "position_ids": position_ids}
 
     def loss(self, model, batch):
         # the model computes the loss in chunks: [B, T, vocab] float32 logits would be the largest
         # activation of the step (8.4 GB at the 1b shapes)
-        loss = model(batch["input_ids"], targets=batch["labels"], label_smoothing=self.label_smoothing)
+        ids = batch["input_ids"]
+        loss = model(ids, targets=batch["labels"], label_smoothing=self.label_smoothing, **self.documents(ids))
         if self.model.config.n_experts:
             return loss + model.aux_loss, {"aux_loss": float(model.aux_loss.detach())}
         return loss, {}
 
     def eval_loss(self, model, batch):
-        return model(batch["input_ids"], targets=batch["labels"]), {}
+        ids = batch["input_ids"]
+        return model(ids, targets=batch["labels"], **self.documents(ids)), {}
 
     def eval_batches(self):
         if self.val_loader is None:
@@ -130,6 +140,19 @@ class PretrainTask(Task):
 
     def flops_per_token(self) -> float:
         return self.model.flops_per_token(self.seq_len)
+
+
+def packed_documents(input_ids, end_id: int):
+    """(doc_ids, position_ids) [B, T] of the documents packed into each row: a document begins
+    after each `end_id` (the shards end every document with it), positions restart at 0 there."""
+    import torch
+
+    B, T = input_ids.shape
+    begins = torch.zeros_like(input_ids, dtype=torch.long)
+    begins[:, 1:] = (input_ids[:, :-1] == end_id).long()
+    index = torch.arange(T, device=input_ids.device).expand(B, T)
+    first = torch.where(begins.bool(), index, torch.zeros_like(index)).cummax(dim=1).values
+    return begins.cumsum(dim=1), index - first
 
 
 def tokenizer_of(tokens_art, workspace):
@@ -219,7 +242,11 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         model = pretrain_start(cfg, tokens_art.manifest["stats"]["vocab_size"], from_step,
                                tokenizer_dir, tokens_art.path)
         train, val = token_loaders(tokens_art, cfg)
-        task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches)
+        end = tokens_art.manifest["stats"].get("eos_id") if cfg.doc_masking else None
+        if cfg.doc_masking and end is None:
+            raise UserError(f"{tokens_art.path} does not record the token that ends its documents "
+                            "(eos_id); rebuild it with `llmkit tokenize` to train with doc_masking")
+        task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches, end)
         # the start is handed over only for LoRA: a `Fit.model` is moved to the device whole, where
         # ZeRO-3 would partition it straight from host memory; parameters are counted before ZeRO
         return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,

@@ -14,7 +14,7 @@ from llmkit.model.transformer import Transformer
 from llmkit.model.config import ModelConfig
 from llmkit.checkpoints import step_folders as ckpt
 from llmkit.train.metrics import read_metrics
-from llmkit.train.pretrain import ModelSection, PretrainTask
+from llmkit.train.pretrain import ModelSection, PretrainTask, packed_documents
 from tests.train.conftest import REPO
 from tests.conftest import write_jsonl
 from tests.tokenizers.test_sentencepiece import small_corpus
@@ -176,6 +176,38 @@ def test_loss_is_label_smoothed_cross_entropy_and_eval_loss_is_plain():
     smoothed = (1 - eps) * nll + eps * (-logp.mean(-1)).mean()
     assert task.loss(model, batch)[0].item() == pytest.approx(smoothed.item(), rel=1e-5)
     assert task.eval_loss(model, batch)[0].item() == pytest.approx(nll.item(), rel=1e-5)
+
+
+def test_packed_documents_begin_after_each_end_token():
+    ids = torch.tensor([[5, 6, 2, 7, 2, 2, 8, 9], [2, 3, 4, 5, 6, 7, 8, 9]])
+    doc_ids, positions = packed_documents(ids, end_id=2)
+    assert doc_ids.tolist() == [[0, 0, 0, 1, 1, 2, 3, 3], [0, 1, 1, 1, 1, 1, 1, 1]]
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 0, 0, 1], [0, 0, 1, 2, 3, 4, 5, 6]]
+
+
+@pytest.mark.parametrize("layer_types", [None, ["linear_attention", "full_attention"]])
+def test_doc_masking_scores_each_packed_document_as_if_alone(layer_types):
+    hybrid = dict(layer_types=layer_types, linear_n_key_heads=2, linear_n_value_heads=2,
+                  linear_key_head_dim=8, linear_value_head_dim=8) if layer_types else {}
+    model = tiny_transformer(**hybrid).eval()
+    documents = [[7, 8, 9, 2], [11, 12, 13, 14, 2], [15]]  # each ends with </s> (id 2); the last is cut
+    ids = torch.tensor([sum(documents, [])])
+    labels = torch.randint(0, 50, (1, 10))
+    masked = PretrainTask(model, None, None, seq_len=10, document_end=2)
+    with torch.no_grad():
+        alone = torch.cat([model(torch.tensor([doc])) for doc in documents], dim=1)
+        packed = model(ids, **masked.documents(ids))
+        assert (packed - alone).abs().max() < 1e-5
+        expected = F.cross_entropy(alone.flatten(0, 1), labels.flatten())
+        assert masked.eval_loss(model, {"input_ids": ids, "labels": labels})[0].item() == pytest.approx(
+            expected.item(), rel=1e-5)
+        assert (model(ids) - alone).abs().max() > 1e-3  # without it, the later documents see the earlier
+
+
+def test_a_doc_masked_run_trains_and_records_the_setting(ws):
+    pretrain(ws, "max_steps=2", "doc_masking=true", extra=("--out", "masked"))
+    manifest = json.loads((ws / "masked" / "manifest.json").read_text())
+    assert manifest["config"]["doc_masking"] is True and manifest["stats"]["steps"] == 2
 
 
 def test_moe_loss_adds_the_load_balancing_loss():
