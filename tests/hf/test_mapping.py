@@ -18,6 +18,7 @@ from llmkit.model.decoding import generate
 from llmkit.errors import ConfigError
 from llmkit.hf.import_ import read_hf_weights
 from llmkit.hf.mapping import from_hf_config, from_hf_state_dict, to_hf_config
+from llmkit.model.config import ModelConfig
 from llmkit.model.transformer import Transformer, rope_tables
 from tests.tokenizers.test_tokenizer_json import (PROBE_TEXTS, QWEN25_TEMPLATE, QWEN_SPECIALS, save_folder, save_mistral_folder,
                                      train_bpe)
@@ -206,3 +207,21 @@ def test_what_llmkit_does_not_implement_is_refused_by_name(change, named):
     hf = {**transformers.Qwen2Config(**SHAPE).to_dict(), **change}
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
         from_hf_config(hf)
+
+
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "yarn", "yarn-options", "yarn-mscale", "longrope", "llama3"])
+@pytest.mark.parametrize("bias", [False, True])  # exported as Llama, as Qwen2
+def test_every_rope_scaling_survives_export_and_import(kind, bias):
+    """ModelConfig -> config.json -> transformers' config class -> ModelConfig: the same, scaling and
+    window included (dynamic's original context travels as max_position_embeddings)."""
+    from tests.model.test_rope import ORIGINAL, SCALINGS
+
+    scaling = dict(SCALINGS[kind])
+    if kind == "dynamic":
+        scaling["original_max_position_embeddings"] = ORIGINAL
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, n_heads=4, n_kv_heads=2, max_seq_len=4 * ORIGINAL,
+                      attention_bias=bias, rope_scaling=scaling)
+    hf = to_hf_config(cfg)
+    read = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf).to_dict()
+    assert read["rope_parameters"]["rope_type"] == scaling["rope_type"]
+    assert from_hf_config(read) == cfg
