@@ -1,31 +1,30 @@
 """PPO, GRPO and RLOO (`llmkit ppo`): reinforcement learning of a policy from a reward on its own samples.
 
 PPO (Schulman et al. 2017, as applied to language models by Ziegler et al. 2019 and InstructGPT):
-each rollout samples responses from the current policy with the KV cache, scores them with a
-reward model and/or exact match against the prompt's answer (optionally penalised for a missing
-stop token, clipped, normalised), adds a per-token KL penalty to the frozen reference (k1 or k3;
-fixed or adaptive β; under LoRA the policy with its adapters disabled), and turns rewards into
-advantages with GAE against a learnt value head (on the policy's trunk or its own), whitened. Several epochs of minibatches then minimise the clipped policy loss plus the
-clipped value loss. GRPO (Shao et al. 2024) samples a group of responses per prompt instead,
-uses each score relative to its group as the advantage of every token, and needs no value
-model; its KL to the reference is a k3 term in the loss, and its per-token losses become one
-as TRL's `loss_type` says (default dapo: a mean over every token of the optimizer step).
+each rollout samples responses from the current policy with the KV cache, scores them with
+reward functions (`llmkit.rewards.plugins`: a reward model, exact match against the prompt's
+answer, math, format, code, the user's own; penalised for a missing stop token, clipped,
+normalised), adds a per-token KL penalty to the frozen reference (k1 or k3; fixed or adaptive β;
+under LoRA the policy with its adapters disabled), and turns rewards into advantages with GAE
+against a learnt value head (on the policy's trunk or its own), whitened. Several epochs of
+minibatches then minimise the clipped policy loss plus the clipped value loss. GRPO (Shao et al.
+2024) samples a group of responses per prompt instead, uses each score relative to its group as
+the advantage of every token, and needs no value model; its KL to the reference is a k3 term in
+the loss, and its policy loss and aggregation are TRL's `loss_type` (`train.grpo_losses`).
 RLOO (Ahmadian et al. 2024, as TRL's RLOOTrainer) samples a group too, but treats a response as
 one action: β times its summed k1 KL comes off its score, its advantage is that reward less the
 mean of its siblings' (leave-one-out), and the clipped ratio is that of its whole log-probability.
+A response no reward scored (all None) is left out of its group's baseline (advantage 0, TRL's) or the loss (ppo).
 
 The file reads top to bottom: the engine Task (prompts, rollouts, minibatches, resume), then the
-stage; the settings are `train.ppo_config`, the advantages and the loss of each algorithm
-`train.ppo_algorithms`. The per-token maths (KL estimators and controllers, GAE, the clipped
-losses) are pure functions in `train.rl_losses`; the scorers of sampled responses are in
-`llmkit.model.verifiable_rewards`. Per-token tensors are [B, R] over the response tokens of a rollout (R =
-longest response), right-padded, with `mask` 1 on real response tokens (the stop token that
-ends a response included) and 0 on padding.
+stage; the settings are `train.ppo_config`, each algorithm's advantages and loss `train.ppo_algorithms`,
+the per-token maths `train.rl_losses`. Per-token tensors are [B, R] over the response tokens
+(right-padded; `mask` 1 on real ones, the stop token that ends a response included).
 
 Held-out prompts (--eval, else a stable share of --in) are answered greedily before and after
-training: exact match in `stats.base_accuracy` and `stats.accuracy`, the mean similarity to the
-answer in `stats.base_similarity` and `stats.similarity`. `stats.reward_start` / `reward_end`
-are the mean training reward of the first and last tenth of the rollouts.
+training: exact match in `stats.base_accuracy` and `stats.accuracy`, the mean similarity to the answer in
+`stats.base_similarity` and `stats.similarity`; `stats.reward_start` / `reward_end`: the mean
+training reward of the first and last tenth of the rollouts.
 """
 
 from __future__ import annotations
@@ -36,11 +35,10 @@ from typing import Callable
 import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
-from llmkit.errors import UserError
-from llmkit.checkpoints.loading import load_reward_model, load_tokenizer, starting_weights
+from llmkit.checkpoints.loading import starting_weights
 from llmkit.model.transformer import Transformer
-from llmkit.model.verifiable_rewards import Scorer, reward_mode, rollout_scorer
-from llmkit.tokenizers.sentencepiece import same_tokenizer
+from llmkit.model.verifiable_rewards import Scorer
+from llmkit.rewards.plugins import reward_setup, trainer_state
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.checkpoints.lora import adapters_disabled, adapters_of
 from llmkit.train.grpo_losses import STEP_TOKEN_LOSSES
@@ -52,6 +50,7 @@ from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape
                                    trunk_parameters, world_size)
 from llmkit.train.posttrain import evaluate_answers, heldout_split, load_start, post_training_inputs
 from llmkit.train.ppo_config import PpoConfig
+from llmkit.train.ppo_rewards import run_rewards
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, rank_and_world,
                                    rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
@@ -169,22 +168,26 @@ class PpoTask(Task):
                                                          samples.responses)
         if self.kl_ctl.value:  # β = 0: the reference cannot change the rewards, the loss or β
             rollout["ref_logprobs"] = ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
-        raw_scores = self.scorer(samples).to(ids.device, torch.float32)
+        if hasattr(self.scorer, "state"):  # what reward functions read as trainer_state
+            self.scorer.state = trainer_state(self.rollouts_done * cfg.steps_per_rollout, cfg.max_steps)
+        raw_scores = self.scorer(samples).to(ids.device, torch.float32)  # NaN: no reward scored it
         stopped = ends_with_stop(samples.responses, mask, self.stop_ids)
         scores = clip_scores(penalize_missing_stop(raw_scores, stopped, cfg.missing_eos_penalty),
                              cfg.reward_clip)
         if cfg.normalize_reward:
-            self.score_moments.update(scores)
+            self.score_moments.update(scores[~scores.isnan()])
             scores = self.score_moments.normalize(scores)
         mask = add_advantages(rollout, cfg, scores, stopped, logprobs, ref_logprobs, values, self.kl_ctl.value)
 
         self.rollouts_done += 1
-        self.reward_history.append(raw_scores.mean().item())
+        scored = raw_scores[~raw_scores.isnan()]
+        self.reward_history += [scored.mean().item()] if len(scored) else []
         self._rollout_kl_coef = self.kl_ctl.value
         self._rollout_metrics = {
+            **getattr(self.scorer, "metrics", {}),  # each reward function's mean and Nones
             "kl_coef": self._rollout_kl_coef,
-            "reward_mean": raw_scores.mean().item(),
-            "reward_std": raw_scores.std().item() if len(raw_scores) > 1 else 0.0,
+            "reward_mean": scored.mean().item() if len(scored) else float("nan"),
+            "reward_std": scored.std().item() if len(scored) > 1 else 0.0,
             "response_length": mask.sum(-1).float().mean().item(),
             "rollouts": float(self.rollouts_done),
         }
@@ -286,19 +289,6 @@ def window_mean(values: list[float], first: bool) -> float | None:
     return sum(chunk) / len(chunk)
 
 
-def reward_model_for(rm_step, mode: str, cfg: PpoConfig, tokenizer, rm_art, policy_art):
-    """The reward model when the reward or a separate value trunk reads it, else None; it must
-    read the policy's tokens."""
-
-    if rm_step is None or (mode == "verify" and cfg.value_model != "separate"):
-        return None
-    reward_model = load_reward_model(rm_step)
-    if not same_tokenizer(tokenizer.path, load_tokenizer(rm_step).path):
-        raise UserError(f"{rm_art.path} and {policy_art.path} use different tokenizers; train "
-                        "the reward model from the same base as the policy")
-    return reward_model
-
-
 def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
     """`score(model, dist) -> {"accuracy", "similarity"}` of greedy replies to `records`, on the
     main process alone (the others wait in the engine's setup), for `Fit.score`."""
@@ -312,10 +302,9 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
     return score
 
 
-def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], mode: str, tokenizer,
+def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Scorer, tokenizer,
              reward_model=None) -> PpoTask:
-    """The task of a run rewarded by `mode` (llmkit.model.verifiable_rewards.reward_mode)."""
-    scorer = rollout_scorer(mode, reward_model, cfg.verify_weight, cfg.partial_credit)
+    """The task of a run rewarded by `scorer` (llmkit.rewards.plugins.RewardScorer)."""
     # LoRA: the reference is the policy with its adapters disabled, no second copy of the base
     reference = None if adapters_of(policy) is not None else copy.deepcopy(policy)
     return PpoTask(build_actor_critic(policy, cfg, reward_model), reference, prompts, scorer, cfg,
@@ -342,45 +331,45 @@ def ppo_summary(s: dict) -> list[tuple]:
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
     """`llmkit ppo`: PPO, GRPO or RLOO of checkpoint `policy` on the prompts of --in (prompts_train)."""
     policy_art, start, prompts_art, eval_art = post_training_inputs(ctx, "ppo", cfg, policy, eval_data)
-    rm_art, rm_step = starting_weights(ctx.workspace, reward_model) if reward_model else (None, None)
-    mode = reward_mode(cfg.reward, rm_art is not None)
+    rewards = run_rewards(ctx, cfg, reward_model)  # a missing reward file or function exits 2 here
 
     def prepare() -> Fit:
         model, tokenizer = load_start(start, cfg)
-        rm = reward_model_for(rm_step, mode, cfg, tokenizer, rm_art, policy_art)
+        scorer, rm = rewards.scorer(cfg, tokenizer, policy_art)
         train_rows, heldout = heldout_split(prompts_art, eval_art, cfg)
         prompts, dropped = rollout_prompts(tokenizer, train_rows, cfg.seq_len - cfg.max_new_tokens,
-                                           prompts_art.path, needs_answer=mode != "model")
+                                           prompts_art.path, needs_answer=rewards.setup.needs_answer)
         scored = [r for r in heldout if r.get("answer") is not None][:cfg.eval_records]
-        return Fit(lambda dist: ppo_task(model, cfg, prompts, mode, tokenizer, rm), tokenizer.path, ppo_summary,
+        return Fit(lambda dist: ppo_task(model, cfg, prompts, scorer, tokenizer, rm), tokenizer.path, ppo_summary,
                    model=model, start=start, model_config=model.config, after=ppo_stats,
                    score=answers_scorer(cfg, tokenizer, scored), metrics={"kl": "kl"},
-                   stats={"reward": mode, "algo": cfg.algo, "train_prompts": len(prompts), "dropped_too_long":
-                          dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})
+                   stats={"reward": rewards.setup.shown, "algo": cfg.algo, "train_prompts": len(prompts),
+                          "dropped_too_long": dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})
 
-    return fit_stage(ctx, "ppo", cfg, [policy_art, prompts_art, rm_art, eval_art], prepare)
+    inputs = [policy_art, prompts_art, rewards.rm_art, eval_art, *rewards.files]
+    return fit_stage(ctx, "ppo", cfg, inputs, prepare)
 
 
 def plan_ppo(ctx, cfg, policy: str, reward_model: str | None, eval_data: str | None) -> None:
     """`llmkit ppo --dry-run`: what run_ppo would do, from the inputs it would read."""
     step_dir, notes, _, _ = post_training_plan(ctx, "ppo", cfg, policy, eval_data)
     rm_dir = starting_weights(ctx.workspace, reward_model)[1] if reward_model else None
-    mode = reward_mode(cfg.reward, rm_dir is not None)
+    rewards = reward_setup(cfg, rm_dir is not None)
     shape, _ = model_shape(step_dir)
     n, world = parameters(shape), world_size()
     rm_params = trunk_parameters(rm_dir) if rm_dir is not None and (
-        mode != "verify" or cfg.value_model == "separate") else 0
+        rewards.needs_model or cfg.value_model == "separate") else 0
     trainable, base = lora_split(shape, n, cfg)
     saved = trainable
     if cfg.algo == "ppo":
         trainable += (rm_params or n) if cfg.value_model == "separate" else 0
         trainable += shape.hidden_size + 1  # the value head
     # the reference policy (under LoRA the frozen base itself, adapters disabled) + the reward model
-    frozen = (base or n) + (rm_params if mode != "verify" else 0)
+    frozen = (base or n) + (rm_params if rewards.needs_model else 0)
     responses = cfg.micro_batch_size * cfg.grad_accum * world
     kv_cache = 2 * shape.n_layers * shape.kv_width * cfg.rollout_size * cfg.seq_len * BYTES[cfg.precision]
     notes.append(f"rollouts            {cfg.rollout_size} responses of up to {cfg.max_new_tokens} "
-                 f"tokens each ({cfg.algo}, reward {mode}); their KV cache {human_bytes(kv_cache)}")
+                 f"tokens each ({cfg.algo}, reward {rewards.shown}); their KV cache {human_bytes(kv_cache)}")
     show(ctx, plan("ppo", shape, trainable=trainable, total=trainable + frozen, unit="responses",
               per_step=responses, tokens_per_step=responses * cfg.seq_len,
               sequences=cfg.micro_batch_size * (2 if cfg.value_model == "separate" and cfg.algo == "ppo" else 1),

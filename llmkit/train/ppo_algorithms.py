@@ -26,6 +26,10 @@ def add_advantages(rollout: dict, cfg: PpoConfig, scores, stopped, logprobs, ref
     rollout's metrics read: RLOO's without the truncated responses, the sampled one otherwise."""
     mask = rollout["response_mask"]
     if cfg.algo == "ppo":
+        unscorable = scores.isnan()  # no reward judged it: out of the loss (GAE cannot carry a NaN)
+        if unscorable.any():
+            mask = rollout["response_mask"] = mask * (~unscorable)[:, None].to(mask.dtype)
+            scores = scores.nan_to_num(0.0)
         kl = (kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) if ref_logprobs is not None
               else torch.zeros_like(logprobs))
         rewards = token_rewards(scores, kl, mask, kl_coef)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from llmkit.errors import ConfigError
+from llmkit.rewards.plugins import reward_names, reward_weights
+from llmkit.rewards.text import format_reward_of
 from llmkit.train.grpo_losses import CLIPPED_SURROGATE_LOSSES, GrpoLossType, ImportanceSamplingLevel
 from llmkit.train.rl_losses import RewardScaling
 from llmkit.train.posttrain import GenerativeConfig
@@ -35,7 +37,12 @@ class PpoConfig(GenerativeConfig):
         "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",)}
 
     algo: Literal["ppo", "grpo", "rloo"] = "ppo"  # grpo, rloo: advantages within a group of samples, no value model
-    reward: Literal["auto", "model", "verify", "mix"] = "auto"  # auto: the reward model if one is given, else verify
+    # auto: the reward model if one is given, else verify; mix: model + verify_weight × verify; or
+    # rewards comma-separated (llmkit.rewards.plugins): verify, format, math, code, model (--reward
+    # RM), FILE.py:FUNCTION (a function with TRL's reward signature), summed with reward_weights
+    reward: str = "auto"
+    reward_weights: list[float] | None = None  # one weight per named reward (TRL's reward_weights); None = 1 each
+    reward_format: str | None = None  # reward format: the regex a whole completion must match; None = <think>…</think> then the answer (TRL's think_format_reward)
     verify_weight: float = 1.0  # mix: score = reward-model score + verify_weight × verifiable reward
     partial_credit: bool = False  # verifiable reward of a wrong response: its similarity to the answer (1 − edit distance / length), not 0
     prompts_per_rollout: int = 16  # prompts sampled per rollout batch
@@ -126,6 +133,12 @@ class PpoConfig(GenerativeConfig):
                 f"that divides {per_pass}, or change prompts_per_rollout or micro_batch_size")
         self._refuse_settings_of_the_other_algo()
         self._refuse_settings_of_another_loss()
+        names = reward_names(self.reward, has_reward_model=True)  # an unknown name is refused here
+        reward_weights(names, self.reward, self.reward_weights, self.verify_weight)
+        if self.reward_format is not None:
+            if "format" not in names:
+                raise ConfigError(f"reward_format is read by the format reward alone; add format to reward={self.reward}")
+            format_reward_of(self.reward_format)  # a bad regex is refused here
 
     def _refuse_settings_of_the_other_algo(self) -> None:
         """A setting the chosen algo never reads is an error, not silently ignored ("set" here:
@@ -166,6 +179,11 @@ class PpoConfig(GenerativeConfig):
     @property
     def samples_per_prompt(self) -> int:
         return 1 if self.algo == "ppo" else self.group_size
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps over one rollout (every pass)."""
+        return self.ppo_epochs * self.rollout_size // (self.micro_batch_size * self.grad_accum)
 
     @property
     def rollout_size(self) -> int:

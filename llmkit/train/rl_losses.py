@@ -147,20 +147,32 @@ def group_relative_advantages(scores: torch.Tensor, group_size: int, scale: Rewa
     - batch: the std of every score given (more robust when a group's scores barely differ);
     - none: nothing (Dr. GRPO, Liu et al. 2025: dividing by the std weighs prompts that are too
       easy or too hard the most).
-    A group whose samples all scored the same gives 0 — nothing to learn from it."""
+    A group whose samples all scored the same gives 0 — nothing to learn from it. A NaN score (a
+    response no reward function scored) is left out of the means and stds and gets 0, as TRL's."""
     if scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
     grouped = scores.view(-1, group_size)
-    centred = grouped - grouped.mean(-1, keepdim=True)
+    centred = grouped - grouped.nanmean(-1, keepdim=True)
     if scale == "none":
-        return centred.view(-1)
+        return centred.view(-1).nan_to_num(nan=0.0)
     if scale == "group":
-        std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(grouped[:, :1])
+        std = nanstd(grouped, -1) if group_size > 1 else torch.ones_like(grouped[:, :1])
     elif scale == "batch":
-        std = scores.std() if scores.numel() > 1 else torch.ones_like(scores[0])
+        std = nanstd(scores) if scores.numel() > 1 else torch.ones_like(scores[0])
     else:
         raise ValueError(f"unknown scale_rewards {scale!r}; choose one of {REWARD_SCALINGS}")
-    return (centred / (std + eps)).view(-1)
+    return (centred / (std + eps)).view(-1).nan_to_num(nan=0.0)
+
+
+def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The sample std (n − 1) of the values that are not NaN, along `dim` (kept) or of all; NaN
+    where fewer than two are."""
+    known = ~x.isnan()
+    count = known.sum() if dim is None else known.sum(dim, keepdim=True)
+    mean = x.nanmean() if dim is None else x.nanmean(dim, keepdim=True)
+    squares = ((x - mean) ** 2).nan_to_num(nan=0.0)
+    total = squares.sum() if dim is None else squares.sum(dim, keepdim=True)
+    return torch.where(count > 1, total / (count - 1).clamp(min=1), torch.full_like(total, float("nan"))).sqrt()
 
 
 def kl_penalized_scores(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
