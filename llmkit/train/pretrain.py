@@ -155,6 +155,17 @@ def packed_documents(input_ids, end_id: int):
     return begins.cumsum(dim=1), index - first
 
 
+def document_end(tokens_art, cfg: PretrainConfig) -> int | None:
+    """With doc_masking, the token that ends each document of the shards; else None."""
+    if not cfg.doc_masking:
+        return None
+    end = tokens_art.manifest["stats"].get("eos_id")
+    if end is None:
+        raise UserError(f"{tokens_art.path} does not record the token that ends its documents "
+                        "(eos_id); rebuild it with `llmkit tokenize` to train with doc_masking")
+    return end
+
+
 def tokenizer_of(tokens_art, workspace):
     """The tokenizer artifact the token shards were made with (an input in their manifest: a
     tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
@@ -241,11 +252,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
     def prepare() -> Fit:
         model = pretrain_start(cfg, tokens_art.manifest["stats"]["vocab_size"], from_step,
                                tokenizer_dir, tokens_art.path)
-        train, val = token_loaders(tokens_art, cfg)
-        end = tokens_art.manifest["stats"].get("eos_id") if cfg.doc_masking else None
-        if cfg.doc_masking and end is None:
-            raise UserError(f"{tokens_art.path} does not record the token that ends its documents "
-                            "(eos_id); rebuild it with `llmkit tokenize` to train with doc_masking")
+        (train, val), end = token_loaders(tokens_art, cfg), document_end(tokens_art, cfg)
         task = PretrainTask(model, train, val, cfg.seq_len, cfg.label_smoothing, cfg.eval_batches, end)
         # the start is handed over only for LoRA: a `Fit.model` is moved to the device whole, where
         # ZeRO-3 would partition it straight from host memory; parameters are counted before ZeRO
