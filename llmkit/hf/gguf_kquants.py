@@ -1,9 +1,8 @@
-"""GGML block quantisation of one tensor, byte for byte as llama.cpp's `ggml_quantize_chunk`: the
-K-quants Q4_K, Q5_K, Q6_K and the weighted forms of the 32-value Q5_0 / Q5_1 they fall back to run
-in numba kernels (llmkit.hf._kquant_kernels, compiled ahead of time: llmkit.core.aot); the
-reference Q5_0 / Q5_1 are numpy here (each value alone: no sum whose order could differ); Q8_0
-through the gguf package, whose Q8_0 is llama.cpp's. (gguf's Q4_0 / Q4_1 / Q5_x differ from
-llama.cpp's in blocks of zeros, so they are not used for the fallbacks.)
+"""GGML block quantisation of one tensor, byte for byte as llama.cpp's `ggml_quantize_chunk`, in numba
+kernels compiled ahead of time (llmkit.core.aot): the K-quants Q4_K, Q5_K, Q6_K and the weighted
+forms of the 32-value Q5_0 / Q5_1 they fall back to (llmkit.hf._kquant_kernels), the reference
+forms of Q5_0, Q5_1 and Q8_0 (llmkit.hf._block32_kernels). (The gguf package's Q5_x differ from
+llama.cpp's in blocks of zeros and -0.0, so they are not used.)
 
 With column weights (an importance matrix's row for the tensor) the K-quants and Q5_x take
 ggml's weighted path (`quantize_row_*_impl`); without, its reference path (`*_ref`), exactly as
@@ -30,15 +29,18 @@ SIGNATURES = {"affine_k_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
               "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)"}
 ROWS_PER_CHUNK = 64  # small enough that two threads share a 576-row matrix, large enough to amortise a call
 
-_KERNELS = None
+BLOCK32 = {"Q5_0": (22, 0), "Q5_1": (24, 1), "Q8_0": (34, 2)}  # reference forms: bytes per block, kind
+BLOCK32_SIGNATURE = {"block32_rows": "i8(f4[:, ::1], u1[:, ::1], f4[::1], f4[::1], i8)"}
+
+_KERNELS = {}
 
 
-def kernels():
-    """The kernel module: compiled ahead of time where that can be had, else numba's JIT."""
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = aot.load("llmkit.hf._kquant_kernels", SIGNATURES, what="the GGUF K-quant kernels")
-    return _KERNELS
+def kernels(module: str = "_kquant_kernels"):
+    """A kernel module: compiled ahead of time where that can be had, else numba's JIT."""
+    if module not in _KERNELS:
+        signatures = SIGNATURES if module == "_kquant_kernels" else BLOCK32_SIGNATURE
+        _KERNELS[module] = aot.load(f"llmkit.hf.{module}", signatures, what=f"the GGUF quantisers ({module})")
+    return _KERNELS[module]
 
 
 def row_bytes(qtype: str, n_per_row: int) -> int:
@@ -49,61 +51,54 @@ def row_bytes(qtype: str, n_per_row: int) -> int:
 def quantize(array, qtype: str, weights=None, threads: int | None = None):
     """The GGML bytes of `array` (float32, rows x n_per_row; n_per_row a multiple of the type's
     block) as uint8 rows; `weights` (float32, n_per_row) are an importance matrix's column
-    weights, or None."""
+    weights, or None (Q8_0 takes none: ggml ignores them)."""
     import numpy as np
 
     x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1, array.shape[-1])
-    if qtype == "Q8_0":  # ggml's Q8_0 takes no importance matrix
-        import gguf
-
-        data = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
-        return data.reshape(*array.shape[:-1], data.shape[-1])
+    if qtype == "Q8_0" or (weights is None and qtype in BLOCK32):
+        return reference_block32(x, qtype, threads).reshape(*array.shape[:-1], -1)
     block, _, name, argument = KERNEL_TYPES[qtype]
     if x.shape[1] % block:
         raise ValueError(f"rows of {x.shape[1]} values are not a multiple of {qtype}'s block of {block}")
-    if weights is None and qtype in ("Q5_0", "Q5_1"):
-        return reference_q5(x, qtype == "Q5_1").reshape(*array.shape[:-1], -1)
     compiled = getattr(kernels(), name)
-    kernel = compiled if argument is None else lambda x, qw, out: compiled(x, qw, out, argument)
     qw = np.zeros(0, np.float32) if weights is None else np.ascontiguousarray(weights, dtype=np.float32)
     if qw.size not in (0, x.shape[1]):
         raise ValueError(f"{qw.size} column weights for rows of {x.shape[1]} values")
     out = np.zeros((x.shape[0], row_bytes(qtype, x.shape[1])), np.uint8)
-    starts = range(0, x.shape[0], ROWS_PER_CHUNK)
-    threads = min(threads or os.cpu_count() or 1, len(starts))
-    if threads <= 1:
-        kernel(x, qw, out)
+    if argument is None:
+        in_chunks(lambda a, b: compiled(x[a:b], qw, out[a:b]), x.shape[0], threads)
     else:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda s: kernel(x[s:s + ROWS_PER_CHUNK], qw, out[s:s + ROWS_PER_CHUNK]), starts))
+        in_chunks(lambda a, b: compiled(x[a:b], qw, out[a:b], argument), x.shape[0], threads)
     return out.reshape(*array.shape[:-1], out.shape[-1])
 
 
-def reference_q5(x, affine: bool):
-    """quantize_row_q5_0_ref (affine False: d = -max|x| / 16, levels trunc(x/d + 16.5)) and
-    quantize_row_q5_1_ref (True: d = (max - min) / 31, m = min, levels trunc((x - m)/d + 0.5)),
-    in float32 as ggml computes them, as uint8 rows of 22 / 24-byte blocks."""
+def reference_block32(x, qtype: str, threads: int | None):
+    """quantize_row_q5_0_ref / q5_1_ref / q8_0_ref: the kernel fills the levels and returns each
+    block's float32 d (and m); numpy's float16 rounds them as GGML_FP32_TO_FP16 does."""
     import numpy as np
 
-    blocks = x.reshape(-1, 32)
-    f32 = np.float32
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if affine:
-            rows = np.arange(len(blocks))  # the first least / greatest value, as ggml's strict < and >, -0.0 kept
-            low, high = blocks[rows, blocks.argmin(axis=1)], blocks[rows, blocks.argmax(axis=1)]
-            d = (high - low) / f32(31)
-            inv = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
-            levels = ((blocks - low[:, None]) * inv[:, None] + f32(0.5)).astype(np.int32) & 0xFF
-            head = [d.astype(np.float16).view(np.uint8).reshape(-1, 2), low.astype(np.float16).view(np.uint8).reshape(-1, 2)]
-        else:
-            largest = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]  # the first largest |x|
-            d = np.where(largest != 0, largest, f32(0)) / f32(-16)  # a block of zeros: ggml's max stays +0.0
-            inv = np.where(d != 0, f32(1) / d, f32(0)).astype(f32)
-            levels = np.minimum(31, (blocks * inv[:, None] + f32(16.5)).astype(np.int32))
-            head = [d.astype(np.float16).view(np.uint8).reshape(-1, 2)]
-    levels = levels.astype(np.uint32)
-    high_bits = (((levels[:, :16] >> 4) & 1) << np.arange(16, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
-    high_bits |= (((levels[:, 16:] >> 4) & 1) << np.arange(16, 32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
-    nibbles = ((levels[:, :16] & 0xF) | ((levels[:, 16:] & 0xF) << 4)).astype(np.uint8)
-    out = np.concatenate([*head, high_bits.astype("<u4").view(np.uint8).reshape(-1, 4), nibbles], axis=1)
-    return out.reshape(x.shape[0], -1)
+    size, kind = BLOCK32[qtype]
+    if x.shape[1] % 32:
+        raise ValueError(f"rows of {x.shape[1]} values are not a multiple of {qtype}'s block of 32")
+    per_row = x.shape[1] // 32
+    out = np.zeros((x.shape[0], per_row * size), np.uint8)
+    d, m = np.zeros(x.shape[0] * per_row, np.float32), np.zeros(x.shape[0] * per_row, np.float32)
+    compiled = kernels("_block32_kernels").block32_rows
+    in_chunks(lambda a, b: compiled(x[a:b], out[a:b], d[a * per_row:b * per_row], m[a * per_row:b * per_row], kind),
+              x.shape[0], threads)
+    blocks = out.reshape(-1, size)
+    blocks[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if kind == 1:
+        blocks[:, 2:4] = m.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return out
+
+
+def in_chunks(work, rows: int, threads: int | None) -> None:
+    """work(start, stop) over chunks of rows, on `threads` threads (default: every core)."""
+    starts = range(0, rows, ROWS_PER_CHUNK)
+    threads = min(threads or os.cpu_count() or 1, len(starts))
+    if threads <= 1:
+        work(0, rows)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda a: work(a, min(a + ROWS_PER_CHUNK, rows)), starts))
