@@ -15,6 +15,9 @@ on the two texts after three steps of its own:
   like LaTeX (a backslash, a brace, a caret, a bracketed list), the other when the first finds
   nothing. math-verify alone reads `\\{1,2\\}` or `\\sqrt{2}/2` outside `$…$` as nothing and
   `(1, 2)` as `2`.
+- A text without an anchor (`\\boxed`, "answer") states its answer last: its last sentence
+  or line is read first, the whole text when that holds nothing. math-verify alone prefers any
+  LaTeX in the working (`First, $2+3=5$. 7/9` reads as 5).
 - A full stop after a number ends the sentence, not the number: math-verify reads `is 17/3.`
   as 17/3.0, a float that then misses 17/3 at its 6-digit rounding.
 - Pathological input is bounded: only the last `MAX_CHARS` characters of a text are read, and
@@ -58,6 +61,8 @@ _HAN_THEN_MATH = re.compile(rf"([{_HAN}])(?=[0-9A-Za-z\\$(\[{{+\-.])")
 _MATH_THEN_HAN = re.compile(rf"([0-9A-Za-z$)\]}}.%])(?=[{_HAN}])")
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
 _FULL_STOP = re.compile(r"(\d)\.(?=\s|$)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_ANCHORED = re.compile(r"\\boxed|\\fbox|answer", re.I)
 _LOOKS_LATEX = re.compile(r"[\\{}^_]|^\s*[(\[].*,.*[)\]]\s*$")
 # a power whose exponent holds another power or 5+ digits, a factorial of 4+ digits or of a
 # group: what sympy may spend minutes or gigabytes on
@@ -132,10 +137,20 @@ def _judge(gold: str, predicted: str) -> bool | None:
 
 def _parse(text: str, timeout: int | None) -> list:
     """math-verify's reading of `text` (see the module docstring), [] for nothing."""
-    mv = _math_verify()
-    text = _FULL_STOP.sub(r"\1", to_english(text[-MAX_CHARS:])).strip()
+    text = to_english(text[-MAX_CHARS:]).strip()
     if not text or (timeout is None and looks_pathological(text)):
         return []
+    last = _SENTENCE_END.split(text)[-1].strip()
+    if last != text and not _ANCHORED.search(text):  # no anchor: the answer is what comes last
+        parsed = _parse_statement(last, timeout)
+        if parsed:
+            return parsed
+    return _parse_statement(text, timeout)
+
+
+def _parse_statement(text: str, timeout: int | None) -> list:
+    mv = _math_verify()
+    text = _FULL_STOP.sub(r"\1", text).strip()
     if _DELIMITED.search(text):
         return mv.parse(text, parsing_timeout=timeout)
     as_latex = "$" + re.sub(r"(?<!\\)%", r"\\%", text.rstrip(".")) + "$"

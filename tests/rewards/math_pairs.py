@@ -136,6 +136,15 @@ def render(form: Form, lang: str, rng: random.Random) -> tuple[str, str]:
     return rng.choice(choices), canonical
 
 
+def with_working(text: str, lang: str, rng: random.Random) -> str:
+    """The answer after a line of working whose numbers are not the answer (a third of the time)."""
+    if rng.random() >= 1 / 3:
+        return text
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    return (f"First, ${a}+{b}={a + b}$ and {a}*{b} = {a * b}. " if lang == "en"
+            else f"首先，{a}+{b}={a + b}，{a}×{b}={a * b}。") + text
+
+
 def answer_pairs(n: int, seed: int = 0) -> list[Pair]:
     """`n` pairs, half equal and half not, half English and half Chinese, over KINDS."""
     rng = random.Random(seed)
@@ -148,5 +157,6 @@ def answer_pairs(n: int, seed: int = 0) -> list[Pair]:
         equal = (i // len(KINDS)) % 2 == 0
         lang = "en" if (i // (2 * len(KINDS))) % 2 == 0 else "zh"
         predicted, canonical = render(rng.choice(same if equal else different), lang, rng)
+        predicted = with_working(predicted, lang, rng)
         pairs.append(Pair(gold, predicted, f"${gold_form.latex}$", canonical, equal, lang, kind))
     return pairs

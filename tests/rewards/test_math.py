@@ -27,6 +27,7 @@ def test_agrees_with_math_verify_on_generated_pairs():
     ("(1,2)", "(1, 2)"), ("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}"), ("17/3", "The answer is 17/3."),
     ("12", "所以答案为12。"), ("3/4", "答案是３／４"), ("12", "答案：１２"), ("0.25", "百分之25"),
     ("12", "最终答案是$\\boxed{12}$"), ("-3", "－３"), ("5", "结果为5个"),
+    ("7/9", "First, $2+3=5$ and 2*3 = 6. 7/9"), ("-38", "首先，29+88=117。－３８米"),
 ])
 def test_equal_forms(gold, predicted):
     assert answers_equal(gold, predicted)
@@ -35,6 +36,7 @@ def test_equal_forms(gold, predicted):
 @pytest.mark.parametrize("gold, predicted", [
     ("\\frac{1}{3}", "0.33"), ("(1,2)", "(2,1)"), ("[0,1)", "(0,1]"), ("\\{1,2\\}", "\\{1,2,3\\}"),
     ("12", "答案是13"), ("12", "no answer here"), ("12", ""), ("x^2+1", "(x+1)^2"),
+    ("5", "First, $2+3=5$. 7/9"),
 ])
 def test_unequal_forms(gold, predicted):
     assert not answers_equal(gold, predicted)
