@@ -76,7 +76,7 @@ def average(ws: Path, seeds: list[int], lasts: list[int], save_every: int) -> No
         for last in lasts:
             soup = f"{run}_avg{last}"
             cli("merge", "--method", "average", "--from", run, "--set", f"last={last}", "--out", soup, "-w", ws)
-            steps = [i["step"].removeprefix("step-000") for i in
+            steps = [str(int(i["step"].removeprefix("step-"))) for i in
                      json.loads((ws / soup / "manifest.json").read_text())["stats"]["inputs"]]
             loss = val_loss(ws, soup, None, soup)
             print(f"| {seed} | {', '.join(steps)} | {final:.4f} | {loss:.4f} | {loss - final:+.4f} |", flush=True)
