@@ -52,11 +52,6 @@ class StageContext:
         if os.path.normpath(self.out) == ".":  # eval's folder itself: every report is in there
             raise UserError(f"--out {self.out!r} names no artifact; give it a name")
 
-    @property
-    def workers(self) -> int:
-        """--workers, for a stage without a `run` section (the tokenizer's threads)."""
-        return self.flags.get("run", {}).get("workers", 1)
-
     def config(self, cls=None, stage: str | None = None, **flags):
         """The config of `stage` (default: the running command's, of class `cls` from the stage
         table): defaults < its recipe section < the command's own flags < --set. The section is
