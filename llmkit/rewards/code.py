@@ -22,16 +22,17 @@ The sandbox (`SandboxLimits`), layer by layer:
   RLIMIT_FSIZE (every file written, stdout and stderr included, since they go to files),
   RLIMIT_NPROC (threads count), no core dumps;
 - where the kernel allows it (this machine: yes, tested), new user and network namespaces
-  (unshare): no interface but a loopback that is down, so no connection can leave the process,
-  and RLIMIT_NPROC counts the sandbox's own processes only and holds even for root, who is no
-  longer privileged there;
+  (unshare): no interface but a loopback that is down, so no connection can leave the process
+  (and in its own user namespace RLIMIT_NPROC counts the sandbox's processes only);
 - an audit hook (PEP 578) installed before the code runs: a socket connect, bind, send or name
   lookup, an open for writing (or a rename, remove, mkdir, chmod, link) outside the scratch folder,
   an open or listing for reading outside the scratch folder, the interpreter's install and the
   system folders (/usr, /lib, /etc, /dev, its own /proc entry), fork/exec/subprocess/posix_spawn/os.system
   and ctypes end the run at once, scored 0 with the violation as its reason (so code that would
   catch the error cannot go on);
-- the parent kills the whole process group at the wall limit and after every run.
+- the parent kills the whole process group at the wall limit and after every run. The kernel
+  exempts root from RLIMIT_NPROC (even in a user namespace: the process is still uid 0 outside),
+  so for a root caller this kill is the bound on processes beneath the audit hook.
 
 What a determined attacker could still do: the harness shares the interpreter with the code.
 Code written against this harness can read its globals (`import __main__`) and write a forged
@@ -40,7 +41,7 @@ site-packages acts below the hook (ctypes is refused). With the hook so bypassed
 remain are the kernel's: rlimits, the network namespace, the wall-time kill — files the caller's
 user may write are then writable (the sandbox runs as that user: dropping to another needs an
 interpreter that user can read, and /root/.pyenv here is not), and without namespaces the
-network is open and root may fork without bound; a process that leaves the process group
+network is open and root may fork until the wall-time kill; a process that leaves the process group
 (setsid) outlives the kill. This stops accidents and the reward hacks a learning model stumbles
 on; for adversarial code run the trainer in a container or VM.
 """
@@ -56,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -194,9 +196,15 @@ def _readable_roots() -> list[str]:
     return sorted(os.path.realpath(r) for r in roots)
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(pid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL the child's process group, then wait (a while) until none of it is left: a fork
+    bomb's processes may take a moment to die on a loaded machine."""
+    deadline = time.monotonic() + wait_s
     try:
         os.killpg(pid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            os.killpg(pid, 0)
     except (ProcessLookupError, PermissionError):
         pass
 
