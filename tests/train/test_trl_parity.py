@@ -518,21 +518,28 @@ SCORES = torch.tensor([0.0, 1.0, 1.0, 0.5,  # a spread group
                        -1.0, 3.0, 0.2, 0.2])
 
 
+# responses no reward function scored (every reward None): out of their group's mean and std, advantage 0
+NAN = float("nan")
+SCORES_WITH_NONE = torch.tensor([0.0, NAN, 1.0, 0.5, NAN, NAN, NAN, 2.0, -1.0, 3.0, NAN, 0.2])
+
+
+@pytest.mark.parametrize("scores", [SCORES, SCORES_WITH_NONE], ids=["scored", "some unscorable"])
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_group_relative_advantages_equal_trls(grpo, monkeypatch, scale):
+def test_group_relative_advantages_equal_trls(grpo, monkeypatch, scale, scores):
     """GRPOTrainer._generate_and_score_completions, given completions and their rewards (its
     generation and reward functions stood in for), computes the advantages as
-    group_relative_advantages does, for each scale_rewards; a group of equal scores gets 0."""
-    n = len(SCORES)
+    group_relative_advantages does, for each scale_rewards; a group of equal scores gets 0, and
+    so does a response no reward scored (NaN)."""
+    n = len(scores)
     monkeypatch.setattr(grpo, "scale_rewards", scale)
     monkeypatch.setattr(grpo, "_generate", lambda prompts: (
         [[5, 6]] * n, [[7, 8, 9]] * n, None, ["x"] * n, None, None, None, None))
-    monkeypatch.setattr(grpo, "_calculate_rewards", lambda *_: SCORES[:, None].clone())
+    monkeypatch.setattr(grpo, "_calculate_rewards", lambda *_: scores[:, None].clone())
     grpo.model.train()
     theirs = grpo._generate_and_score_completions([{"prompt": "p"}] * n)["advantages"]
-    ours = group_relative_advantages(SCORES, GROUP, scale)
+    ours = group_relative_advantages(scores, GROUP, scale)
     assert_close(ours, theirs)
-    assert ours[4:8].abs().max() == 0
+    assert ours[4:8].abs().max() == 0 and not ours.isnan().any()
 
 
 # ---- SFT ----------------------------------------------------------------------------------------
