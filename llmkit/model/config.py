@@ -212,14 +212,18 @@ def extended_context(config: ModelConfig, change: ContextExtension) -> ModelConf
     """`config` with the RoPE settings of `change`; max_seq_len, unless given, grows to what the new
     scaling reaches (its original context, else the checkpoint's max_seq_len, times its factor)."""
     updates = {k: v for k, v in dataclasses.asdict(change).items() if v is not None}
-    scaling = updates.get("rope_scaling")
-    if scaling is not None and "max_seq_len" not in updates and isinstance(scaling, dict):
-        try:
-            reach = int(scaling.get("original_max_position_embeddings") or config.max_seq_len) * scaling["factor"]
-            updates["max_seq_len"] = max(config.max_seq_len, int(reach))
-        except (KeyError, TypeError, ValueError):
-            pass  # ModelConfig names what is wrong with the scaling
+    if change.rope_scaling is not None:
+        updates["max_seq_len"] = extended_max_seq_len(config.max_seq_len, change)
     return dataclasses.replace(config, **updates) if updates else config
+
+
+def extended_max_seq_len(max_seq_len: int, change: ContextExtension) -> int:
+    """The max_seq_len of a checkpoint's model (`max_seq_len` now) after `change` (see extended_context)."""
+    scaling = change.rope_scaling
+    if change.max_seq_len is not None or scaling is None:
+        return change.max_seq_len or max_seq_len
+    reach = (scaling.get("original_max_position_embeddings") or max_seq_len) * scaling["factor"]
+    return max(max_seq_len, int(reach))
 
 
 # Shapes only; vocab_size is a placeholder the tokenizer overrides.

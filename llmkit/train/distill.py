@@ -71,6 +71,9 @@ class DistillConfig(GenerativeConfig):
         if self.precompute_teacher and (self.teacher_top_k == 0 or self.on_policy > 0):
             raise ConfigError("precompute_teacher stores the teacher's top-k logits of the data's "
                               "replies: set teacher_top_k (e.g. 64) and on_policy=0, or drop it")
+        if self.model.rope_scaling is not None or self.model.max_seq_len or self.model.rope_theta:
+            raise ConfigError("distill does not change the student's RoPE (model.*): extend its context with "
+                              "sft or pretrain --from and --set model.rope_scaling=…, then distill into that run")
         if self.on_policy and self.zero_stage == 3:
             raise ConfigError("on_policy > 0 samples replies with the whole student, which ZeRO-3 "
                               "shards: use zero_stage <= 2")

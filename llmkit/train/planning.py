@@ -16,6 +16,7 @@ from pathlib import Path
 from llmkit.checkpoints.step_folders import MODEL_CONFIG, read_latest
 from llmkit.dryrun import Shape, head_parameters, lora_parameters, parameters
 from llmkit.errors import ConfigError
+from llmkit.model.config import extended_max_seq_len
 from llmkit.train.posttrain import post_training_inputs
 
 
@@ -80,7 +81,7 @@ def post_training_plan(ctx, stage: str, cfg, base: str, eval_data: str | None):
     notes = [f"start               {step_dir}",
              f"input               {data_art.path}: {rows:,} rows ({held})" if rows is not None
              else f"input               {data_art.path}"]
-    max_seq_len = model_shape(step_dir)[1]["max_seq_len"]
+    max_seq_len = extended_max_seq_len(model_shape(step_dir)[1]["max_seq_len"], cfg.model)  # --set model.rope_scaling
     check_seq_len(cfg, max_seq_len, f"use --set seq_len={max_seq_len}")
     return step_dir, notes, data_art, eval_art
 

@@ -18,7 +18,7 @@ from llmkit.checkpoints.step_folders import TOKENIZER, tokenizer_folder
 from llmkit.data.loader import TokenLoader
 from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
-from llmkit.model.config import ContextExtension, model_config
+from llmkit.model.config import ContextExtension, extended_max_seq_len, model_config
 from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
@@ -78,6 +78,11 @@ class ModelSection:
                      if f.name != "preset" and getattr(self, f.name) is not None}
         overrides.setdefault("vocab_size", vocab_size)
         return model_config(self.preset, **overrides)
+
+
+def context_extension(model: ModelSection) -> ContextExtension:
+    """What of the model section applies to a run started with --from: its RoPE settings."""
+    return ContextExtension(model.rope_scaling, model.max_seq_len, model.rope_theta)
 
 
 @dataclass
@@ -198,7 +203,7 @@ def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_di
 
         model, _ = load_model(from_step)
         require_tokens_of_the_run(from_step, tokenizer_dir, tokens_dir)
-        extend_context(model, ContextExtension(cfg.model.rope_scaling, cfg.model.max_seq_len, cfg.model.rope_theta))
+        extend_context(model, context_extension(cfg.model))
     else:
         model = Transformer(cfg.model.build(vocab_size))
     if model.config.vocab_size < vocab_size:
@@ -272,7 +277,7 @@ def plan_pretrain(ctx, cfg, from_: str | None) -> None:
     if from_ is not None:
         _, step_dir = run_start(ctx, "pretrain", cfg, from_)
         shape, config = model_shape(step_dir)
-        max_seq_len = config["max_seq_len"]
+        max_seq_len = extended_max_seq_len(config["max_seq_len"], context_extension(cfg.model))
     else:
         model = cfg.model.build(vocab)
         shape, max_seq_len = Shape.of(model), model.max_seq_len

@@ -107,8 +107,10 @@ def test_pretrain_from_a_checkpoint_extends_its_context_with_yarn(workspace, tmp
     r = invoke("pretrain", "--from", "base", "--in", "tokens", "--out", "long", "-w", ws, *TINY,
                "--set", "seq_len=128")
     assert r.exit_code == 2 and "exceeds the model's max_seq_len=32" in r.output  # no extension, no room
-    r = invoke("pretrain", "--from", "base", "--in", "tokens", "--out", "long", "-w", ws, *TINY,
-               "--set", "seq_len=128", "--set", f"model.rope_scaling={YARN}")
+    extended = ["--set", "seq_len=128", "--set", f"model.rope_scaling={YARN}"]
+    r = invoke("pretrain", "--from", "base", "--in", "tokens", "--out", "long", "-w", ws, *TINY, *extended, "--dry-run")
+    assert r.exit_code == 0, r.output  # the plan checks seq_len against the extended model, as the run
+    r = invoke("pretrain", "--from", "base", "--in", "tokens", "--out", "long", "-w", ws, *TINY, *extended)
     assert r.exit_code == 0, r.output
     config = run_config(ws / "long")
     assert config["rope_scaling"] == {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32}
@@ -124,9 +126,18 @@ def test_pretrain_from_a_checkpoint_extends_its_context_with_yarn(workspace, tmp
 
 def test_sft_extends_the_context_of_the_model_it_starts_from(workspace):
     ws = workspace
-    r = invoke("sft", "--from", "base", "--in", "sft_train", "--out", "sft_long", "-w", ws, *TINY,
-               "--set", "seq_len=64", "--set", "eval_records=0",
-               "--set", "model.rope_scaling={rope_type: linear, factor: 2}")
+    args = ["sft", "--from", "base", "--in", "sft_train", "--out", "sft_long", "-w", ws, *TINY, "--set", "seq_len=64",
+            "--set", "eval_records=0", "--set", "model.rope_scaling={rope_type: linear, factor: 2}"]
+    assert invoke(*args, "--dry-run").exit_code == 0
+    r = invoke(*args)
     assert r.exit_code == 0, r.output
     config = run_config(ws / "sft_long")
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2} and config["max_seq_len"] == 64
+
+
+def test_distill_refuses_a_context_extension_it_would_not_apply():
+    from llmkit.core.config import parse_overrides, resolve_config
+    from llmkit.train.distill import DistillConfig
+
+    with pytest.raises(ConfigError, match="distill does not change the student's RoPE"):
+        resolve_config(DistillConfig, {}, parse_overrides([f"model.rope_scaling={YARN}"]))
