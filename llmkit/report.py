@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.ablate.results import ablation_markdown, is_ablation
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
@@ -218,7 +219,8 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
         paths.append(p)
     judged = [p for p in paths if (p / RANKING_FILE).is_file()]  # `llmkit judge --export` artifacts
     evals = [p for p in paths if is_eval_artifact(p)]  # `llmkit eval` reports: their own table
-    runs = [p for p in paths if p not in judged and p not in evals]
+    ablations = [p for p in paths if is_ablation(p)]  # `llmkit ablate`: its tables and plots
+    runs = [p for p in paths if p not in judged and p not in evals and p not in ablations]
     for run in runs:  # before an earlier report is cleared
         check_run(run)
     ids = run_ids(paths, ctx.workspace.root)
@@ -226,11 +228,12 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
     make_room(out, ids)
     written = write_report(runs, out, cfg) if runs else []
     written += ranking_report(judged, out, fresh=not runs)
-    if evals:
+    tables = ([eval_markdown(evals)] if evals else []) + [ablation_markdown(p) for p in ablations]
+    if tables:
         summary = out / "summary.md"
         out.mkdir(parents=True, exist_ok=True)
         before = summary.read_text() + "\n" if (runs or judged) and summary.is_file() else ""
-        summary.write_text(before + eval_markdown(evals))
+        summary.write_text(before + "\n".join(tables))
     files = [p.name for p in written] + [REPORT_RECORD, "summary.md"]
     (out / REPORT_RECORD).write_text(json.dumps({"runs": ids, "files": files}, indent=1) + "\n", encoding="utf-8")
     print(f"report: {len(written)} plots and summary.md in {out}")

@@ -79,6 +79,8 @@ STAGES = (
     Stage("extend-vocab", "llmkit.cli.extend_vocab:extend_vocab", "llmkit.hf.vocab_extend:ExtendVocabConfig",
           "model", {"extended": ""}),
     Stage("merge", "llmkit.cli.merge:merge", "llmkit.merge.stage:MergeConfig", "model", {"merged": ""}),
+    Stage("ablate", "llmkit.cli.ablate:ablate", "llmkit.ablate.experiment:AblateConfig", "report",
+          {"ablate": ""}),  # runs other stages: an experiment's variants × seeds, and their results
     Stage("report", "llmkit.cli.report:report", "llmkit.report:ReportConfig", "report"),
     Stage("status", "llmkit.cli.status:status", None, "workspace"),
     Stage("config", "llmkit.cli.config:config", None, "helper"),  # prints any stage's settings

@@ -75,7 +75,7 @@ FLOORS = (
     ("llmkit.data",),
     ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation",
      "llmkit.merge"),  # the wings
-    ("llmkit.api", "llmkit.status", "llmkit.report"),  # commands across the wings
+    ("llmkit.api", "llmkit.status", "llmkit.report", "llmkit.ablate"),  # commands across the wings
     ("llmkit", "llmkit.cli", "llmkit.__main__"),  # the facade and the CLI
 )
 
