@@ -14,7 +14,7 @@ from pathlib import Path
 from llmkit.checkpoints.step_folders import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, load_weights,
                                 resolve_step_dir, weights_file)
 from llmkit.errors import ConfigError, UserError
-from llmkit.model.config import ModelConfig
+from llmkit.model.config import ContextExtension, ModelConfig
 from llmkit.tokenizers.sentencepiece import open_tokenizer
 from llmkit.checkpoints.lora import base_of, holds_adapters, load_adapters, read_config
 from llmkit.model.quant import block_linears
@@ -57,12 +57,17 @@ def load_model(path, device=None, quantize=None):
     a LoRA checkpoint's adapters are merged into its base. `quantize` (`quant.on_load`'s, for a
     QLoRA run) turns the block linears into quantised layers as the checkpoint is read, so the
     float model is never resident whole beside the quantised one."""
+    from llmkit.model.rope import extend_context
     from llmkit.model.transformer import Transformer
 
     step_dir = checkpoint_step_dir(path)
     if holds_adapters(step_dir):
-        check_language_model(read_config(step_dir), step_dir)
+        config = read_config(step_dir)
+        check_language_model(config, step_dir)
         model = load_adapters(load_model(base_of(step_dir))[0], step_dir)  # merged: a plain Transformer
+        # the run may have extended its base's context (--set model.rope_scaling): its config.json says so
+        extend_context(model, ContextExtension(config.get("rope_scaling"), config.get("max_seq_len"),
+                                               config.get("rope_theta")))
         if quantize is not None:
             quantize(model)
         return model.to(device or "cpu").eval(), step_dir

@@ -149,7 +149,7 @@ def extend_context(model, change: ContextExtension):
     """`model` (a Transformer) with the RoPE settings of `change` (model.config and the tables): the
     weights stay, a longer context is what a run starting from them trains on."""
     config = extended_context(model.config, change)
-    if config is not model.config:
+    if config != model.config:
         model.config = config
         model.rope_cos, model.rope_sin = rope_tables(config, model.rope_cos.device)
     return model

@@ -14,6 +14,8 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
+import llmkit
+
 from llmkit.checkpoints import step_folders as ckpt
 from llmkit.cli.app import build_app
 from llmkit.errors import ConfigError
@@ -133,6 +135,18 @@ def test_sft_extends_the_context_of_the_model_it_starts_from(workspace):
     assert r.exit_code == 0, r.output
     config = run_config(ws / "sft_long")
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2} and config["max_seq_len"] == 64
+
+
+def test_a_lora_run_that_extended_its_base_loads_with_the_extension(workspace):
+    """Its step folders hold adapters and name the base, whose config.json has no scaling."""
+    ws = workspace
+    r = invoke("sft", "--from", "base", "--in", "sft_train", "--out", "sft_lora_long", "-w", ws, *TINY,
+               "--set", "seq_len=64", "--set", "eval_records=0", "--set", "lora.r=4",
+               "--set", "model.rope_scaling={rope_type: linear, factor: 2}")
+    assert r.exit_code == 0, r.output
+    model, _ = llmkit.load(ws / "sft_lora_long")
+    assert model.config.rope_scaling == {"rope_type": "linear", "factor": 2} and model.config.max_seq_len == 64
+    assert model.rope_cos.shape[0] == 64
 
 
 def test_distill_refuses_a_context_extension_it_would_not_apply():
