@@ -45,7 +45,9 @@ class ExportConfig:
         if self.format not in ("hf", "gguf"):
             raise ConfigError(f"export format must be 'hf' or 'gguf', got {self.format!r}")
         if self.quant not in GGUF_QUANTS:
-            raise ConfigError(f"export quant must be one of {', '.join(GGUF_QUANTS)}, got {self.quant!r}")
+            raise ConfigError(f"export quant must be one of {', '.join(GGUF_QUANTS)}, got {self.quant!r} "
+                              "(llama.cpp's other types, q3_k, q2_k, the IQ ones: quantise the f16 file with "
+                              "llama.cpp's llama-quantize)")
         if self.imatrix and not self.quant.startswith(("q4_k", "q5_k", "q6_k")):
             raise ConfigError(f"export imatrix applies to the K-quants (q4_k_m, …), not quant={self.quant}")
         if self.format == "gguf" and not self.merge:
