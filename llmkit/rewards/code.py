@@ -1,7 +1,7 @@
 """Code execution as a reward: a completion's code and its row's tests run in a sandboxed subprocess.
 
 What is read: the completion's code is its first fenced ```python block (or its first fenced
-block of any language), else the whole text; a completion may also be a conversation (the last
+block of any language; a fence left open runs to the end), else the whole text; a completion may also be a conversation (the last
 message is read). The tests come from the row's `tests` column, else `test_list` (MBPP's), else
 `test`: a string of Python (typically assert statements, any setup code between them) or a list
 of such strings. The reward is the pass rate: a list scores the share of its items that run
@@ -66,7 +66,8 @@ from typing import Any, Callable, Sequence
 from llmkit.errors import ConfigError
 
 TEST_COLUMNS = ("tests", "test_list", "test")  # the first a row has holds its tests
-_FENCED = re.compile(r"```[ \t]*(python|py|python3)?[^\n]*\n(.*?)```", re.S | re.I)
+# a fence left open (a reply cut at max_new_tokens) runs to the end of the text
+_FENCED = re.compile(r"```[ \t]*(python|py|python3)?[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def test_the_code_is_the_fenced_python_block():
     assert extract_code("Here:\n```python\nx = 1\n```\nand\n```\ny = 2\n```") == "x = 1\n"
     assert extract_code("```\ny = 2\n```") == "y = 2\n"
     assert extract_code("x = 3") == "x = 3"
+    assert extract_code("```python\ndef f():\n    return 1\n") == "def f():\n    return 1\n"  # cut off
     assert extract_code([{"role": "assistant", "content": "```py\nz = 1\n```"}]) == "z = 1\n"
 
 
