@@ -3,7 +3,7 @@
 `answers_equal(gold, predicted)` is math-verify's judgement (Hugging Face's `math-verify` 0.9,
 the parser TRL's `accuracy_reward` uses: LaTeX, `\\boxed{}`, fractions, decimals against
 fractions, percentages, units, thousands separators, sets, intervals, tuples, equations)
-on the two texts after three steps of its own:
+on the two texts after these steps of its own:
 
 - Chinese answers read as English ones: full-width digits, letters and punctuation become ASCII
   (`１２／５` -> `12/5`, `。` -> `.`), answer phrases become math-verify's anchor (`答案是`,
@@ -71,7 +71,8 @@ _HUGE = re.compile(r"(\^|\*\*)\s*(\{[^}]*(\^|\*\*|\d{5})|\(?[^{(]?\d{5})|\d{4,}\
 
 def to_english(text: str) -> str:
     """`text` with its Chinese answer phrasing and full-width characters as math-verify reads
-    them (see the module docstring); English text comes back unchanged."""
+    them (see the module docstring); English text comes back unchanged but for ×, ÷ and the
+    minus sign −, which become LaTeX's and ASCII's."""
     text = text.translate(_TO_ASCII)
     if not re.search(f"[{_HAN}]", text):
         return text
