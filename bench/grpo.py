@@ -6,7 +6,7 @@ exported with `llmkit export`, so TRL trains the very same weights as a transfor
 `LlamaForCausalLM`, with the same tokenizer, chat template and stop tokens (<|end|>, </s>), on
 the same prompts (the demo's `prompts_train.jsonl`, reverse a spelled-out word). The reward is the same Python
 function on both sides: the similarity of the reply to the prompt's answer, 1 − edit distance /
-length (`llmkit.model.verifiable_rewards.answer_similarity`; llmkit's `reward=verify partial_credit=true`, TRL a
+length (`llmkit.rewards.verify.answer_similarity`; llmkit's `reward=verify partial_credit=true`, TRL a
 reward function calling it).
 
 Work per generation, equal on both sides (both settings are printed):
@@ -149,7 +149,7 @@ def trl_child(p: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from llmkit.model.verifiable_rewards import answer_similarity
+    from llmkit.rewards.verify import answer_similarity
 
     def similarity(completions, answer, **kwargs):
         return [answer_similarity(c[-1]["content"] if isinstance(c, list) else c, str(a))

@@ -4,7 +4,7 @@ Generates SFT's, DPO's and PPO's replies to the first `--max-prompts` held-out p
 (`llmkit judge --prepare`), serves the judging page (`llmkit judge`, a fresh process on a free
 port) and judges every item in headless Chromium (Debian's chromium + chromedriver, selenium)
 as a rater who reads only the page: ← or → for the reply the checker
-(`llmkit.model.verifiable_rewards.exact_match` against the prompt's `answer`) finds right, `=` when both or
+(`llmkit.rewards.verify.exact_match` against the prompt's `answer`) finds right, `=` when both or
 neither are, and a relevance score of 5 for a right reply and 1 for a wrong one (the keys 1–5
 on the focused score row). Then `llmkit judge --export` and `llmkit report`, and a table of the
 Bradley–Terry ranking beside exact match of the same replies.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from llmkit.data.io import read_table  # noqa: E402
 from llmkit.judge.session import read_items  # noqa: E402
-from llmkit.model.verifiable_rewards import exact_match  # noqa: E402
+from llmkit.rewards.verify import exact_match  # noqa: E402
 from llmkit.train.distributed import free_port  # noqa: E402
 
 

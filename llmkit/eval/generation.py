@@ -10,7 +10,7 @@ reference that is mostly Han characters is Chinese.
 - ROUGE-1/2/L are rouge-score's F-measures (best over references, averaged, × 100). rouge-score's
   own tokenizer drops every non-ASCII character, so Chinese is split here: each Han character
   (or each jieba word, `zh_tokenizer: jieba`) is a token, as are runs of ASCII letters/digits.
-- exact match: the share of replies equal to a reference up to whitespace (`llmkit.model.verifiable_rewards`).
+- exact match: the share of replies equal to a reference up to whitespace (`llmkit.rewards.verify`).
 - contains: the share of replies that hold a reference anywhere, ignoring case, as a whole word
   where it begins or ends with a letter or digit ("7" is not in "17", "Rome" not in "Romeo") —
   the lenient check for a question whose reply is a sentence ("The capital of Japan is Tokyo.").
@@ -25,7 +25,7 @@ from typing import Literal
 
 from llmkit.data.chat import prompt_messages
 from llmkit.errors import ConfigError, UserError
-from llmkit.model.verifiable_rewards import exact_match
+from llmkit.rewards.verify import exact_match
 
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")

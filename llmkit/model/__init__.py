@@ -1,1 +1,1 @@
-"""The network: the Transformer and its mixers, kernels, decoding, LM scoring, quantised layers, the reward head, verifiable rewards."""
+"""The network: the Transformer and its mixers, kernels, decoding, LM scoring, quantised layers, the reward head."""

@@ -43,7 +43,6 @@ from types import SimpleNamespace
 from typing import Callable
 
 from llmkit.errors import ConfigError, UserError
-from llmkit.model.verifiable_rewards import reward_model_scorer
 from llmkit.rewards.text import format_reward_of, verify_reward_of
 
 MODES = ("auto", "model", "verify", "mix")  # one value: the reward of llmkit before plugins
@@ -353,7 +352,9 @@ class RewardScorer:
         call = reward_call(samples, self.state, lambda name, value: logged.__setitem__(name, float(value)))
         model_scores = None
         if any(r.fn is None for r in self.rewards):
-            model_scores = reward_model_scorer(self.reward_model)(samples).float().tolist()
+            # the reward model's score of prompt + response, read at the response's last token
+            model = self.reward_model.to(samples.input_ids.device)
+            model_scores = model(samples.input_ids, samples.attention_mask).float().tolist()
         columns, metrics = score_rewards(self.rewards, call, model_scores)
         totals = combine(columns, self.weights)
         metrics["reward_unscorable"] = float(sum(math.isnan(t) for t in totals))

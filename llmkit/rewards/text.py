@@ -1,6 +1,6 @@
 """The rewards llmkit writes on a completion's text, as reward functions with TRL's signature
 (`llmkit.rewards.plugins`): `format` (the completion has a format) and `verify` (it equals the
-row's answer, `llmkit.model.verifiable_rewards`)."""
+row's answer, `llmkit.rewards.verify`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from typing import Callable
 
 from llmkit.errors import ConfigError
-from llmkit.model import verifiable_rewards
+from llmkit.rewards import verify
 
 # TRL's think_format_reward: <think>…</think>, one think block, then anything
 THINK_FORMAT = r"^<think>(?!.*<think>)(.*?)</think>.*$"
@@ -45,7 +45,7 @@ def verify_reward_of(partial_credit: bool) -> Callable:
     def verify_reward(completions, answer, **kwargs) -> list[float | None]:
         texts = [completion_text(c) for c in completions]
         known = [i for i, a in enumerate(answer) if a is not None]
-        scores = verifiable_rewards.verify_rewards([texts[i] for i in known], [str(answer[i]) for i in known], partial_credit)
+        scores = verify.verify_rewards([texts[i] for i in known], [str(answer[i]) for i in known], partial_credit)
         out: list[float | None] = [None] * len(texts)
         for i, s in zip(known, scores):
             out[i] = s

@@ -10,15 +10,12 @@ Partial credit (`partial=True`) scores a wrong response by its similarity to the
 empty reply 0, the answer itself 1. RL then learns from near misses too, where exact match
 would give a group of wrong samples nothing to tell apart.
 
-The scorers at the end give PPO / GRPO one score per sampled response (`train.ppo.Samples`):
-the verifiable reward, a reward model's score, or their weighted sum.
+As a reward function of `llmkit ppo` (`--set reward=verify`): `llmkit.rewards.text.verify_reward`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
-from llmkit.errors import ConfigError
+from typing import Sequence
 
 
 def normalize_answer(text: str) -> str:
@@ -60,60 +57,3 @@ def verify_rewards(responses: Sequence[str], answers: Sequence[str],
     if partial:
         return [answer_similarity(r, a) for r, a in zip(responses, answers)]
     return [float(exact_match(r, a)) for r, a in zip(responses, answers)]
-
-
-# -- scorers of sampled responses (PPO / GRPO) --------------------------------------------------
-
-Scorer = Callable  # (train.ppo.Samples) -> torch.Tensor [N]: one score per sampled response
-
-
-def verify_scorer(partial: bool = False) -> Scorer:
-    """1 for a response that equals its prompt's answer (up to whitespace), else 0 — or, with
-    partial credit, its similarity to the answer (`answer_similarity`)."""
-    import torch
-
-    def score(samples):
-        if any(a is None for a in samples.answers):
-            raise ValueError("the verifiable reward needs an answer for every prompt")
-        return torch.tensor(verify_rewards(samples.texts, samples.answers, partial))
-
-    return score
-
-
-def reward_model_scorer(reward_model) -> Scorer:
-    """The reward model's score of prompt + response, read at the response's last token."""
-
-    def score(samples):
-        device = samples.input_ids.device
-        return reward_model.to(device)(samples.input_ids, samples.attention_mask).float()
-
-    return score
-
-
-def mixed_scorer(reward_model, verify_weight: float, partial: bool = False) -> Scorer:
-    """Reward-model score plus verify_weight × the verifiable reward."""
-    by_model, by_answer = reward_model_scorer(reward_model), verify_scorer(partial)
-
-    def score(samples):
-        return by_model(samples) + verify_weight * by_answer(samples).to(samples.input_ids.device)
-
-    return score
-
-
-def reward_mode(requested: str, has_reward_model: bool) -> str:
-    """model | verify | mix for ppo's `reward` setting (auto: the reward model if one is given,
-    else verify), checked against what was given."""
-    mode = requested if requested != "auto" else ("model" if has_reward_model else "verify")
-    if mode in ("model", "mix") and not has_reward_model:
-        raise ConfigError(f"reward={mode} needs a reward model: pass --reward RM (a `llmkit rm` "
-                          "run), or use reward=verify")
-    return mode
-
-
-def rollout_scorer(mode: str, reward_model, verify_weight: float, partial: bool) -> Scorer:
-    """The score of each sampled response under reward `mode` (see `reward_mode`)."""
-    if mode == "model":
-        return reward_model_scorer(reward_model)
-    if mode == "verify":
-        return verify_scorer(partial)
-    return mixed_scorer(reward_model, verify_weight, partial)

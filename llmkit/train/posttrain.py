@@ -18,7 +18,7 @@ from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints.loading import load_model, load_tokenizer
 from llmkit.model.config import ContextExtension
-from llmkit.model.verifiable_rewards import verify_rewards
+from llmkit.rewards.verify import verify_rewards
 from llmkit.train.config import TrainConfig
 from llmkit.model.quant import on_load
 from llmkit.train.stage import run_start
@@ -229,14 +229,14 @@ def evaluate_exact_match(model, tokenizer, records: list[dict], max_new_tokens: 
 
     A record is a row of an SFT, preference or prompt dataset: the prompt is its `messages`
     before the last assistant turn, or its `prompt`; the answer is its `answer`, else its
-    reference reply. Comparison is `llmkit.model.verifiable_rewards.exact_match` (whitespace-insensitive).
+    reference reply. Comparison is `llmkit.rewards.verify.exact_match` (whitespace-insensitive).
     """
     return evaluate_answers(model, tokenizer, records, max_new_tokens)["exact_match"]
 
 
 def evaluate_answers(model, tokenizer, records: list[dict], max_new_tokens: int = 32) -> dict:
     """`exact_match` (see `evaluate_exact_match`) and `similarity`, the mean
-    `llmkit.model.verifiable_rewards.answer_similarity` of the greedy replies: the verifiable reward with partial
+    `llmkit.rewards.verify.answer_similarity` of the greedy replies: the verifiable reward with partial
     credit, which also moves when a reply gets closer without becoming right."""
     if not records:  # nothing held out: no score (None in the manifest, not NaN, which JSON lacks)
         return {"exact_match": None, "similarity": None}

@@ -37,7 +37,6 @@ import torch
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.checkpoints.loading import starting_weights
 from llmkit.model.transformer import Transformer
-from llmkit.model.verifiable_rewards import Scorer
 from llmkit.rewards.plugins import reward_setup, trainer_state
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
 from llmkit.checkpoints.lora import adapters_disabled, adapters_of
@@ -78,7 +77,7 @@ class PpoTask(Task):
     perplexity = False  # a policy-gradient loss: exp(val_loss) is no perplexity
 
     def __init__(self, model: ActorCritic, reference: Transformer | None, prompts: list[Prompt],
-                 scorer: Scorer, cfg: PpoConfig, *, stop_ids: list[int], pad_id: int,
+                 scorer: Callable, cfg: PpoConfig, *, stop_ids: list[int], pad_id: int,
                  decode: Callable[[list[int]], str]):
         super().__init__(model)
         if not prompts:
@@ -302,7 +301,7 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
     return score
 
 
-def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Scorer, tokenizer,
+def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer: Callable, tokenizer,
              reward_model=None) -> PpoTask:
     """The task of a run rewarded by `scorer` (llmkit.rewards.plugins.RewardScorer)."""
     # LoRA: the reference is the policy with its adapters disabled, no second copy of the base

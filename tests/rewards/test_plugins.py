@@ -142,6 +142,29 @@ def test_the_scorer_logs_each_rewards_mean_and_nones_and_what_the_functions_log(
     assert scorer.metrics["reward_none/logs:score"] == 1.0
 
 
+class FixedRewardModel(torch.nn.Module):
+    def forward(self, input_ids, attention_mask):
+        return torch.tensor([0.5, -1.0, 2.0])
+
+
+@pytest.mark.parametrize("partial, want", [(False, [2.5, -1.0, 4.0]), (True, [2.5, 0.0, 4.0])])
+def test_mix_adds_the_weighted_verifiable_reward_to_the_reward_models_score(partial, want):
+    samples = Samples(torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.long), 2,
+                      torch.ones(3, 2, dtype=torch.long), ["42", "41", " 42 "], ["42", "42", "42"])
+    names = reward_names("mix", has_reward_model=True)
+    scorer = RewardScorer(load_reward_functions(names, partial_credit=partial),
+                          reward_weights(names, "mix", None, verify_weight=2.0), FixedRewardModel())
+    assert scorer(samples).tolist() == want  # "41" against 42: half right with partial credit
+
+
+def test_verify_gives_partial_credit_when_asked():
+    samples = Samples(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), 1,
+                      torch.ones(2, 2, dtype=torch.long), ["c b x", "c b a"], ["c b a", "c b a"])
+    for partial, want in ((False, [0.0, 1.0]), (True, [0.8, 1.0])):
+        scorer = RewardScorer(load_reward_functions(["verify"], partial_credit=partial), [1.0])
+        assert scorer(samples).tolist() == pytest.approx(want)
+
+
 # ---- the built-ins ------------------------------------------------------------------------------
 
 def test_the_default_format_is_trls_think_format_reward():

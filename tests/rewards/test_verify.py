@@ -1,9 +1,7 @@
+"""Verifiable rewards (llmkit.rewards.verify): exact match up to whitespace, partial credit."""
 import pytest
-import torch
 
-from llmkit.model.verifiable_rewards import (answer_similarity, edit_distance, exact_match, mixed_scorer,
-                            normalize_answer, verify_rewards, verify_scorer)
-from llmkit.train.rollouts import Samples
+from llmkit.rewards.verify import answer_similarity, edit_distance, exact_match, normalize_answer, verify_rewards
 
 
 def test_normalize_answer_trims_and_collapses_whitespace():
@@ -46,25 +44,3 @@ def test_answer_similarity_gives_partial_credit_on_the_normalised_forms():
 def test_verify_rewards_with_partial_credit():
     assert verify_rewards(["c b a", "c b x", "zzzzz"], ["c b a"] * 3, partial=True) == \
         pytest.approx([1.0, 0.8, 0.0])
-
-
-# ---- scorers of sampled responses (PPO / GRPO) ------------------------------------------------
-
-
-def test_mixed_scorer_adds_the_weighted_verifiable_reward():
-    samples = Samples(torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.long), 2,
-                      torch.ones(3, 2, dtype=torch.long), ["42", "41", " 42 "], ["42", "42", "42"])
-
-    class FixedRewardModel(torch.nn.Module):
-        def forward(self, input_ids, attention_mask):
-            return torch.tensor([0.5, -1.0, 2.0])
-
-    assert mixed_scorer(FixedRewardModel(), 2.0)(samples).tolist() == [2.5, -1.0, 4.0]
-    assert mixed_scorer(FixedRewardModel(), 2.0, partial=True)(samples).tolist() == [2.5, 0.0, 4.0]
-
-
-def test_verify_scorer_gives_partial_credit_when_asked():
-    samples = Samples(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), 1,
-                      torch.ones(2, 2, dtype=torch.long), ["c b x", "c b a"], ["c b a", "c b a"])
-    assert verify_scorer()(samples).tolist() == [0.0, 1.0]
-    assert verify_scorer(partial=True)(samples).tolist() == pytest.approx([0.8, 1.0])

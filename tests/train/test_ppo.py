@@ -22,8 +22,8 @@ from tests.train.posttrain_fixtures import (memorizing_model, preference_rows, t
                                             write_checkpoint_run, write_dataset)
 
 
-# ---- rollouts (the per-token maths are tested in tests/train/test_rl_losses.py, the scorers in
-# tests/model/test_verifiable_rewards.py) ---------------------------------------------------------------------------
+# ---- rollouts (the per-token maths are tested in tests/train/test_rl_losses.py, the rewards in
+# tests/rewards/test_verify.py) ---------------------------------------------------------------------------
 
 
 def test_left_pad_and_response_mask():
@@ -543,10 +543,10 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
 
 
 def test_stage_reward_mix_adds_the_weighted_verifiable_reward(make_ctx, stage_ws, monkeypatch):
-    import llmkit.model.verifiable_rewards
+    import llmkit.rewards.verify
 
     # every response verifies: the same first rollout scores exactly verify_weight more under mix
-    monkeypatch.setattr(llmkit.model.verifiable_rewards, "verify_rewards", lambda responses, answers, partial=False:
+    monkeypatch.setattr(llmkit.rewards.verify, "verify_rewards", lambda responses, answers, partial=False:
                         [1.0] * len(responses))
     by_model = run_stage(make_ctx, reward_model="rm", reward="model", max_steps=1, eval_records=0)
     mixed = run_stage(make_ctx, reward_model="rm", reward="mix", verify_weight=0.5, max_steps=1,
