@@ -2,7 +2,7 @@
 demo-size pretraining against its last step.
 
     python bench/merge.py parity [--scratch DIR]
-    python bench/merge.py average WORKSPACE [--seeds 0,1 --last 2,3 --save-every 25]
+    python bench/merge.py average WORKSPACE [--seeds 0,1 --last 2,3 --save-every 25 --set KEY=VALUE --tag T]
 
 parity: for a tiny Llama and a tiny Qwen2 (a base and two fine-tunes of it, saved by transformers
 and imported), each method through `llmkit merge` and through mergekit's run_merge on the same
@@ -66,12 +66,13 @@ def val_loss(ws: Path, run: str, step: str | None, out: str) -> float:
     return json.loads((ws / "eval" / out / "results.json").read_text())["ppl"]["tokens:val"]["nll_per_token"]
 
 
-def average(ws: Path, seeds: list[int], lasts: list[int], save_every: int) -> None:
+def average(ws: Path, seeds: list[int], lasts: list[int], save_every: int, settings: list[str], tag: str) -> None:
     print("| seed | steps averaged | val loss, last step | val loss, average | average - last |\n|---|---|---|---|---|")
     for seed in seeds:
-        run = f"pre_s{seed}"
+        run = f"pre{tag}_s{seed}"
         cli("pretrain", "--recipe", REPO / "recipes/demo/recipe.yaml", "-w", ws, "--in", "tokens", "--out", run,
-            "--set", f"save_every={save_every}", "--set", f"seed={seed}", "--set", f"keep_last={max(lasts)}")
+            "--set", f"save_every={save_every}", "--set", f"seed={seed}", "--set", f"keep_last={max(lasts)}",
+            *[a for kv in settings for a in ("--set", kv)])
         final = val_loss(ws, run, None, f"{run}_last")
         for last in lasts:
             soup = f"{run}_avg{last}"
@@ -92,13 +93,15 @@ def main() -> None:
     a.add_argument("--seeds", default="0,1")
     a.add_argument("--last", default="2,3")  # one average per value: the last K step folders
     a.add_argument("--save-every", type=int, default=25)
+    a.add_argument("--set", action="append", default=[], dest="settings")  # more pretrain settings
+    a.add_argument("--tag", default="")  # in the runs' names: pre<TAG>_s<SEED>
     args = ap.parse_args()
     if args.what == "parity":
         with tempfile.TemporaryDirectory() as tmp:
             parity(args.scratch or Path(tmp))
     else:
         average(args.workspace, [int(s) for s in args.seeds.split(",")], [int(k) for k in args.last.split(",")],
-                args.save_every)
+                args.save_every, args.settings, args.tag)
 
 
 if __name__ == "__main__":
