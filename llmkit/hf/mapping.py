@@ -144,6 +144,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
     window = hf.get("max_position_embeddings", 2048)
     if scaling and scaling["rope_type"] == "dynamic":  # its reach: the original window times the factor
         window = int(window * scaling["factor"])
+    elif scaling and scaling["rope_type"] in ("yarn", "longrope"):  # Qwen2.5's YaRN keeps 32,768 as the window
+        window = max(window, int(scaling["original_max_position_embeddings"] * scaling["factor"]))
     shape = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
@@ -191,6 +193,9 @@ def read_rope(hf: dict) -> tuple[float, dict | None]:
     elif kind != "linear":  # Phi3's top-level key first, as transformers
         original = hf.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
         scaling["original_max_position_embeddings"] = original or window
+    original = scaling.get("original_max_position_embeddings")
+    if isinstance(original, float) and original.is_integer():  # a file that writes 32768.0
+        scaling["original_max_position_embeddings"] = int(original)
     if kind in ("yarn", "longrope") and scaling.get("factor") is None:
         scaling["factor"] = window / scaling["original_max_position_embeddings"]
     return theta, scaling

@@ -163,8 +163,8 @@ def check_rope_scaling(scaling, rotary_dim: float | None) -> None:
     for key in scaling:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
-            raise ConfigError(f"model.rope_scaling.{key} is not a key of {kind} RoPE scaling"
-                              + (f" (did you mean {close[0]!r}?)" if close else f"; it reads {', '.join(known[1:])}"))
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; it reads {', '.join(known[1:])}"
+            raise ConfigError(f"model.rope_scaling.{key} is not a key of {kind} RoPE scaling{hint}")
     for key in required:
         if scaling.get(key) is None:
             raise ConfigError(f"model.rope_scaling.{key} is required for {kind} RoPE scaling ({kind} needs "
@@ -179,7 +179,7 @@ def check_rope_scaling(scaling, rotary_dim: float | None) -> None:
     if scaling["factor"] <= 1:
         raise ConfigError(f"model.rope_scaling.factor must be > 1 (how many times the original context the "
                           f"scaling stretches to), got {scaling['factor']}; rope_scaling null is plain RoPE")
-    if scaling["original_max_position_embeddings" if kind != "linear" else "factor"] < 1:
+    if kind != "linear" and scaling["original_max_position_embeddings"] < 1:
         raise ConfigError("model.rope_scaling.original_max_position_embeddings must be >= 1")
     if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise ConfigError("model.rope_scaling.high_freq_factor must be > low_freq_factor (llama3)")
