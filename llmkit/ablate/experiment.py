@@ -44,7 +44,7 @@ REFERENCE = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 
 @dataclass
 class AblateConfig:
-    processes: int = field(default=1, metadata=RUN_OPTION)  # runs trained at once, each in its own local process
+    processes: int = field(default=1, metadata=RUN_OPTION)  # runs trained at once: 1 in this process, N > 1 in a pool of N local worker processes
     threads: int = field(default=0, metadata=RUN_OPTION)  # CPU threads of each run (--set threads=N); 0 = the run's own choice (its cores / processes when several)
     confidence: float = 0.95  # of the Student t intervals over seeds (each variant's mean, its paired difference to the baseline)
 

@@ -38,8 +38,8 @@ def metric_value(exp: Experiment, runs: Path, plan: Plan, run_name: str, metric:
     return float(value)
 
 
-def summarize(exp: Experiment, plan: Plan, workspace: Path, runs: Path, confidence: float) -> dict:
-    """What results.json holds."""
+def summarize(exp: Experiment, plan: Plan, runs: Path, confidence: float, commands: dict[str, list[str]]) -> dict:
+    """What results.json holds (`commands`: each run's command line after `llmkit`)."""
     cells = []
     for (variant, seed), steps in plan.cells.items():
         cells.append({"variant": variant, "seed": seed, "runs": steps,
@@ -57,7 +57,7 @@ def summarize(exp: Experiment, plan: Plan, workspace: Path, runs: Path, confiden
     fingerprints = {r.name: run_manifest(runs, plan, r.name)["fingerprint"] for r in plan.runs}
     return {"experiment": str(exp.path), "confidence": confidence, "interval": INTERVAL, "baseline": BASELINE,
             "seeds": exp.seeds, "metrics": metrics, "cells": cells,
-            "runs": {r.name: {"stage": r.stage, "command": ["llmkit", *r.command(workspace, runs)],
+            "runs": {r.name: {"stage": r.stage, "command": ["llmkit", *commands[r.name]],
                               "fingerprint": fingerprints[r.name]} for r in plan.runs}}
 
 

@@ -59,18 +59,27 @@ def manifest_mark(path: Path) -> tuple | None:
     return stat.st_mtime_ns, stat.st_size
 
 
+def threads_per_run(processes: int, threads: int) -> int:
+    """`threads`, or with several processes and no choice made, the cores shared among them."""
+    return threads or (max(1, (os.cpu_count() or 1) // processes) if processes > 1 else 0)
+
+
+def run_command_line(run: Run, workspace: Path, runs: Path, threads: int, force: bool = False) -> list[str]:
+    """What runs after `llmkit` for `run`."""
+    return run.command(workspace, runs, thread_settings(run.stage, threads)) + (["--force"] if force else [])
+
+
 def run_all(plan: Plan, workspace: Path, runs: Path, llmkit: Llmkit, *, processes: int = 1, threads: int = 0,
             force: bool = False, finished: Callable[[Run], None] = lambda run: None) -> dict[str, str]:
     """Run every run of `plan` (a run after those it needs), `processes` at a time; run name ->
     "trained" or "up to date". `finished(run)` is called as each one ends (to check its metrics
     early); a run that fails stops the rest with a UserError naming its log."""
     runs.mkdir(parents=True, exist_ok=True)
-    if processes > 1 and not threads:
-        threads = max(1, (os.cpu_count() or 1) // processes)  # the runs share the machine's cores
+    threads = threads_per_run(processes, threads)
     total, outcome, started = len(plan.runs), {}, {}
 
     def command(run: Run) -> list[str]:
-        return run.command(workspace, runs, thread_settings(run.stage, threads)) + (["--force"] if force else [])
+        return run_command_line(run, workspace, runs, threads, force)
 
     def begin(run: Run) -> None:
         started[run.name] = (time.time(), manifest_mark(runs / run.name))

@@ -18,7 +18,7 @@ from pathlib import Path
 from llmkit.ablate.experiment import AblateConfig, metric_label, read_experiment
 from llmkit.ablate.plan import RUNS, Plan, make_plan
 from llmkit.ablate.results import RESULTS, TABLE, metric_value, summarize, write_results
-from llmkit.ablate.runs import Llmkit, run_all
+from llmkit.ablate.runs import Llmkit, run_all, run_command_line, threads_per_run
 from llmkit.core.durable import write_atomic
 from llmkit.core.progress import print_summary
 from llmkit.core.targets import MANIFEST
@@ -53,7 +53,9 @@ def run_ablate(ctx, cfg: AblateConfig, experiment: Path, llmkit: Llmkit):
 
         outcome = run_all(plan, workspace, runs, llmkit, processes=cfg.processes, threads=cfg.threads, force=ctx.force,
                           finished=check)
-        results = summarize(exp, plan, workspace, runs, cfg.confidence)
+        threads = threads_per_run(cfg.processes, cfg.threads)
+        results = summarize(exp, plan, runs, cfg.confidence,
+                            {r.name: run_command_line(r, workspace, runs, threads) for r in plan.runs})
         plots = write_results(results, b.dir, name)
         (b.dir / RECORD).unlink(missing_ok=True)
         trained = sum(1 for v in outcome.values() if v == "trained")

@@ -51,6 +51,8 @@ def test_every_variant_and_seed_runs_and_the_results_hold_them(ablated):
     assert (art / "val_loss.png").stat().st_size > 1000 and (art / "manifest.json").is_file()
     assert "| wsd | 2 |" in (art / "results.md").read_text() and "| wsd | 2 |" in out
     assert not (art / "run.json").exists()
+    command = results["runs"]["wsd-s1"]["command"]  # what a user would type to rebuild the run
+    assert command[:4] == ["llmkit", "pretrain", "--in", "tokens"] and "lr_schedule=wsd" in command
 
 
 def test_a_second_invocation_does_nothing_and_says_so(ablated):
