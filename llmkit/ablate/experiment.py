@@ -26,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmkit.core.config import config_to_dict, dotted_keys, parse_overrides, resolve_config, yaml_value
+from llmkit.core.config import (config_to_dict, dotted_items, dotted_keys, parse_overrides, resolve_config,
+                                 yaml_value)
 from llmkit.core.executor import RUN_OPTION
 from llmkit.errors import ConfigError, UserError
 from llmkit.stages import BY_COMMAND, config_class
@@ -111,16 +112,11 @@ def _merged(base: dict, new: dict) -> dict:
     return out
 
 
-def set_pairs(settings: dict, prefix: str = "") -> list[str]:
+def set_pairs(settings: dict) -> list[str]:
     """`{model: {n_layers: 2}, lr_schedule: wsd}` -> ["model.n_layers=2", "lr_schedule=wsd"]: the
     settings as `--set` pairs (a string as written, any other value as one line of YAML)."""
-    pairs = []
-    for key, value in settings.items():
-        if isinstance(value, dict) and value:
-            pairs += set_pairs(value, f"{prefix}{key}.")
-        else:
-            pairs.append(f"{prefix}{key}={value if isinstance(value, str) else yaml_value(value)}")
-    return pairs
+    return [f"{key}={value if isinstance(value, str) else yaml_value(value)}"
+            for key, value in dotted_items(settings)]
 
 
 def resolved(stage: str, settings: dict) -> dict:

@@ -350,20 +350,22 @@ def value_sources(cls, layers: dict[str, dict | None]) -> dict[str, str]:
     leaves = [k for k in dotted_keys(cls) if not _is_section(cls, k)]
     out = {}
     for name, layer in layers.items():
-        for path in _paths(layer or {}):
+        for path, _ in dotted_items(layer or {}):
             for key in leaves:
                 if path == key or path.startswith(key + ".") or key.startswith(path + "."):
                     out[key] = name
     return out
 
 
-def _paths(layer: dict, prefix: str = "") -> list[str]:
+def dotted_items(layer: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """`{model: {n_layers: 2}, lr: 1e-3}` -> [("model.n_layers", 2), ("lr", 1e-3)]: nested sections
+    as the dotted keys `--set` spells."""
     out = []
     for k, v in layer.items():
         if isinstance(v, dict) and v:
-            out += _paths(v, f"{prefix}{k}.")
+            out += dotted_items(v, f"{prefix}{k}.")
         else:
-            out.append(f"{prefix}{k}")
+            out.append((f"{prefix}{k}", v))
     return out
 
 
