@@ -27,7 +27,8 @@ def refused(result, *phrases: str) -> None:
 
 
 REQUIRED = {"ingest": ["docs.jsonl"], "export": ["--from", "sft"], "import": ["--from", "hf"],
-            "report": ["pretrain"], "extend-vocab": ["--from", "base"]}
+            "report": ["pretrain"], "extend-vocab": ["--from", "base"], "merge": ["--from", "a,b"],
+            "ablate": ["experiment.yaml"]}
 
 
 @pytest.mark.parametrize("stage", CONFIGURED)
