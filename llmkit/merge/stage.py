@@ -25,6 +25,7 @@ from pathlib import Path
 from llmkit.checkpoints import step_folders as ckpt
 from llmkit.checkpoints.loading import check_language_model, load_model, model_config_from, starting_weights
 from llmkit.checkpoints.lora_files import holds_adapters, read_config
+from llmkit.core.fingerprints import config_defaults
 from llmkit.core.progress import print_summary
 from llmkit.errors import ConfigError, UserError
 from llmkit.tokenizers.base import JSON_FILE, MODEL_FILE
@@ -97,7 +98,8 @@ def run_merge(ctx, cfg: MergeConfig, from_: list[str], base: str | None = None):
         record.update(t=cfg.t)
     artifacts = list({str(s.artifact.path.resolve()): s.artifact for s in every}.values())
     b = ctx.workspace.builder(ctx.out_name("merged"), stage="merge", config={**dataclasses.asdict(cfg),
-                              "steps": [[s.name, s.step_dir.name] for s in every]}, inputs=artifacts, force=ctx.force)
+                              "steps": [[s.name, s.step_dir.name] for s in every]}, inputs=artifacts, force=ctx.force,
+                              defaults=config_defaults(cfg))
     if b.up_to_date:
         return b
     with b:
