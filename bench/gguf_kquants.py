@@ -16,6 +16,7 @@ threads over row chunks).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -108,6 +109,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--imatrix", type=Path, help="not timed against llama.cpp: llmkit's side only")
     args = parser.parse_args()
+    if importlib.util.find_spec("llama_cpp") is None:
+        return print("skip: needs llama-cpp-python, the peer (make llama-cpp)")
+    if os.environ.get("BENCH_QUICK"):
+        args.runs = 1
     from llmkit.hf.gguf_quant_mix import MIXES
 
     with tempfile.TemporaryDirectory() as tmp:

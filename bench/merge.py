@@ -85,7 +85,7 @@ def average(ws: Path, seeds: list[int], lasts: list[int], save_every: int, setti
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="what", required=True)
+    sub = ap.add_subparsers(dest="what")  # none: parity (what `make bench` runs)
     p = sub.add_parser("parity")
     p.add_argument("--scratch", type=Path)
     a = sub.add_parser("average")
@@ -96,9 +96,9 @@ def main() -> None:
     a.add_argument("--set", action="append", default=[], dest="settings")  # more pretrain settings
     a.add_argument("--tag", default="")  # in the runs' names: pre<TAG>_s<SEED>
     args = ap.parse_args()
-    if args.what == "parity":
+    if args.what in (None, "parity"):
         with tempfile.TemporaryDirectory() as tmp:
-            parity(args.scratch or Path(tmp))
+            parity(getattr(args, "scratch", None) or Path(tmp))
     else:
         average(args.workspace, [int(s) for s in args.seeds.split(",")], [int(k) for k in args.last.split(",")],
                 args.save_every, args.settings, args.tag)
