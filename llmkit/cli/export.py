@@ -1,3 +1,4 @@
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -20,12 +21,24 @@ def export(
     quant: Annotated[Optional[str], typer.Option(
         "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q4_k_s, q4_k_m, q5_k_s, q5_k_m, "
                 "q6_k (default f16; --set imatrix=FILE for an importance matrix).")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="GGUF: run the file through llama.cpp's chat path (replies stop, template, greedy "
+                        "agreement; --set ship_check=true); exit 1 when it fails.")] = False,
 ):
     """Write a checkpoint as a Hugging Face transformers folder or a GGUF file and record its logit parity."""
-    flags = {k: v for k, v in (("format", format_), ("quant", quant)) if v is not None}
+    flags = {k: v for k, v in (("format", format_), ("quant", quant), ("ship_check", check or None)) if v is not None}
     cfg = ctx.config(**flags)
     if cfg.format != "gguf" and (quant is not None or cfg.quant != type(cfg).quant):  # given, not the default
         raise UserError(f"--quant / quant={cfg.quant} sets the weights of a GGUF file, and this export writes a "
                         f"transformers folder (format {cfg.format}): add --format gguf, or drop --quant "
                         "(a transformers folder's weights: --set dtype=bfloat16, float16 or float32)")
-    run_export(ctx, cfg, from_, to)
+    from llmkit.hf.ship_check import ShipCheckFailed
+
+    try:
+        run_export(ctx, cfg, from_, to)
+    except ShipCheckFailed as e:
+        print(f"error: {e.path.name} failed the ship check (nothing written; --set ship_check=false writes it "
+              "unchecked):", file=sys.stderr)
+        for failure in e.failures:
+            print(f"  - {failure}", file=sys.stderr)
+        raise typer.Exit(1) from None

@@ -96,6 +96,8 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     if context < model.config.max_seq_len:
         print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
               f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
+    if cfg.ship_check:  # before the probe, which rounds the model's weights as the file holds them
+        record["ship_check"] = run_ship_check(path, model, tokenizer, cfg)
     if cfg.probe and not reads_back:
         print(f"note: transformers cannot read {GGUF_ARCH[family]} GGUF files, so the file was not read back; "
               "llama.cpp's binding (`make llama-cpp`) loads it")
@@ -103,6 +105,17 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
         record.update(probe_gguf(path, model, tokenizer, stored, cfg))
     write_json(out_dir / EXPORT_RECORD, record)
     return record
+
+
+def run_ship_check(path: Path, model, tokenizer, cfg) -> dict:
+    """llmkit.hf.ship_check on the written file, with the prompts export names."""
+    import torch
+
+    from llmkit.hf.ship_check import SHIP_PROMPTS, read_prompts, ship_check
+
+    prompts = read_prompts(cfg.ship_prompts) if cfg.ship_prompts else SHIP_PROMPTS
+    return ship_check(path, model.eval(), tokenizer, cfg.quant, prompts, cfg.ship_max_tokens,
+                      threads=torch.get_num_threads())
 
 
 def fallback_note(quant: str, fallback: list[str], matrices: int, shown: int = 4) -> str:
