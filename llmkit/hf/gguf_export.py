@@ -45,6 +45,7 @@ from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, probe_gguf
 from llmkit.hf.gguf_rope import rope_scaling_refusal, write_rope_scaling
 from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
+from llmkit.hf.ollama import write_modelfile
 from llmkit.checkpoints.loading import load
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1", *MIXES)
@@ -96,6 +97,7 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     if context < model.config.max_seq_len:
         print(f"note: the model attends within a window of {context} tokens, which llama.cpp's "
               f"{GGUF_ARCH[family]} architecture does not; the GGUF file's context length is {context}")
+    record.update(write_modelfile(out_dir, path.name, vocab, tokenizer))
     if cfg.ship_check:  # before the probe, which rounds the model's weights as the file holds them
         record["ship_check"] = run_ship_check(path, model, tokenizer, cfg)
     if cfg.probe and not reads_back:
