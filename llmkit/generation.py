@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmkit.core.config import resolve_config
 from llmkit.data.io import read_jsonl
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints.loading import load
+from llmkit.model.decode_weights import DecodeConfig, decoding_weights
 
 
 @dataclass
@@ -31,6 +32,7 @@ class GenerateConfig:
     #                           model whose tokenizer has a chat template)
     batch_size: int = 8  # prompts generated together (left-padded)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode.weights=fp32|bf16|int8 (CPU)
 
     def __post_init__(self):
         if self.max_new_tokens < 1 or self.batch_size < 1:
@@ -65,7 +67,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     chat = template or any(not isinstance(p, str) for p in prompts)
     stop_ids = set(tokenizer.stop_ids)
     records = []
-    with packed_linears(model):  # packed once for every batch
+    with decoding_weights(model, cfg.decode.weights), packed_linears(model):  # packed once for every batch
         for start in range(0, len(prompts), cfg.batch_size):
             batch = prompts[start:start + cfg.batch_size]
             encoded = [encode_prompt(tokenizer, p, template) for p in batch]
@@ -94,7 +96,8 @@ def uses_chat_template(model, cfg: GenerateConfig) -> bool:
 def generate(model, tokenizer, prompts, **options):
     """The completions of `prompts` (a list of strings or chat message lists; one string gives one
     completion), each the text after its prompt up to a stop token. `options` are GenerateConfig's
-    (max_new_tokens, temperature, top_k, top_p, greedy, seed, chat, batch_size); by default a
+    (max_new_tokens, temperature, top_k, top_p, greedy, seed, chat, batch_size, decode={"weights":
+    "int8"}); by default a
     model `load` read from an sft / dpo / ppo run is prompted through its chat template."""
 
     if "device" in options:

@@ -40,10 +40,20 @@ import torch
 from llmkit.core.aot import writable_cache_folder
 
 SOURCE = Path(__file__).with_suffix(".cpp")
+SOURCES = (SOURCE, SOURCE.with_name(f"{SOURCE.stem}_lowprec.cpp"))  # compiled into one library
 
 
 def available() -> bool:
     return os.environ.get("LLMKIT_CPU_KERNELS", "1") != "0" and library() is not None
+
+
+def low_precision_available(weights: str) -> bool:
+    """Whether products through `weights` ("bf16": AVX512-BF16, "int8": AVX-512 VNNI) run on this CPU;
+    LLMKIT_CPU_KERNELS=fp32 says no (the float32 kernels only), as on a CPU without the instructions."""
+    if os.environ.get("LLMKIT_CPU_KERNELS", "1") == "fp32" or not available():
+        return False
+    lib = library()
+    return bool(lib.llmkit_bf16_supported() if weights == "bf16" else lib.llmkit_int8_supported())
 
 
 class PanelWeight:
@@ -68,6 +78,73 @@ class PanelWeight:
         library().llmkit_panel_product(rows.data_ptr(), rows.shape[0], self.in_features, self.panels.data_ptr(),
                                        address(bias), self.out_features, y.data_ptr(), torch.get_num_threads())
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class Bf16PanelWeight:
+    """A weight [out_features, in_features] rounded to bfloat16 (nearest even) in panels: `product`
+    multiplies the rows, rounded to bfloat16 too, with float32 sums (AVX512-BF16's dot product)."""
+
+    __slots__ = ("panels", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor):
+        lib = library()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach().float().contiguous()
+        self.panels = torch.empty(lib.llmkit_bf16_panel_values(*weight.shape), dtype=torch.int16)
+        lib.llmkit_bf16_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _low_precision_product(self, library().llmkit_bf16_panel_product, x, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out, in] this multiplies by, as float32."""
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        library().llmkit_bf16_panel_unpack(self.panels.data_ptr(), self.out_features, self.in_features, w.data_ptr())
+        return w
+
+
+class Int8PanelWeight:
+    """A weight [out_features, in_features] in GGUF q8_0's blocks (per output and 32 inputs: an fp16
+    scale max|w| / 127 and int8 values) in panels: `product` quantises the rows the same way per
+    block of 32 and multiplies them with integer sums (AVX-512 VNNI), scaled into float32 sums."""
+
+    __slots__ = ("panels", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor):
+        lib = library()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach().float().contiguous()
+        self.panels = torch.empty(lib.llmkit_int8_panel_bytes(*weight.shape), dtype=torch.uint8)
+        lib.llmkit_int8_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _low_precision_product(self, library().llmkit_int8_panel_product, x, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out, in] this multiplies by, as float32."""
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        library().llmkit_int8_panel_unpack(self.panels.data_ptr(), self.out_features, self.in_features, w.data_ptr())
+        return w
+
+
+def quantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] float32 as `Int8PanelWeight.product` quantises it (per row and block of 32), as float32."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    library().llmkit_int8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out
+
+
+def _low_precision_product(weight, kernel, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in_features] float32 -> x Wᵀ + bias [..., out_features] through `kernel`."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError(f"the panel kernel multiplies float32 CPU tensors, not {x.dtype} on {x.device}")
+    rows = x.reshape(-1, weight.in_features).contiguous()
+    y = torch.empty(rows.shape[0], weight.out_features, dtype=torch.float32)
+    bias = None if bias is None else bias.detach().float().contiguous()  # held: the kernel reads its memory
+    kernel(rows.data_ptr(), rows.shape[0], weight.in_features, weight.panels.data_ptr(), address(bias),
+           weight.out_features, y.data_ptr(), torch.get_num_threads())
+    return y.view(*x.shape[:-1], weight.out_features)
 
 
 def attends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -195,19 +272,19 @@ def library() -> ctypes.CDLL | None:
 
 def compiled_path(compiler: str) -> Path | None:
     """`__pycache__/cpu_kernels_<hash of the source and the compiler>.so`; None if not writable."""
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     key.update(compiler.encode())
     folder = writable_cache_folder(SOURCE.parent)
     return None if folder is None else folder / f"{SOURCE.stem}_{key.hexdigest()[:16]}.so"
 
 
 def build(compiler: str, path: Path) -> None:
-    """Compile SOURCE into `path` (atomically: concurrent processes may build it at once); older
+    """Compile SOURCES into `path` (atomically: concurrent processes may build it at once); older
     builds are deleted. OpenMP links libgomp.so.1, which a process that imported torch already
     holds (torch's wheels ship it): the kernel then runs on torch's own thread pool."""
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        subprocess.run([compiler, "-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", str(out)],
+        subprocess.run([compiler, "-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", *map(str, SOURCES), "-o", str(out)],
                        check=True, capture_output=True, text=True)
         os.replace(out, path)
     for stale in path.parent.glob(f"{SOURCE.stem}_*"):
@@ -227,5 +304,13 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.llmkit_delta_step_takes.argtypes = [size]
     lib.llmkit_delta_step.argtypes = ([pointer, size] * 4 + [pointer, size] + [pointer] * 5 + [ctypes.c_float]
                                       + [size] * 5 + [pointer, pointer, threads])
+    for kind, unit in (("bf16", "values"), ("int8", "bytes")):
+        getattr(lib, f"llmkit_{kind}_panel_{unit}").argtypes = [size, size]
+        getattr(lib, f"llmkit_{kind}_panel_{unit}").restype = size
+        getattr(lib, f"llmkit_{kind}_panel_pack").argtypes = [pointer, size, size, pointer, threads]
+        getattr(lib, f"llmkit_{kind}_panel_unpack").argtypes = [pointer, size, size, pointer]
+        getattr(lib, f"llmkit_{kind}_panel_product").argtypes = [pointer, size, size, pointer, pointer, size, pointer,
+                                                                 threads]
+    lib.llmkit_int8_quantize_rows.argtypes = [pointer, size, size, pointer]
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,
                                             size, ctypes.c_float, pointer, threads]

@@ -1,0 +1,288 @@
+// Few-row products through low-precision weights (llmkit/model/cpu_kernels.py: Bf16PanelWeight,
+// Int8PanelWeight), for CPUs with AVX512-BF16 and AVX-512 VNNI: y[M, N] = x[M, K] Wᵀ + bias.
+//
+// A decoding step at batch 1 streams every weight once: bf16 weights are half the bytes of float32, int8
+// blocks (with their scales) 0.27 of them, and the step's time follows. Both keep the float32 kernel's
+// layout in panels of 16 output columns, read front to back with a prefetch ahead:
+// - bf16: [panel][K / 2][16][2]: each vector holds one pair of inputs (k, k+1) of 16 columns, the pair
+//   _mm512_dpbf16_ps multiplies by a pair of the row's inputs rounded to bf16 (nearest even) and adds to
+//   float32 sums;
+// - int8 (q8_0's scheme): [panel][K / 32]{8 vectors of [16][4] bytes, 16 fp16 scales}: per column and block
+//   of 32 inputs, d = max|w| / 127 and q = round(w / d), stored as q + 128 (unsigned: the operand
+//   _mm512_dpbusd_epi32 reads unsigned); the rows are quantised the same way per block of 32 on the fly
+//   (signed), the integer sums corrected by -128 x (the row's block sum) and scaled into float32 sums.
+// Each output is the same sequence of operations whatever M and the thread count: a row's result does not
+// depend on its batch.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+#include <vector>
+
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
+
+namespace {
+constexpr int LANES = 16;
+constexpr int QK = 32;                       // inputs per int8 block
+constexpr int64_t BLOCK_BYTES = QK * LANES + LANES * 2;  // a panel's block: 512 weights, 16 fp16 scales
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+inline __mmask16 lanes_left(int64_t left) {
+  return left >= LANES ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
+
+inline uint16_t bf16_nearest_even(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16) | 0x40);  // a NaN stays a (quiet) NaN
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+VNNI inline uint16_t fp16_of(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+VNNI inline float float_of_fp16(uint16_t h) { return _cvtsh_ss(h); }
+
+template <int M, int NP>
+BF16 void bf16_pass(const uint32_t* x, int64_t K2, const uint16_t* w, const float* bias, float* y, int64_t N,
+                    int64_t n_left) {
+  __m512 acc[M][NP];
+  for (int p = 0; p < NP; ++p) {
+    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[m][p] = b;
+  }
+  for (int64_t k = 0; k < K2; ++k) {
+    __m512i wk[NP];
+    for (int p = 0; p < NP; ++p) {
+      const uint16_t* at = w + (p * K2 + k) * 2 * LANES;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
+      wk[p] = _mm512_loadu_si512(at);
+    }
+    for (int m = 0; m < M; ++m) {
+      __m512i a = _mm512_set1_epi32(int(x[m * K2 + k]));
+      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_dpbf16_ps(acc[m][p], (__m512bh)a, (__m512bh)wk[p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
+}
+
+// a row's quantised blocks: q [nb * 32] signed, d [nb] its scales, sums [nb] the sum of each block's q
+struct QuantRows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> sum;
+};
+
+template <int M, int NP>
+VNNI void int8_pass(const QuantRows& xq, int64_t m0, int64_t nb, const uint8_t* w, const float* bias, float* y,
+                    int64_t N, int64_t n_left) {
+  __m512 acc[M][NP];
+  for (int p = 0; p < NP; ++p) {
+    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[m][p] = b;
+  }
+  const int8_t* q = xq.q.data() + m0 * nb * QK;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i dots[M][NP];
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < NP; ++p) dots[m][p] = _mm512_set1_epi32(-128 * xq.sum[(m0 + m) * nb + b]);
+    for (int g = 0; g < QK / 4; ++g) {
+      __m512i wk[NP];
+      for (int p = 0; p < NP; ++p) {
+        const uint8_t* at = w + (p * nb + b) * BLOCK_BYTES + g * 4 * LANES;
+        _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
+        wk[p] = _mm512_loadu_si512(at);
+      }
+      for (int m = 0; m < M; ++m) {
+        int32_t four;
+        std::memcpy(&four, q + (m * nb + b) * QK + g * 4, 4);
+        __m512i a = _mm512_set1_epi32(four);
+        for (int p = 0; p < NP; ++p) dots[m][p] = _mm512_dpbusd_epi32(dots[m][p], wk[p], a);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(w + (p * nb + b) * BLOCK_BYTES + QK * LANES)));
+      for (int m = 0; m < M; ++m)
+        acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[m][p]),
+                                    _mm512_mul_ps(scale, _mm512_set1_ps(xq.d[(m0 + m) * nb + b])), acc[m][p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
+}
+
+constexpr int PANELS = 3;
+constexpr int BF16_ROWS = 8;  // 8 x 3 float32 sums in registers
+constexpr int INT8_ROWS = 4;  // 4 x 3 integer and 4 x 3 float32 sums
+
+using bf16_fn = void (*)(const uint32_t*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+using int8_fn = void (*)(const QuantRows&, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t, int64_t);
+
+template <int NP>
+constexpr bf16_fn BF16_PASSES[BF16_ROWS + 1] = {nullptr, bf16_pass<1, NP>, bf16_pass<2, NP>, bf16_pass<3, NP>,
+                                                bf16_pass<4, NP>, bf16_pass<5, NP>, bf16_pass<6, NP>,
+                                                bf16_pass<7, NP>, bf16_pass<8, NP>};
+template <int NP>
+constexpr int8_fn INT8_PASSES[INT8_ROWS + 1] = {nullptr, int8_pass<1, NP>, int8_pass<2, NP>, int8_pass<3, NP>,
+                                                int8_pass<4, NP>};
+
+// x [M, K] float32 -> q8 blocks of 32 per row (the last zero-padded), as ggml's quantize_row_q8_0
+VNNI void quantize_rows(const float* x, int64_t M, int64_t K, int64_t nb, QuantRows& out) {
+  out.q.assign(M * nb * QK, 0);
+  out.d.assign(M * nb, 0.0f);
+  out.sum.assign(M * nb, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * QK;
+      int64_t n = K - b * QK < QK ? K - b * QK : QK;
+      __m512 lo = _mm512_maskz_loadu_ps(lanes_left(n), xb);
+      __m512 hi = _mm512_maskz_loadu_ps(lanes_left(n - LANES), xb + LANES);
+      float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+      float d = amax / 127.0f;
+      __m512 inverse = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
+      __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));  // nearest, ties to even
+      __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
+      int8_t* q = out.q.data() + (m * nb + b) * QK;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + LANES), _mm512_cvtsepi32_epi8(qhi));
+      out.d[m * nb + b] = d;
+      out.sum[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    }
+}
+}  // namespace
+
+extern "C" {
+
+int llmkit_bf16_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+int llmkit_int8_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+// bf16 values (uint16) of the packed weight [N, K]
+int64_t llmkit_bf16_panel_values(int64_t N, int64_t K) { return (N + LANES - 1) / LANES * LANES * ((K + 1) / 2 * 2); }
+
+// w [N, K] float32 row-major -> [ceil(N / 16)][ceil(K / 2)][16][2] bf16, rounded to nearest even
+void llmkit_bf16_panel_pack(const float* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  const int64_t panels = (N + LANES - 1) / LANES, K2 = (K + 1) / 2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t k2 = 0; k2 < K2; ++k2)
+      for (int j = 0; j < LANES; ++j)
+        for (int i = 0; i < 2; ++i) {
+          int64_t n = p * LANES + j, k = 2 * k2 + i;
+          out[((p * K2 + k2) * LANES + j) * 2 + i] = n < N && k < K ? bf16_nearest_even(w[n * K + k]) : 0;
+        }
+}
+
+// w [N, K] of the packed weight back as float32 (what the product multiplies by)
+void llmkit_bf16_panel_unpack(const uint16_t* packed, int64_t N, int64_t K, float* w) {
+  const int64_t K2 = (K + 1) / 2;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      uint32_t u = uint32_t(packed[(((n / LANES) * K2 + k / 2) * LANES + n % LANES) * 2 + k % 2]) << 16;
+      std::memcpy(w + n * K + k, &u, 4);
+    }
+}
+
+// x [M, K] and y [M, N] contiguous float32, w from llmkit_bf16_panel_pack, bias [N] or null
+BF16 void llmkit_bf16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                                    int64_t N, float* y, int threads) {
+  const int64_t K2 = (K + 1) / 2, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+  std::vector<uint32_t> xb(M * K2);  // the rows in bf16, pairs of inputs as one 32-bit value
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k2 = 0; k2 < K2; ++k2) {
+      uint32_t lo = bf16_nearest_even(x[m * K + 2 * k2]);
+      uint32_t hi = 2 * k2 + 1 < K ? bf16_nearest_even(x[m * K + 2 * k2 + 1]) : 0;
+      xb[m * K2 + k2] = lo | hi << 16;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += BF16_ROWS) {
+      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
+      bf16_fn run = np == 3 ? BF16_PASSES<3>[rows] : np == 2 ? BF16_PASSES<2>[rows] : BF16_PASSES<1>[rows];
+      run(xb.data() + m * K2, K2, w + p * K2 * 2 * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES,
+          N, N - p * LANES);
+    }
+  }
+}
+
+// bytes of the packed int8 weight [N, K]
+int64_t llmkit_int8_panel_bytes(int64_t N, int64_t K) { return (N + LANES - 1) / LANES * ((K + QK - 1) / QK) * BLOCK_BYTES; }
+
+// w [N, K] float32 row-major -> [ceil(N / 16)][ceil(K / 32)]{[8][16][4] q + 128, [16] fp16 d}, as ggml's
+// quantize_row_q8_0 per column: d = max|w| / 127, q = round(w / d)
+VNNI void llmkit_int8_panel_pack(const float* w, int64_t N, int64_t K, uint8_t* out, int threads) {
+  const int64_t panels = (N + LANES - 1) / LANES, nb = (K + QK - 1) / QK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* block = out + (p * nb + b) * BLOCK_BYTES;
+      uint16_t scales[LANES];
+      for (int j = 0; j < LANES; ++j) {
+        const int64_t n = p * LANES + j;
+        float amax = 0;
+        for (int i = 0; i < QK && n < N && b * QK + i < K; ++i) amax = std::fmax(amax, std::fabs(w[n * K + b * QK + i]));
+        const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
+        scales[j] = fp16_of(d);
+        for (int i = 0; i < QK; ++i) {
+          const int64_t k = b * QK + i;
+          const float q = n < N && k < K ? std::nearbyint(w[n * K + k] * inverse) : 0.0f;
+          block[(i / 4) * 4 * LANES + j * 4 + i % 4] = uint8_t(int(q) + 128);
+        }
+      }
+      std::memcpy(block + QK * LANES, scales, sizeof scales);
+    }
+}
+
+// w [N, K] of the packed weight back as float32: d x q (what the product multiplies by)
+VNNI void llmkit_int8_panel_unpack(const uint8_t* packed, int64_t N, int64_t K, float* w) {
+  const int64_t nb = (K + QK - 1) / QK;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t* block = packed + ((n / LANES) * nb + k / QK) * BLOCK_BYTES;
+      uint16_t d;
+      std::memcpy(&d, block + QK * LANES + (n % LANES) * 2, 2);
+      const int i = int(k % QK);
+      w[n * K + k] = float_of_fp16(d) * float(int(block[(i / 4) * 4 * LANES + (n % LANES) * 4 + i % 4]) - 128);
+    }
+}
+
+// x [M, K] float32 quantised per row as the product does -> q8 values times their scale [M, K]
+VNNI void llmkit_int8_quantize_rows(const float* x, int64_t M, int64_t K, float* out) {
+  const int64_t nb = (K + QK - 1) / QK;
+  QuantRows xq;
+  quantize_rows(x, M, K, nb, xq);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) out[m * K + k] = xq.d[m * nb + k / QK] * float(xq.q[(m * nb) * QK + k]);
+}
+
+// x [M, K] and y [M, N] contiguous float32, w from llmkit_int8_panel_pack, bias [N] or null
+VNNI void llmkit_int8_panel_product(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                                    int64_t N, float* y, int threads) {
+  const int64_t nb = (K + QK - 1) / QK, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+  QuantRows xq;
+  quantize_rows(x, M, K, nb, xq);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += INT8_ROWS) {
+      int rows = M - m < INT8_ROWS ? int(M - m) : INT8_ROWS;
+      int8_fn run = np == 3 ? INT8_PASSES<3>[rows] : np == 2 ? INT8_PASSES<2>[rows] : INT8_PASSES<1>[rows];
+      run(xq, m, nb, w + p * nb * BLOCK_BYTES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
+          N - p * LANES);
+    }
+  }
+}
+}

@@ -1,0 +1,118 @@
+"""Decoding through low-precision copies of the weights on CPU (`--set decode.weights=bf16|int8`).
+
+A decoding step at batch 1 reads every weight matrix once for one row, so its time is that of
+streaming the weights: float32 is 4 bytes a weight, bf16 2, int8 in GGUF q8_0's blocks 1.06.
+`decoding_weights(model, "bf16" | "int8")` converts each packable linear layer once (per process:
+the copy is kept on the layer while its weight is unchanged) into the panels of
+`llmkit.model.cpu_kernels` (`Bf16PanelWeight`: AVX512-BF16; `Int8PanelWeight`: AVX-512 VNNI,
+the rows quantised per block of 32 on the fly as llama.cpp's q8_0 x q8_0 product), and every
+product of the model without a gradient inside the `with` (decoding steps, the prompt's prefill,
+eval's scoring) runs through them; the embedding lookup, norms, attention and the KV cache stay
+float32.
+
+Where the CPU lacks the instructions, the model is not on CPU or not float32, or
+LLMKIT_CPU_KERNELS=fp32 forces it, the model decodes in float32 as without the setting (said once
+on stderr), giving float32's tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+
+from llmkit.errors import ConfigError
+
+WEIGHTS = ("fp32", "bf16", "int8")
+CONVERTED = "_llmkit_decode_weight"  # a layer's (kind, weight version, converted copy), kept between uses
+_said: set[str] = set()  # the fallbacks already reported in this process
+
+
+@dataclass
+class DecodeConfig:
+    weights: str = "fp32"  # fp32 | bf16 | int8: the weights CPU decoding multiplies by (bf16: rounded to
+    #                        nearest even; int8: q8_0's blocks of 32 with a scale each), converted once
+
+    def __post_init__(self):
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"decode.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+
+
+def effective_weights(model, weights: str) -> str:
+    """`weights` where this model and CPU can decode through them, else "fp32" (said once)."""
+    if weights == "fp32":
+        return weights
+    import torch
+
+    from llmkit.model import cpu_kernels
+
+    weight = next(model.parameters(), None)
+    why = None
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        why = "the model is not float32 on CPU"
+    elif os.environ.get("LLMKIT_CPU_KERNELS") in ("0", "fp32"):
+        why = f"LLMKIT_CPU_KERNELS={os.environ['LLMKIT_CPU_KERNELS']} is set"
+    elif not cpu_kernels.low_precision_available(weights):
+        why = (f"this CPU lacks {'AVX512-BF16' if weights == 'bf16' else 'AVX-512 VNNI'} "
+               "(or llmkit's CPU kernels could not be built here)")
+    if why is None:
+        return weights
+    if why not in _said:
+        _said.add(why)
+        print(f"llmkit: decode.weights={weights}: {why}; decoding in fp32", file=sys.stderr)
+    return "fp32"
+
+
+@contextlib.contextmanager
+def decoding_weights(model, weights: str):
+    """Within the `with`, the model's packable linear layers (and product groups: a block's q/k/v,
+    the MLP's gate/up) multiply by `weights` copies when no gradient flows; "fp32" (or a fallback,
+    `effective_weights`) leaves the model as it is. Layers packed already (a frozen LoRA base while
+    training) keep their packing."""
+    import torch
+
+    from llmkit.model import packed_linear as pl
+
+    weights = effective_weights(model, weights)
+    if weights == "fp32":
+        yield
+        return
+    groups = pl.packable_groups(model)
+    grouped = {id(layer) for members in groups.values() for layer in members}
+    layers = [m for m in model.modules() if pl.packable(m) and not hasattr(m, pl.PACKED) and id(m) not in grouped]
+    groups = {key: members for key, members in groups.items()
+              if key[1] not in vars(key[0]).get(pl.PACKED_GROUPS, {})}
+    with torch.no_grad():
+        for (module, name), members in groups.items():
+            bias = None if members[0].bias is None else torch.cat([m.bias.detach() for m in members])
+            packed = converted(module, f"{CONVERTED}_{name}", [m.weight for m in members], weights)
+            vars(module).setdefault(pl.PACKED_GROUPS, {})[name] = (packed, bias, [m.out_features for m in members])
+        for layer in layers:
+            setattr(layer, pl.PACKED, converted(layer, CONVERTED, [layer.weight], weights))
+            layer.forward = pl._packed_forward.__get__(layer)
+    try:
+        yield
+    finally:
+        for module, name in groups:
+            del getattr(module, pl.PACKED_GROUPS)[name]
+        for layer in layers:
+            delattr(layer, pl.PACKED)
+            del layer.forward  # the class's forward again
+
+
+def converted(owner, attribute: str, parameters: list, weights: str):
+    """The `weights` copy of the parameters (concatenated by rows), made once and kept on `owner`
+    while every parameter is the same tensor at the same version (a trainer's step makes a new copy)."""
+    import torch
+
+    from llmkit.model import cpu_kernels
+
+    key = (weights, tuple((id(p), p.data_ptr(), p._version) for p in parameters))
+    kept = vars(owner).get(attribute)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    weight = torch.cat([p.detach() for p in parameters]) if len(parameters) > 1 else parameters[0].detach()
+    packed = (cpu_kernels.Bf16PanelWeight if weights == "bf16" else cpu_kernels.Int8PanelWeight)(weight)
+    vars(owner)[attribute] = (key, packed)
+    return packed
