@@ -34,6 +34,7 @@ from llmkit.eval.preference import RewardConfig, judge_policies, pairwise_accura
 from llmkit.eval.provenance import contamination_warnings, harness_notes
 from llmkit.data.input_files import (eval_input, input_name, parse_questions, read_rows, require_columns,
                                resolve_checkpoint)
+from llmkit.model.decode_weights import DecodeConfig, decoding_weights
 from llmkit.model.lm_scoring import LMScorer, resolve_device
 from llmkit.core.progress import print_summary
 from llmkit.checkpoints.loading import load, load_reward_model, load_tokenizer
@@ -51,6 +52,7 @@ class EvalConfig:
     dtype: str = "float32"          # float32 | bfloat16 | float16 (autocast while scoring)
     batch_tokens: int = 8192        # padded tokens per scoring forward pass
     seed: int = 0                   # sampling seed (reward.temperature > 0)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode.weights=bf16|int8: every task's CPU products
     ppl: PerplexityConfig = field(default_factory=PerplexityConfig)  # datasets, window, max_docs
     choice: ChoiceConfig = field(default_factory=ChoiceConfig)  # question files, shots, format
     generation: GenerationConfig = field(default_factory=GenerationConfig)  # prompt/reference files
@@ -279,7 +281,7 @@ def run_eval(ctx, cfg: EvalConfig, run: str = "pretrain"):
         cfg.generation.prompt_format == "auto" and model.trained_on_chats)  # as `generate` decides
     scorer = LMScorer(model, device=device, dtype=cfg.dtype, batch_tokens=cfg.batch_tokens)
     results: dict = {"run": str(run_art.path), "step": step, "tasks": list(cfg.tasks)}
-    with b:
+    with b, decoding_weights(model, cfg.decode.weights):
         evaluation = EvalRun(cfg, inputs, model, tokenizer, scorer, chat, device, b.dir)
         for task in [t for t in TASKS if t in cfg.tasks]:
             started = time.time()

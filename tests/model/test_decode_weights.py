@@ -68,3 +68,9 @@ def test_decode_weights_is_a_setting_of_generate():
     assert resolve_config(GenerateConfig, {"decode": {"weights": "int8"}}).decode.weights == "int8"
     with pytest.raises(ConfigError, match="decode.weights must be one of fp32, bf16, int8"):
         DecodeConfig(weights="q4")
+
+
+def test_decode_weights_is_a_setting_of_eval():
+    from llmkit.eval.stage import EvalConfig
+
+    assert resolve_config(EvalConfig, {"decode": {"weights": "bf16"}}).decode.weights == "bf16"

@@ -1,0 +1,277 @@
+"""Decoding through low-precision weights (`decode.weights=fp32|bf16|int8`, issue 55) against
+llama.cpp (its Python binding) and transformers, on an llmkit run (SmolLM2-135M).
+
+    python bench/decode_lowprec.py speed   --model RUN --gguf-f16 F --gguf-q8 Q [--threads 1,2] [--reps 3]
+    python bench/decode_lowprec.py quality --model RUN [--prompts 20] [--new-tokens 128]
+    python bench/decode_lowprec.py batch   --model RUN --export HF_DIR [--weights int8] [--batches 2]
+
+speed: batch 1, one 64-token prompt (the held-out text of bench/gguf_quality.py, the same ids on every
+  side), 128 greedy new tokens without a stop: llmkit fp32 / bf16 / int8 against llama.cpp's f16 and q8_0
+  files of the same run. Each run is a fresh process that loads its model (llmkit converts its weights
+  then, once), generates 8 tokens as a warm-up and times one generation: tokens/s over the whole call
+  (prefill included) and the decode rate (the 127 steps after the first token, llmkit's prefill and
+  first token timed on their own beforehand). Repetitions alternate the order of the runs.
+quality: greedy tokens of `--prompts` chat prompts (recipes/smollm2/general_prompts.jsonl, batched)
+  through bf16 and int8 against fp32, a reply equal when its tokens up to its first stop token are (and
+  strictly: all new tokens); where one differs, fp32's margin between its two likeliest tokens at the
+  first difference (a near tie: under 0.5 logits); held-out perplexity of 16 windows x 256 tokens.
+batch: bench/generate.py's batches (16 chat prompts x <= 64 sampled tokens) through llmkit with
+  `--weights` against transformers' `generate` (dynamic cache), fp32.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"] + [str(REPO)]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+from bench.steps import child_main, load_warning, repeat, spawn, spread  # noqa: E402
+
+PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS = 64, 128, 8
+KINDS = ("fp32", "bf16", "int8")
+
+
+def llmkit_model(path: str, weights: str):
+    """The run's model with its products through `weights`, converted and packed once (held open)."""
+    from llmkit.checkpoints.loading import load
+    from llmkit.model.decode_weights import decoding_weights
+    from llmkit.model.packed_linear import packed_linears
+
+    model, tokenizer = load(path, device="cpu")
+    model.eval()
+    decoding_weights(model, weights).__enter__()
+    packed_linears(model).__enter__()
+    return model, tokenizer
+
+
+def speed_child(p: dict) -> dict:
+    import torch
+
+    prompt, n = p["prompt"], p["new_tokens"]
+    if p["side"] in KINDS:
+        from llmkit.model.decoding import generate
+
+        started = time.perf_counter()
+        model, _ = llmkit_model(p["model"], p["side"])
+        ready = time.perf_counter() - started
+        ids = torch.tensor([prompt])
+        generate(model, ids, WARMUP_TOKENS, greedy=True)
+        t0 = time.perf_counter()
+        generate(model, ids, 1, greedy=True)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = generate(model, ids, n, greedy=True)[0, len(prompt):].tolist()
+        total = time.perf_counter() - t0
+    else:
+        import llama_cpp
+
+        from llmkit.eval.efficiency import greedy_llama_cpp
+
+        started = time.perf_counter()
+        threads = torch.get_num_threads()
+        llm = llama_cpp.Llama(model_path=p["gguf"], n_ctx=256, n_batch=PROMPT_TOKENS, n_threads=threads,
+                              n_threads_batch=threads, verbose=False)
+        ready = time.perf_counter() - started
+        greedy_llama_cpp(llm, prompt, WARMUP_TOKENS)
+        t0 = time.perf_counter()
+        llm.reset()
+        llm.eval(prompt)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = greedy_llama_cpp(llm, prompt, n)
+        total = time.perf_counter() - t0
+    return {"tokens_per_s": n / total, "decode_per_s": (n - 1) / max(total - first, 1e-9), "seconds": total,
+            "prefill_s": first, "ready_s": ready, "tokens": out}
+
+
+def quality_child(p: dict) -> dict:
+    import torch
+
+    from bench.gguf_quality import PROMPTS, held_out_windows
+    from llmkit.generation import encode_prompt
+    from llmkit.model.decoding import generate, left_pad
+
+    out: dict = {}
+    for kind in KINDS:
+        model, tokenizer = llmkit_model(p["model"], kind)
+        prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
+        encoded = [encode_prompt(tokenizer, q, True) for q in prompts[:p["prompts"]]]
+        ids, mask = left_pad(encoded, tokenizer.pad_id)
+        started = time.perf_counter()
+        new = generate(model, ids, p["new_tokens"], greedy=True, attention_mask=mask)[:, ids.shape[1]:].tolist()
+        seconds = time.perf_counter() - started
+        nll = count = 0.0
+        with torch.no_grad():
+            for window in held_out_windows(tokenizer, p["windows"], p["window"]):
+                logits = model(torch.tensor([window]))[0].float()
+                nll += torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(window[1:]), reduction="sum").item()
+                count += len(window) - 1
+        out[kind] = {"replies": new, "ppl": math.exp(nll / count), "generate_s": seconds}
+        if kind == "fp32":
+            fp32_model, stops = model, set(tokenizer.stop_ids)
+    reference = out["fp32"]["replies"]
+    for kind in KINDS[1:]:
+        equal = strict = 0
+        differences = []
+        for i, (a, b) in enumerate(zip(out[kind]["replies"], reference)):
+            strict += a == b
+            if until_stop(a, stops) == until_stop(b, stops):
+                equal += 1
+                continue
+            at = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+            with torch.no_grad():
+                logits = fp32_model(torch.tensor([encoded[i] + b[:at]]))[0, -1].float()
+            top = logits.topk(2).values
+            differences.append({"prompt": i, "at": at, "fp32_margin": round(float(top[0] - top[1]), 4),
+                                "fp32_margin_to_chosen": round(float(logits.max() - logits[a[at]]), 4)})
+        out[kind]["equal"], out[kind]["strict"], out[kind]["differences"] = equal, strict, differences
+    return {k: {key: v for key, v in r.items() if key != "replies"} for k, r in out.items()}
+
+
+def until_stop(tokens: list[int], stops: set) -> list[int]:
+    end = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+    return tokens[:end + 1]
+
+
+def batch_child(p: dict) -> dict:
+    """bench/generate.py's llmkit side with the weights converted first."""
+    import torch
+
+    from bench.generate import counted
+    from llmkit.model.decoding import generate
+
+    model, _ = llmkit_model(p["model"], p["weights"])
+    batches = [(torch.tensor(ids), torch.tensor(mask)) for ids, mask in p["batches"]]
+
+    def run(ids, mask, greedy, seed):
+        return generate(model, ids, p["new_tokens"], temperature=1.0, greedy=greedy, eos_id=p["stop_id"],
+                        attention_mask=mask, generator=torch.Generator().manual_seed(seed))
+
+    greedy_out = run(*batches[0], True, 0)[:, batches[0][0].shape[1]:].tolist()
+    tokens = 0
+    started = time.perf_counter()
+    for i, (ids, mask) in enumerate(batches[1:], 1):
+        tokens += counted(run(ids, mask, p["greedy"], i), ids.shape[1], p["stop_id"], True)["tokens"]
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "greedy": greedy_out}
+
+
+CHILDREN = {"speed": speed_child, "quality": quality_child, "batch": batch_child}
+
+
+def speed(a) -> None:
+    from bench.gguf_quality import held_out_windows
+    from llmkit.checkpoints.loading import load_tokenizer
+    from bench.generate import latest_step
+
+    tokenizer = load_tokenizer(latest_step(Path(a.model)))
+    prompt = held_out_windows(tokenizer, 1, PROMPT_TOKENS)[0]
+    base = {"model": str(Path(a.model).resolve()), "prompt": prompt, "new_tokens": NEW_TOKENS}
+    sides = {k: {**base, "side": k} for k in KINDS}
+    sides["llama_f16"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_f16).resolve())}
+    sides["llama_q8_0"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_q8).resolve())}
+    for threads in map(int, a.threads.split(",")):
+        runs = [(name, lambda name=name, threads=threads: shown(name, spawn(__file__, "speed", sides[name], threads)))
+                for name in sides]
+        results, loads = repeat(runs, a.reps)
+        print(f"batch 1, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} greedy new tokens, {threads} thread(s), "
+              f"{a.reps} runs; loads {', '.join(f'{b:.2f}->{e:.2f}' for b, e in loads)}")
+        for name in sides:
+            rs = [r[name] for r in results]
+            print(f"  {name:<11} tokens/s {spread([r['tokens_per_s'] for r in rs])}  decode/s "
+                  f"{spread([r['decode_per_s'] for r in rs])}  prefill s {spread([r['prefill_s'] for r in rs], '{:.3f}')}"
+                  f"  load+convert s {spread([r['ready_s'] for r in rs])}")
+        for mine, theirs in (("bf16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")):
+            print(f"  {mine} / {theirs}: tokens/s {spread([r[mine]['tokens_per_s'] / r[theirs]['tokens_per_s'] for r in results])}x,"
+                  f" decode/s {spread([r[mine]['decode_per_s'] / r[theirs]['decode_per_s'] for r in results])}x")
+        reference = results[0]["fp32"]["tokens"]
+        print("  greedy tokens equal to llmkit fp32's (first run): " + ", ".join(
+            f"{name} {first_difference(results[0][name]['tokens'], reference)}" for name in sides if name != "fp32"))
+        if warning := load_warning(loads, threads):
+            print(warning)
+
+
+def first_difference(a: list[int], b: list[int]) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return "all" if at is None else f"first {at}"
+
+
+def shown(name: str, r: dict) -> dict:
+    print(f"    {name}: {r['tokens_per_s']:.2f} tokens/s, decode {r['decode_per_s']:.2f}/s; load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    return r
+
+
+def quality(a) -> None:
+    r = spawn(__file__, "quality", {"model": str(Path(a.model).resolve()), "prompts": a.prompts,
+                                    "new_tokens": a.new_tokens, "windows": 16, "window": 256}, a.threads)
+    print(f"greedy replies of {a.prompts} chat prompts x <= {a.new_tokens} tokens (batched), and held-out "
+          f"perplexity (16 x 256 tokens); load {os.getloadavg()[0]:.2f}")
+    for kind in KINDS:
+        line = f"  {kind}: perplexity {r[kind]['ppl']:.4f}"
+        if kind != "fp32":
+            rise = 100 * (r[kind]["ppl"] / r["fp32"]["ppl"] - 1)
+            line += (f" ({rise:+.3f}% of fp32's); replies equal to fp32's up to the stop {r[kind]['equal']}/"
+                     f"{a.prompts}, all {a.new_tokens} tokens {r[kind]['strict']}/{a.prompts}; differences "
+                     f"{json.dumps(r[kind]['differences'])}")
+        print(line)
+
+
+def batch(a) -> None:
+    from bench.generate import latest_step, prompt_batches
+    from llmkit.checkpoints.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(latest_step(Path(a.model)))
+    payload = {"model": str(Path(a.model).resolve()), "export": str(Path(a.export).resolve()),
+               "batches": prompt_batches(tokenizer, a.batches + 1, 16), "new_tokens": 64,
+               "stop_id": tokenizer.end_of_turn_id, "pad_id": tokenizer.pad_id, "greedy": False}
+    runs = [(f"llmkit_{w}", lambda w=w: spawn(__file__, "batch", {**payload, "weights": w}, a.threads))
+            for w in a.weights.split(",")]
+    runs.append(("hf", lambda: spawn(REPO / "bench" / "generate.py", "run", {**payload, "side": "hf",
+                                                                               "cache": "dynamic"}, a.threads)))
+    results, loads = repeat(runs, a.reps)
+    print(f"batch 16 x <= 64 sampled tokens, {a.batches} batches timed after a warm-up, {a.threads} thread(s), "
+          f"{a.reps} runs; loads {', '.join(f'{b:.2f}->{e:.2f}' for b, e in loads)}")
+    for name in results[0]:
+        print(f"  {name:<12} tokens/s {spread([r[name]['tokens'] / r[name]['seconds'] for r in results])}")
+    for name in results[0]:
+        if name != "hf":
+            ratios = [(r[name]["tokens"] / r[name]["seconds"]) / (r["hf"]["tokens"] / r["hf"]["seconds"]) for r in results]
+            print(f"  {name} / transformers: {spread(ratios)}x")
+    if warning := load_warning(loads, a.threads):
+        print(warning)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("what", nargs="?", help="speed | quality | batch")
+    parser.add_argument("--model", help="an llmkit checkpoint run (e.g. WS/smollm2)")
+    parser.add_argument("--gguf-f16")
+    parser.add_argument("--gguf-q8")
+    parser.add_argument("--export", help="the run's `llmkit export` folder (batch)")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--weights", default="fp32,int8", help="batch: llmkit's weights, comma-separated")
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.child:
+        return child_main(CHILDREN, a.child, a.what)  # the payload, the one positional given
+    if not a.model or a.what not in ("speed", "quality", "batch"):
+        return print("skip: needs speed|quality|batch and --model RUN (e.g. make smollm2)")
+    if a.what != "speed":
+        a.threads = int(a.threads.split(",")[0])
+    {"speed": speed, "quality": quality, "batch": batch}[a.what](a)
+
+
+if __name__ == "__main__":
+    main()
