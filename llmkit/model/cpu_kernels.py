@@ -20,6 +20,11 @@ The source compiles on first use (about 2 s with g++; `make setup` does it) into
 source and the compiler, and loads through ctypes; where it cannot (no C++ compiler, a CPU without
 AVX-512, not x86-64) `available()` is False and callers keep oneDNN. A failed build is remembered
 (the `.failed` file) so that not every process retries it. LLMKIT_CPU_KERNELS=0 turns both off.
+
+Low-precision weights (`cpu_kernels_lowprec.cpp`, `decode.weights`: `llmkit.model.decode_weights`):
+`Bf16PanelWeight` (AVX512-BF16) and `Int8PanelWeight` (q8_0's blocks, AVX-512 VNNI) run where
+`low_precision_available` says this CPU has the instructions; LLMKIT_CPU_KERNELS=fp32 keeps the
+float32 kernels only, as a CPU without them would.
 """
 
 from __future__ import annotations
