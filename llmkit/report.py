@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmkit.ablate.results import ablation_markdown, is_ablation
 from llmkit.errors import ConfigError, UserError
+from llmkit.eval.long_context_report import long_context_heatmaps
 from llmkit.eval.report import eval_markdown, is_eval_artifact
 from llmkit.judge.ranking import RANKING_FILE, ranking_report
 from llmkit.train.metrics import METRICS_FILE, read_metrics as read_run_metrics
@@ -143,6 +144,10 @@ def summary_markdown(metrics: dict[Path, list[dict]], plots: list[Path],
         if column and stats.get("accuracy") is not None:
             cells[run][column] = f"{_fmt(stats.get('base_accuracy'))} -> {_fmt(stats['accuracy'])}"
             columns.append(column)
+        for name, f in (manifest.get("gate") or {}).get("files", {}).items():
+            below = " BELOW GATE" if name in manifest["gate"]["failed"] else ""
+            cells[run][f"gate {name}"] = f"{_fmt(f['base'])} -> {_fmt(f['run'])}{below}"
+            columns.append(f"gate {name}")
         if stats.get("threads"):  # what the run computed on: a figure above means little without it
             cells[run].update({"CPU threads": threads_label(stats["threads"]),
                                "CPU kernels": stats.get("cpu_kernels", "")})
@@ -229,6 +234,9 @@ def run_report(ctx, runs: list[str], cfg: ReportConfig) -> Path:
     written = write_report(runs, out, cfg) if runs else []
     written += ranking_report(judged, out, fresh=not runs)
     tables = ([eval_markdown(evals)] if evals else []) + [ablation_markdown(p) for p in ablations]
+    heatmaps = long_context_heatmaps(evals, out)  # the `long` task's score by length and depth
+    written += heatmaps
+    tables += [f"![{p.stem}]({p.name})\n" for p in heatmaps]
     if tables:
         summary = out / "summary.md"
         out.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,14 @@
 """`llmkit eval`: a checkpoint's report in `eval/<name>/` (results.json + a printed table).
 
-Tasks (`tasks: [ppl, choice, generation, reward, efficiency, harness]`, any subset, in that order):
+Tasks (`tasks: [ppl, choice, generation, reward, efficiency, long, harness]`, any subset, in that order):
 - ppl: perplexity of the token artifact's val split (`tokens`) and of `ppl.datasets`;
 - choice: multiple-choice accuracy on `choice.files`;
 - generation: BLEU / ROUGE (and exact match) of greedy replies on `generation.files`;
 - reward: `reward.model`'s pairwise accuracy on `reward.preferences`, and the win rate of this
   checkpoint over `reward.reference` on `reward.prompts`, judged by that reward model;
 - efficiency: generation latency, tokens/s, peak memory;
+- long: needle-in-a-haystack and RULER-style retrieval at `long.lengths` x `long.depths`, en and zh,
+  generated offline (llmkit.eval.long_context);
 - harness: lm-evaluation-harness tasks `harness.tasks` (`--tasks NAME,…`), offline, through
   llmkit's own LM (llmkit.eval.harness, llmkit.eval.harness_lm): lm-eval's results as it reports them.
 
@@ -28,6 +30,8 @@ from llmkit.errors import ConfigError, UserError
 from llmkit.eval.choice import ChoiceConfig, evaluate_choice
 from llmkit.eval.efficiency import EfficiencyConfig, evaluate_efficiency
 from llmkit.eval.generation import GenerationConfig, evaluate_generation
+from llmkit.eval.long_context import LongContextConfig, SAMPLES_FILE as LONG_SAMPLES, evaluate_long_context
+from llmkit.eval.long_context import headline as long_headline
 from llmkit.eval.harness import HarnessConfig, harness_files, headline as harness_headline, run_harness
 from llmkit.eval.perplexity import PerplexityConfig, text_perplexity, token_split_perplexity
 from llmkit.eval.preference import RewardConfig, judge_policies, pairwise_accuracy, policy_replies
@@ -39,7 +43,7 @@ from llmkit.model.lm_scoring import LMScorer, resolve_device
 from llmkit.core.progress import print_summary
 from llmkit.checkpoints.loading import load, load_reward_model, load_tokenizer
 
-TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "harness")
+TASKS = ("ppl", "choice", "generation", "reward", "efficiency", "long", "harness")
 RESULTS = "results.json"
 
 
@@ -58,6 +62,7 @@ class EvalConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)  # prompt/reference files
     reward: RewardConfig = field(default_factory=RewardConfig)  # judge, pairs, win-rate reference
     efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)  # batch sizes, lengths
+    long: LongContextConfig = field(default_factory=LongContextConfig)  # tests, lengths, depths, languages
     harness: HarnessConfig = field(default_factory=HarnessConfig)  # lm-eval tasks, files, shots, limit
 
     def __post_init__(self):
@@ -219,6 +224,13 @@ def eval_efficiency(run: EvalRun) -> dict:
                                models=[art.path for art in run.inputs.efficiency])
 
 
+def eval_long(run: EvalRun) -> dict:
+    results, samples = evaluate_long_context(run.model, run.tokenizer, run.cfg.long, chat=run.chat,
+                                             device=run.device)
+    _write_jsonl(run.out_dir / LONG_SAMPLES, samples)
+    return results
+
+
 def eval_harness(run: EvalRun) -> dict:
     from llmkit.eval.harness_lm import LlmkitLM
 
@@ -230,7 +242,8 @@ def eval_harness(run: EvalRun) -> dict:
 
 
 TASK_RUNNERS = {"ppl": eval_perplexity, "choice": eval_choice, "generation": eval_generation,
-                "reward": eval_reward, "efficiency": eval_efficiency, "harness": eval_harness}
+                "reward": eval_reward, "efficiency": eval_efficiency, "long": eval_long,
+                "harness": eval_harness}
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -262,6 +275,7 @@ def headline(results: dict) -> dict:
         flat[f"efficiency/batch{r['batch_size']}/tokens_per_s"] = r["tokens_per_s"]
     if "efficiency" in results:
         flat["efficiency/peak_memory_bytes"] = results["efficiency"]["peak_memory"]["bytes"]
+    flat.update(long_headline(results.get("long", {})))
     flat.update(harness_headline(results.get("harness", {})))
     return flat
 
