@@ -9,6 +9,11 @@ source. Within a source, samples follow a fresh permutation each epoch (seeded b
 source, epoch). The sequence of samples depends only on the seed and the data, never on the
 number of ranks: global batch k is samples [k·W·B, (k+1)·W·B) and rank r takes its B of
 them, so ranks never overlap and a resumed run continues the same sequence.
+
+A staged mixture (`stages`: from sample S on, other weights — the decay phase that upsamples
+code or math) restarts the blending's tally at S: from there every prefix matches the stage's
+mixture to within one sample per source, while each source goes on through its own permutation
+where it stopped (nothing is repeated early because the weights changed).
 """
 
 from __future__ import annotations
@@ -134,7 +139,7 @@ class TokenLoader:
     def __init__(self, tokens_dir: str | Path, split: str = "train", *, seq_len: int,
                  micro_batch_size: int, temperature: float = 0.7,
                  weights: dict[str, float] | None = None, seed: int = 0, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, stages: Sequence[tuple[int, dict[str, float]]] = ()):
         import numpy as np
 
         if seq_len < 1 or micro_batch_size < 1:
@@ -157,14 +162,21 @@ class TokenLoader:
         self.tokens_by_source = {n: s.tokens for n, s in streams.items()}
         self.probabilities = mixture(self.tokens_by_source, temperature, weights) \
             if streams else {}
-        self.sources = [n for n in names if self.probabilities.get(n, 0) > 0]
+        self.stages = [(0, self.probabilities)] + [
+            (start, mixture(self.tokens_by_source, temperature, stage_weights))
+            for start, stage_weights in stages]
+        if any(b[0] <= a[0] for a, b in zip(self.stages, self.stages[1:])):
+            raise ConfigError(f"mixture stages must start at increasing samples > 0, got "
+                              f"{[start for start, _ in stages]}")
+        self.sources = [n for n in names if any(p.get(n, 0) > 0 for _, p in self.stages)]
         self._streams = [streams[n] for n in self.sources]
-        self._p = [self.probabilities[n] for n in self.sources]
+        self._stage_p = [[p.get(n, 0.0) for n in self.sources] for _, p in self.stages]
         self._n = [s.samples(seq_len) for s in self._streams]
         self._keys = [zlib.crc32(n.encode()) for n in self.sources]
         self._perms: dict[int, tuple[int, object]] = {}
         self.samples_seen = 0
-        self._counts = [0] * len(self.sources)
+        self._counts = [0] * len(self.sources)  # samples each source gave: where its permutation is
+        self._stage_counts = [0] * len(self.sources)  # the same, since the current stage began
 
     @property
     def tokens(self) -> int:
@@ -188,12 +200,21 @@ class TokenLoader:
                          picks[lo:lo + self.micro_batch_size]])
         return {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
 
+    def _stage(self, sample: int) -> int:
+        return bisect.bisect_right([start for start, _ in self.stages], sample) - 1
+
     def _next_sample(self) -> tuple[int, int]:
-        """The source furthest behind its share, and how many samples it gave before."""
-        g = self.samples_seen + 1
-        s = max(range(len(self._p)), key=lambda i: (self._p[i] * g - self._counts[i], -i))
+        """The source furthest behind its share in the current stage, and how many samples it
+        gave before."""
+        stage = self._stage(self.samples_seen)
+        start = self.stages[stage][0]
+        if self.samples_seen == start and stage:
+            self._stage_counts = [0] * len(self.sources)
+        p, g = self._stage_p[stage], self.samples_seen - start + 1
+        s = max(range(len(p)), key=lambda i: (p[i] * g - self._stage_counts[i], -i))
         c = self._counts[s]
         self._counts[s] += 1
+        self._stage_counts[s] += 1
         self.samples_seen += 1
         return s, c
 
@@ -214,7 +235,8 @@ class TokenLoader:
 
     def state_dict(self) -> dict:
         return {"samples_seen": self.samples_seen, "seq_len": self.seq_len, "seed": self.seed,
-                "counts": dict(zip(self.sources, self._counts))}
+                "counts": dict(zip(self.sources, self._counts)),
+                "stage_counts": dict(zip(self.sources, self._stage_counts))}
 
     def load_state_dict(self, state: dict) -> None:
         if state["seq_len"] != self.seq_len or state["seed"] != self.seed:
@@ -226,6 +248,8 @@ class TokenLoader:
                             f"since the checkpoint ({sorted(state['counts'])} -> {self.sources})")
         self.samples_seen = int(state["samples_seen"])
         self._counts = [int(state["counts"][n]) for n in self.sources]
+        stage_counts = state.get("stage_counts", state["counts"])  # a checkpoint from before stages
+        self._stage_counts = [int(stage_counts[n]) for n in self.sources]
 
     def eval_batches(self, n: int | None = None) -> Iterator[dict]:
         """The split in document order as seq_len + 1 windows, every rank's share of each

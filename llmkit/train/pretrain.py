@@ -93,6 +93,7 @@ class PretrainConfig(TrainConfig):
     seq_len: int = 256  # tokens per training sequence
     mixture_temperature: float = 0.7  # source sampling p ∝ tokens^T: 1 proportional, 0 uniform
     mixture_weights: dict[str, float] | None = None  # explicit source weights (replace the temperature)
+    mixture_stages: list[dict] | None = None  # [{step: N, weights: {source: w}}, ...]: after step N, sources in these proportions (e.g. a decay phase that upsamples code)
     label_smoothing: float = 0.0  # cross-entropy label smoothing (validation loss is unsmoothed)
     eval_every: int = 100  # validation on the val split every N steps (and at the end); 0 = never
     doc_masking: bool = False  # attention (and positions) stay inside each document packed into a sequence; off: a sequence attends across them
@@ -105,6 +106,17 @@ class PretrainConfig(TrainConfig):
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.mixture_temperature < 0:
             raise ConfigError(f"mixture_temperature must be >= 0, got {self.mixture_temperature}")
+        for i, stage in enumerate(self.mixture_stages or []):
+            if (not isinstance(stage, dict) or set(stage) != {"step", "weights"} or not isinstance(stage["step"], int)
+                    or not 0 < stage["step"] < self.max_steps or not isinstance(stage["weights"], dict)):
+                raise ConfigError(f"mixture_stages[{i}] must be {{step: N, weights: {{source: w}}}} with "
+                                  f"0 < N < max_steps ({self.max_steps}), got {stage!r}")
+
+    def stage_starts(self, world_size: int) -> list[tuple[int, dict[str, float]]]:
+        """The mixture stages as (first sample, weights): a step draws grad_accum micro-batches
+        of every rank."""
+        per_step = self.grad_accum * world_size * self.micro_batch_size
+        return [(stage["step"] * per_step, stage["weights"]) for stage in self.mixture_stages or []]
 
 
 class PretrainTask(Task):
@@ -222,7 +234,7 @@ def token_loaders(tokens_art, cfg: PretrainConfig):
     loader_args = dict(seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
                        temperature=cfg.mixture_temperature, weights=cfg.mixture_weights,
                        seed=cfg.seed, rank=dist.rank, world_size=dist.world_size)
-    train = TokenLoader(tokens_art.path, "train", **loader_args)
+    train = TokenLoader(tokens_art.path, "train", **loader_args, stages=cfg.stage_starts(dist.world_size))
     val_tokens = tokens_art.manifest["stats"].get("splits", {}).get("val", {}).get("tokens", 0)
     val = TokenLoader(tokens_art.path, "val", **loader_args) if val_tokens > cfg.seq_len else None
     if val is None and cfg.eval_every and dist.is_main:
@@ -243,8 +255,19 @@ PRETRAIN_METRICS = {"final_loss": "loss", "val_loss": "val_loss", "val_ppl": "va
                     "tokens_per_s": "tokens_per_s", "mfu": "mfu"}
 
 
+def mixture_stages_stats(cfg: PretrainConfig, train) -> dict:
+    """The mixture from each stage's first step on, for the manifest (nothing without stages)."""
+    if not cfg.mixture_stages:
+        return {}
+    return {"mixture_stages": [{"step": stage["step"], "mixture": p}
+                               for stage, (_, p) in zip(cfg.mixture_stages, train.stages[1:])]}
+
+
 def pretrain_stats(result, task) -> dict:
-    return {"skipped_steps": result.skipped_steps, "checkpoint": str(result.checkpoint)}
+    """Also the samples each source gave over the whole run (every rank's; a resumed run's steps
+    before the kill included)."""
+    return {"skipped_steps": result.skipped_steps, "checkpoint": str(result.checkpoint),
+            "samples_by_source": task.train_data.state_dict()["counts"]}
 
 
 def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
@@ -263,7 +286,8 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         # ZeRO-3 would partition it straight from host memory; parameters are counted before ZeRO
         return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,
                    model=model if cfg.lora.enabled else None, start=from_step, after=pretrain_stats,
-                   stats={"parameters": model.num_parameters(), "mixture": train.probabilities},
+                   stats={"parameters": model.num_parameters(), "mixture": train.probabilities,
+                          **mixture_stages_stats(cfg, train)},
                    metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {})
 
     return fit_stage(ctx, "pretrain", cfg, [tokens_art, tokenizer_art, from_art], prepare)

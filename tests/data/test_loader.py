@@ -122,6 +122,48 @@ def test_restored_state_reproduces_the_following_batches(three_sources):
         assert (got["input_ids"] == want["input_ids"]).all()
 
 
+def test_a_mixture_stage_changes_the_shares_from_its_first_sample_on(three_sources):
+    """Before the stage the batches are those of a run without it; from its first sample every
+    prefix of the stage matches the stage's weights within one sample; each source continues its
+    own stream where it stopped (no window repeated, none skipped)."""
+    plain = TokenLoader(three_sources, seq_len=4, micro_batch_size=100, weights={"b": 1, "c": 1})
+    staged = TokenLoader(three_sources, seq_len=4, micro_batch_size=100, weights={"b": 1, "c": 1},
+                         stages=[(300, {"a": 1, "c": 3})])
+    before = [next(staged) for _ in range(3)]
+    assert all((a["input_ids"] == next(plain)["input_ids"]).all() for a in before)
+    after = np.concatenate([next(staged)["input_ids"][:, 0] for _ in range(8)])
+    picks = after // BLOCK
+    g = np.arange(1, len(picks) + 1)
+    for i, share in ((0, 0.25), (1, 0.0), (2, 0.75)):
+        assert np.abs(np.cumsum(picks == i) - share * g).max() <= 1.0, i
+    c_windows = np.concatenate([b["input_ids"][:, 0] for b in before])
+    c_windows = np.concatenate([c_windows[c_windows // BLOCK == 2], after[picks == 2]])
+    assert len(set(c_windows.tolist())) == len(c_windows)  # c's permutation goes on, no repeat
+    assert staged.state_dict()["counts"] == {"a": 200, "b": 150, "c": 750}
+
+
+def test_a_run_resumed_inside_a_stage_continues_it_exactly(three_sources):
+    def loader():
+        return TokenLoader(three_sources, seq_len=8, micro_batch_size=10, seed=1,
+                           stages=[(55, {"a": 2, "b": 1}), (123, {"c": 1})])
+    run = loader()
+    for _ in range(9):  # sample 90: inside the first stage
+        next(run)
+    state = json.loads(json.dumps(run.state_dict()))
+    expected = [next(run)["input_ids"] for _ in range(10)]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert all((next(resumed)["input_ids"] == want).all() for want in expected)
+    assert (np.concatenate(expected[-6:])[:, 0] // BLOCK == 2).all()  # samples 130-189: c only
+
+
+def test_mixture_stages_must_start_later_and_name_known_sources(three_sources):
+    with pytest.raises(ConfigError, match="increasing"):
+        TokenLoader(three_sources, seq_len=4, micro_batch_size=1, stages=[(20, {"a": 1}), (20, {"b": 1})])
+    with pytest.raises(ConfigError, match="unknown sources"):
+        TokenLoader(three_sources, seq_len=4, micro_batch_size=1, stages=[(20, {"d": 1})])
+
+
 def test_ranks_split_every_epoch_without_overlap(tmp_path):
     root = write_tokens(tmp_path, [[("a", 3000)], [("a", 1801)]])  # 4800 // 16 = 300 samples
     starts = []

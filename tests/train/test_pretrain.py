@@ -210,6 +210,29 @@ def test_a_doc_masked_run_trains_and_records_the_setting(ws):
     assert manifest["config"]["doc_masking"] is True and manifest["stats"]["steps"] == 2
 
 
+def test_a_staged_mixture_switches_after_its_step_and_resumes_inside_the_stage(ws, tmp_path):
+    """After step 2 only `code` is drawn (4 steps x 4 samples); a run killed after step 4's
+    checkpoint resumes to the uninterrupted run's losses."""
+    import shutil
+
+    stages = "mixture_stages=[{step: 2, weights: {code: 1}}]"
+    pretrain(ws, "max_steps=6", stages, extra=("--out", "staged"))
+    stats = json.loads((ws / "staged" / "manifest.json").read_text())["stats"]
+    assert stats["mixture_stages"] == [{"step": 2, "mixture": {"code": 1.0, "prose": 0.0}}]
+    first = stats["mixture"]  # two steps of 4 samples at the temperature mixture, then 16 of code
+    assert stats["samples_by_source"]["code"] == 16 + round(8 * first["code"])
+    assert sum(stats["samples_by_source"].values()) == 24
+    run = tmp_path / "ws"
+    shutil.copytree(ws, run, ignore=shutil.ignore_patterns("pretrain", "masked", "more", "long"))
+    (run / "staged" / "manifest.json").unlink()
+    shutil.rmtree(run / "staged" / "step-00000006")
+    assert "step-00000004" in pretrain(run, "max_steps=6", stages, extra=("--out", "staged")).output
+    assert [r["loss"] for r in read_metrics(run / "staged")] == [r["loss"] for r in read_metrics(ws / "staged")]
+    bad = pretrain(ws, "max_steps=6", "mixture_stages=[{step: 6, weights: {code: 1}}]", expect=2,
+                   extra=("--out", "bad")).output
+    assert "mixture_stages[0]" in bad and "max_steps" in bad
+
+
 def test_moe_loss_adds_the_load_balancing_loss():
     model = tiny_transformer(n_experts=4, experts_top_k=2)
     batch = {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 50, (2, 8))}
