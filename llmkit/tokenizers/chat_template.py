@@ -3,9 +3,9 @@
 A template is jinja, compiled as transformers' `_compile_jinja_template` compiles it: a sandbox
 (`ImmutableSandboxedEnvironment`, trim_blocks, lstrip_blocks), loop controls, the
 `{% generation %}` tag, transformers' `tojson` (no HTML escaping), `raise_exception` and
-`strftime_now`. It sees `messages`, `add_generation_prompt`, `tools` and `documents` (None) and
-the special tokens the tokenizer names (`bos_token`, `eos_token`, …), as `apply_chat_template`
-passes them.
+`strftime_now`. It sees `messages`, `add_generation_prompt`, `tools` and `documents` (None), the
+special tokens the tokenizer names (`bos_token`, `eos_token`, …) and the caller's switches
+(`enable_thinking`), as `apply_chat_template` passes them.
 
 The replies' characters (what an SFT model learns to write) come from the template's
 `{% generation %}` blocks when it has them, the spans transformers' `return_assistant_tokens_mask`
@@ -67,15 +67,18 @@ def checked_messages(messages: Sequence[dict]) -> list[dict]:
 
 def render_chat(template: str, messages: Sequence[dict], add_generation_prompt: bool = False,
                 special_tokens: dict | None = None, track_generation: bool = False,
-                source: str = "the chat template") -> tuple[str, list[tuple[int, int]]]:
+                source: str = "the chat template", template_kwargs: dict | None = None,
+                ) -> tuple[str, list[tuple[int, int]]]:
     """(the rendered chat, the character spans of its {% generation %} blocks when tracked, else
-    []). A template that does not compile or refuses the chat (`raise_exception`) is a UserError
+    []). `template_kwargs` are the template's own switches (Qwen3's and SmolLM3's
+    `enable_thinking`), over the special tokens as apply_chat_template's keyword arguments are.
+    A template that does not compile or refuses the chat (`raise_exception`) is a UserError
     naming `source`."""
     import jinja2
 
     try:
         compiled = _compiled(template)
-        variables = {**(special_tokens or {}), "messages": list(messages), "tools": None,
+        variables = {**(special_tokens or {}), **(template_kwargs or {}), "messages": list(messages), "tools": None,
                      "documents": None, "add_generation_prompt": add_generation_prompt}
         if not track_generation:
             return compiled.render(**variables), []

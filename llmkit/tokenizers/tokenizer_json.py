@@ -201,19 +201,21 @@ class HFTokenizer(ChatEncoding):
                             f"{self.path / TEMPLATE_FILE}")
         return self._template
 
-    def format_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
-        """The chat as the template renders it (bos included when the template writes it)."""
+    def format_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
+        """The chat as the template renders it (bos included when the template writes it);
+        `template_kwargs` are the template's switches, as apply_chat_template takes them
+        (`enable_thinking=False`)."""
         return render_chat(self._require_template(), checked_messages(messages), add_generation_prompt,
-                           self.special_tokens, source=str(self.path))[0]
+                           self.special_tokens, source=str(self.path), template_kwargs=template_kwargs)[0]
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False):
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False, **template_kwargs):
         """(ids, loss_mask): ids are the rendered chat's (= apply_chat_template(tokenize=True));
         the mask is 1 on each assistant reply and its end of turn, the tokens an SFT model
         learns to produce ({% generation %} blocks, when the template has them)."""
         template, messages = self._require_template(), checked_messages(messages)
         tracked = has_generation_blocks(template)
         text, spans = render_chat(template, messages, add_generation_prompt, self.special_tokens,
-                                  track_generation=tracked, source=str(self.path))
+                                  track_generation=tracked, source=str(self.path), template_kwargs=template_kwargs)
         if not tracked:
             spans = reply_spans(text, messages, self.end_of_turn, source=str(self.path))
         encoding = self.backend.encode(text, add_special_tokens=False)
