@@ -72,6 +72,9 @@ STAGES = (
     Stage("generate", "llmkit.cli.generate:generate", "llmkit.generation:GenerateConfig", "model"),
     Stage("judge", "llmkit.cli.judge:judge", "llmkit.judge.session:JudgeConfig", "model",
           {"judge": "--from RUN,RUN --prompts PROMPTS", "judge_prefs": "--export"}),
+    Stage("synth", "llmkit.cli.synth:synth", "llmkit.synth.config:SynthConfig", "data",
+          {f"synth_{kind}": f"--kind {kind}" for kind in
+           ("instructions", "answers", "qa", "rephrase", "pairs")}),
     Stage("export", "llmkit.cli.export:export", "llmkit.hf.export:ExportConfig", "model",
           {"export/hf": ""}),
     Stage("import", "llmkit.cli.import_:import_", "llmkit.hf.import_:ImportConfig", "model",

@@ -74,7 +74,7 @@ FLOORS = (
     ("llmkit.checkpoints",),  # step folders, LoRA files, loading a model
     ("llmkit.data",),
     ("llmkit.train", "llmkit.eval", "llmkit.hf", "llmkit.judge", "llmkit.generation",
-     "llmkit.merge"),  # the wings
+     "llmkit.merge", "llmkit.synth"),  # the wings
     ("llmkit.api", "llmkit.status", "llmkit.report", "llmkit.ablate"),  # commands across the wings
     ("llmkit", "llmkit.cli", "llmkit.__main__"),  # the facade and the CLI
 )

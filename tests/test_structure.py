@@ -35,7 +35,8 @@ DATA_STAGES = {"ingest": ("data/ingest.py", "run_ingest"),
                "ppl-filter": ("data/ppl_filter.py", "run_ppl_filter"),
                "decontaminate": ("data/decontam.py", "run_decontaminate"),
                "quality": ("data/quality.py", "run_quality"),
-               "tokenize": ("data/tokenize.py", "run_tokenize")}
+               "tokenize": ("data/tokenize.py", "run_tokenize"),
+               "synth": ("synth/stage.py", "run_synth")}
 
 
 def test_every_data_stage_with_a_run_section_is_listed():

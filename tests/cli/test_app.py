@@ -33,7 +33,7 @@ def test_command_table_lists_every_stage_of_the_design():
     assert STAGE_COMMANDS == ["ingest", "clean", "dedup", "ppl-filter", "decontaminate", "quality", "tokenizer",
                               "tokenize",
                               "pretrain", "sft", "rm", "dpo", "kto", "ppo", "distill", "eval", "generate", "judge",
-                              "export", "import", "extend-vocab", "merge", "ablate", "report", "status"]
+                              "synth", "export", "import", "extend-vocab", "merge", "ablate", "report", "status"]
 
 
 def test_helper_commands_come_after_the_stages():
