@@ -5,7 +5,8 @@ sample, each with its own seed (`seed + index`), `server.concurrency` at a time;
 back in the prompts' order, so the rows do not depend on which request finished first. A request
 that fails for a passing reason (no connection, a timeout, 408, 429, 5xx) is tried again after
 `server.backoff` seconds, doubled each time, up to `server.retries` more times; one that still
-fails, or that the server refuses (another 4xx), stops the task with the server's words. A task's
+fails stops the run as an interruption does (exit 130, `ServerUnavailable`), one the server
+refuses (another 4xx) as a mistake in the command (exit 2), with the server's words. A task's
 rows are written whole or not at all (llmkit.data.driver), so a rerun redoes only the tasks that
 did not finish: no row lost, none twice.
 """
@@ -24,6 +25,11 @@ from llmkit.synth.prompts import yes_no
 from llmkit.synth.requests import GREEDY_VERDICT, Completion, Raw, Sampling
 
 PASSING = {408, 429, 500, 502, 503, 504}  # HTTP statuses worth another try
+
+
+class ServerUnavailable(KeyboardInterrupt):
+    """The server kept failing: the run stops as an interrupted one does (exit 130), keeping
+    its sealed tasks for the rerun (a UserError, a refusal of the command, would clear them)."""
 
 
 class ServerGenerator:
@@ -86,8 +92,9 @@ class ServerGenerator:
                     json.JSONDecodeError) as e:
                 why = str(getattr(e, "reason", e))
             if attempt == self.retries:
-                raise UserError(f"{self.base}{path}: {self.retries + 1} tries failed (last: {why}); "
-                                "the tasks done so far are kept: rerun the same command to go on")
+                raise ServerUnavailable(f"{self.base}{path}: {self.retries + 1} tries failed (last: "
+                                        f"{why}); the tasks done so far are kept: rerun the same "
+                                        "command to go on")
             self.retried += 1
             self.sleep(self.backoff * 2 ** attempt)
         raise AssertionError("unreachable")
