@@ -189,3 +189,16 @@ def test_a_plan_adds_up_and_prints_its_figures():
 
 def test_human_bytes():
     assert [human_bytes(n) for n in (512, 3 * 2**20 + 2**19, 5 * 2**30)] == ["0.5 KiB", "3.5 MiB", "5.00 GiB"]
+
+
+def test_long_sequences_keep_no_seq_by_seq_matrix_under_causal_attention():
+    """At 4,096 tokens a block saves exactly the per-token figure (SDPA's causal CPU kernel keeps its
+    log-sum-exp, not the [T, T] scores), so the estimate grows linearly to 8k-32k contexts; only a dense
+    mask (packed documents on CPU) adds the T² term."""
+    fields = dict(vocab_size=50, hidden_size=16, n_heads=2, n_kv_heads=1, intermediate_size=32, max_seq_len=4096)
+    ids = torch.randint(0, 50, (1, 4096), generator=torch.Generator().manual_seed(0))
+    one, two = (saved_bytes(Transformer(ModelConfig(**fields, n_layers=n)), ids) for n in (1, 2))
+    shape = Shape.of(ModelConfig(**fields, n_layers=2))
+    assert two - one == block_bytes(shape, 1, 4096)
+    assert block_bytes(shape, 1, 32768) == 8 * block_bytes(shape, 1, 4096)
+    assert block_bytes(shape, 1, 4096, dense_mask=True) - block_bytes(shape, 1, 4096) == 4 * 4096 ** 2
