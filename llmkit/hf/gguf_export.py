@@ -111,13 +111,10 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
 
 def run_ship_check(path: Path, model, tokenizer, cfg) -> dict:
     """llmkit.hf.ship_check on the written file, with the prompts export names."""
-    import torch
-
     from llmkit.hf.ship_check import SHIP_PROMPTS, read_prompts, ship_check
 
     prompts = read_prompts(cfg.ship_prompts) if cfg.ship_prompts else SHIP_PROMPTS
-    return ship_check(path, model.eval(), tokenizer, cfg.quant, prompts, cfg.ship_max_tokens,
-                      threads=torch.get_num_threads())
+    return ship_check(path, model.eval(), tokenizer, cfg.quant, prompts, cfg.ship_max_tokens)
 
 
 def fallback_note(quant: str, fallback: list[str], matrices: int, shown: int = 4) -> str:

@@ -71,7 +71,9 @@ def as_messages(prompt) -> list[dict]:
 def ship_check(path: Path, model, tokenizer, quant: str, prompts=SHIP_PROMPTS, max_tokens: int = 64,
                near_tie: float = 0.05, threads: int = 1) -> dict:
     """Run the GGUF file `path` through llama.cpp's chat path and compare it with llmkit's `model`
-    (fp32, eval mode) and `tokenizer`; the record (see the module docstring)."""
+    (fp32, eval mode) and `tokenizer`; the record (see the module docstring). llama.cpp runs on
+    one thread by default: the check measures no speed, and llama.cpp's threads spin-wait for each
+    other, which on a busy machine costs many times the work."""
     try:
         import llama_cpp
     except ImportError:
