@@ -4,7 +4,8 @@ tokens.
 
 A generator (this one, or `llmkit.synth.client.ServerGenerator`) answers two calls:
 `complete(prompts, sampling, seed)` — one `Completion` per prompt, in order — and
-`yes_probability(prompts)` — how strongly the model answers yes. A prompt is a chat (a list of
+`yes_probability(prompts)` — how strongly the model answers yes; this one also
+`answer_logprobs(prompts, answers)` (qa's grounding=likelihood). A prompt is a chat (a list of
 {role, content}: its template up to the assistant's turn) or a `Raw` token prefix (Magpie).
 """
 
@@ -15,6 +16,7 @@ import torch
 from llmkit.checkpoints.loading import load
 from llmkit.errors import UserError
 from llmkit.model.decoding import generate, left_pad, prefill, reply_text
+from llmkit.model.lm_scoring import LMScorer
 from llmkit.model.packed_linear import packed_linears
 from llmkit.synth.prompts import NO, YES
 from llmkit.synth.requests import Completion, Raw, Sampling
@@ -100,6 +102,17 @@ class LocalGenerator:
                 p_yes, p_no = logp[:, yes].logsumexp(-1), logp[:, no].logsumexp(-1)
                 out += torch.sigmoid(p_yes - p_no).tolist()
         return out
+
+    def answer_logprobs(self, prompts: list, answers: list[str]) -> list[float]:
+        """The mean log-probability per token of each answer as the reply to its chat prompt."""
+        scorer = LMScorer(self.model, device=next(self.model.parameters()).device)
+        requests = []
+        for prompt, answer in zip(prompts, answers):
+            reply = self.tokenizer.encode(answer) or [self.tokenizer.end_of_turn_id]
+            requests.append(((self.encode(prompt) + reply)[-scorer.max_len:], len(reply)))
+        with packed_linears(self.model):
+            total = scorer.target_logprobs(requests)
+        return [t / n for t, (_, n) in zip(total.tolist(), requests)]
 
     def user_turn_prefix(self) -> Raw:
         """The chat template's tokens before a user message (Magpie's pre-query template): the

@@ -10,7 +10,7 @@ removed, so a task's `rows_in` (its candidates) is its rows kept plus removed.
 - answers: `n` replies to each prompt (a prompt dataset, or sft rows: their turns before the
   reply). Rows: an sft dataset (`messages`, and `prompt`/`response` of the last turn).
 - qa: a question and its answer from each document, kept when the judge finds the answer
-  supported by the document (P(yes) ≥ `min_support`). Rows: an sft dataset.
+  supported by the document (`grounding`). Rows: an sft dataset.
 - rephrase: each document rewritten in each of `styles`. Rows: a text dataset.
 - pairs: two replies to each prompt, the judge's preferred one `chosen`. Rows: a preference dataset.
 """
@@ -18,7 +18,8 @@ removed, so a task's `rows_in` (its candidates) is its rows kept plus removed.
 from __future__ import annotations
 
 from llmkit.data.chat import prompt_messages
-from llmkit.synth.prompts import GROUNDING, QA, REPHRASE, language_of_row, parse_instruction, parse_qa
+from llmkit.synth.prompts import (GROUNDING, QA, REPHRASE, WITH_DOCUMENT, WITHOUT_DOCUMENT, language_of_row,
+                                  parse_instruction, parse_qa)
 from llmkit.synth.requests import Sampling
 
 # columns a kind writes itself: an input row's other columns (answer, task, lang…) are carried
@@ -74,17 +75,32 @@ def qa(rows: list[dict], gen, judge, cfg, seed: int, source: str):
                             "document_id": row["id"]})
         else:
             found.append((row, doc, lang, rid, *parsed))
-    support = judge.yes_probability([
-        [{"role": "user", "content": GROUNDING[lang].format(document=doc, question=q, answer=a)}]
-        for _, doc, lang, _, q, a in found]) if found else []
+    support = grounding(found, judge, cfg) if found else []
+    least = cfg.min_support if cfg.grounding == "ask" else cfg.min_gain
     for (row, _, _, rid, q, a), p in zip(found, support):
         common = {"id": rid, "source": source, "document_id": row["id"], "support": round(p, 6)}
-        if p >= cfg.min_support:
+        if p >= least:
             kept.append({**common, **carried(row), "prompt": q, "response": a, "text": f"{q}\n{a}",
                          "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
         else:
             removed.append({**common, "text": f"{q}\n{a}", "reason": "unsupported_answer"})
     return kept, removed
+
+
+def grounding(found: list, judge, cfg) -> list[float]:
+    """Each answer's support by its document: the judge's P(yes) to the grounding question
+    (`ask`), or how much the document raises the answer's log-likelihood per token
+    (`likelihood`: nats; a 135M model that cannot answer the question still copies)."""
+    if cfg.grounding == "ask":
+        return judge.yes_probability([
+            [{"role": "user", "content": GROUNDING[lang].format(document=doc, question=q, answer=a)}]
+            for _, doc, lang, _, q, a in found])
+    answers = [a for *_, a in found]
+    read = judge.answer_logprobs([[{"role": "user", "content": WITH_DOCUMENT[lang].format(document=doc, question=q)}]
+                                  for _, doc, lang, _, q, _ in found], answers)
+    unread = judge.answer_logprobs([[{"role": "user", "content": WITHOUT_DOCUMENT[lang].format(question=q)}]
+                                    for _, _, lang, _, q, _ in found], answers)
+    return [r - u for r, u in zip(read, unread)]
 
 
 def rephrase(rows: list[dict], gen, cfg, seed: int, source: str):

@@ -22,6 +22,11 @@ GROUNDING = {
            "proposed answer supported by the document? Reply with Yes or No."),
     "zh": ("文档：\n{document}\n\n问题：{question}\n候选答案：{answer}\n\n文档是否支持这个候选答案？请回答“是”或“否”。"),
 }
+# grounding=likelihood: the answer's likelihood as the reply to the question with the document
+# before it, against without (how much reading the document raises it)
+WITH_DOCUMENT = {"en": "Document:\n{document}\n\nAnswer from the document: {question}",
+                 "zh": "文档：\n{document}\n\n根据文档回答：{question}"}
+WITHOUT_DOCUMENT = {"en": "{question}", "zh": "{question}"}
 # the first words a judge's reply may start with, by verdict (their first tokens are compared)
 YES = ("Yes", "yes", "YES", " Yes", " yes", "是")
 NO = ("No", "no", "NO", " No", " no", "否")

@@ -74,6 +74,9 @@ def plan_synth(ctx, cfg: SynthConfig, from_: str | None) -> Plan:
     if cfg.kind == "pairs" and judge is None and cfg.server.url:
         raise UserError("synth --kind pairs against a server needs --set judge=RUN (an rm run, or "
                         "a local model that compares the replies)")
+    if cfg.kind == "qa" and cfg.grounding == "likelihood" and judge is None and cfg.server.url:
+        raise UserError("synth --kind qa with grounding=likelihood reads a model's log-likelihoods, which "
+                        "a server does not give: --set judge=RUN (a local model) or grounding=ask")
     models = Models(model, judge, judge_is_rm, cfg.server, cfg.server.model or from_ or "default",
                     cfg.device, cfg.batch_size)
     name = Path(from_).name if from_ else models.server_model

@@ -153,3 +153,22 @@ def test_parse_qa(reply, parsed):
 
 def test_a_written_verdict():
     assert [yes_no(t) for t in ("Yes, it is.", " no", "是的", "否", "Maybe")] == [True, False, True, False, None]
+
+
+class ScriptedLikelihood:
+    """Log-likelihoods as a model that copies gives them: high when the prompt states the answer."""
+
+    def answer_logprobs(self, prompts, answers):
+        return [-0.2 if a in p[-1]["content"] else -3.0 for p, a in zip(prompts, answers)]
+
+
+def test_likelihood_grounding_keeps_answers_the_document_makes_likelier():
+    docs = planted_documents(10)
+
+    def reply(prompt, i):
+        return f"Question: What is the capital?\nAnswer: {'Atlantis' if i % 2 else docs[i]['capital']}"
+
+    kept, removed = kinds.qa(docs, Scripted(reply), ScriptedLikelihood(),
+                             SynthConfig(kind="qa", grounding="likelihood"), 0, "s")
+    assert [r["document_id"] for r in kept] == [f"d{i}" for i in range(0, 10, 2)]
+    assert kept[0]["support"] == 2.8 and {r["reason"] for r in removed} == {"unsupported_answer"}

@@ -95,3 +95,17 @@ def test_magpie_instructions_count_every_sample_kept_or_removed_by_reason(ws):
 def test_a_mistake_in_the_command_exits_2_naming_it(ws, args, phrase):
     r = synth(ws, *args)
     assert r.exit_code == 2 and phrase in r.output and "Traceback" not in r.output, r.output
+
+
+def test_the_local_judges_read_probabilities_from_the_model(tok):
+    import math
+
+    from llmkit.synth.engine import LocalGenerator
+
+    gen = LocalGenerator(tiny_model(tok.vocab_size, seed=3), tok, batch_size=2)
+    chats = [[{"role": "user", "content": f"What is {i}+{i}?"}] for i in range(3)]
+    p = gen.yes_probability(chats)
+    assert len(p) == 3 and all(0 < x < 1 for x in p)
+    lp = gen.answer_logprobs(chats, ["2", "4", ""])
+    assert len(lp) == 3 and all(math.isfinite(x) and x < 0 for x in lp)
+    assert gen.user_turn_prefix().ids == (tok.bos_id, tok.role_ids["user"])
