@@ -36,6 +36,7 @@ class ArtifactStatus:
     inputs: list[str] = field(default_factory=list)  # the artifacts it was built from (names)
     rebuild: str | None = None  # the command that rebuilds it, when it needs rebuilding
     why: str = ""       # what makes it stale: the input that changed, or the stale one upstream
+    below_gate: str = ""  # a run under its general-ability gate: by how much (llmkit.train.gate)
 
 
 def _current_fingerprint(path: Path) -> str | None:
@@ -73,6 +74,9 @@ def artifact_status(path: Path, root: Path) -> ArtifactStatus:
     row = ArtifactStatus(name, stage, "stale" if changed else "done", size, age,
                          [i for i in inputs if i is not None])
     row.rebuild = _command_of(m.get("environment", {}).get("argv"), stage, name, root)
+    gate = m.get("gate") or {}
+    row.below_gate = "; ".join(f"{f}: {gate['files'][f]['base']:.3f} -> {gate['files'][f]['run']:.3f} "
+                               f"(tolerance {gate['tolerance']})" for f in gate.get("failed", []))
     if changed:
         first = resolve_input(root, changed[0])
         row.why = f"{_name_in(root, first) or first} {'changed' if first.exists() else 'is missing'}"
@@ -235,6 +239,9 @@ def print_status(ws) -> None:
         if r.state == "damaged":
             print(f"{r.name}: some finished tasks lost files since; rerun `llmkit {r.stage}` "
                   "(same config and inputs) and it redoes them")
+    for r in rows:
+        if r.below_gate:
+            print(f"{r.name}: BELOW ITS GATE, {r.below_gate}")
     todo = [r for r in rows if r.state in NEEDS_REBUILD]
     if todo:
         print("\nto rebuild, run in this order:")

@@ -12,6 +12,8 @@ from llmkit.checkpoints import step_folders as ckpt
 from llmkit.errors import ConfigError
 from llmkit.core.executor import RUN_OPTION
 from llmkit.checkpoints.lora import LoraConfig
+from llmkit.train.gate import GateConfig
+from llmkit.train.replay import ReplayConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")  # see llmkit.train.optim
@@ -51,6 +53,8 @@ class TrainConfig:
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = GPU table / measured CPU
     threads: int = field(default=0, metadata=RUN_OPTION)  # CPU threads; 0 = this process's free cores, followed during the run (OMP_NUM_THREADS wins)
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (lora.r > 0): train those, the weights stay frozen
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # general data mixed into the batches (llmkit.train.replay)
+    gate: GateConfig = field(default_factory=GateConfig, metadata=RUN_OPTION)  # held-out general evaluations the run must keep (llmkit.train.gate)
 
     # settings a run may change when it is continued (`checkpoint.plan_run`): how far, how fast
     # and how observed it goes on. The rest (batch shape, precision, ZeRO stage, seed, optimizer
@@ -58,7 +62,8 @@ class TrainConfig:
     CONTINUABLE: ClassVar[frozenset] = frozenset({
         "max_steps", "lr", "min_lr", "warmup_steps", "lr_schedule", "decay_steps", "decay_shape",
         "grad_clip", "save_every", "keep_last", "eval_every", "eval_batches", "log_every",
-        "max_bad_steps", "resume_from", "peak_flops", "compile", "activation_checkpointing", "threads"})
+        "max_bad_steps", "resume_from", "peak_flops", "compile", "activation_checkpointing", "threads",
+        *(f"gate.{k}" for k in GateConfig.__dataclass_fields__)})
 
     AUTO_WARMUP: ClassVar[int] = 100  # the warmup that warmup_steps=None gives a long enough run
 

@@ -33,6 +33,9 @@ from llmkit.train.checkpoint import open_run, training_run
 from llmkit.train.engine import Engine
 from llmkit.checkpoints.lora import PINNED_BASE, adapters_of, add_adapters, pin_base, pinned_start, trainable_share
 from llmkit.model.quant import unpool_large_allocations
+from llmkit.train.gate import (GATE, check_gate, gate_finished_run, gate_inputs, gate_lines, gate_record,
+                               gate_scores, start_of)
+from llmkit.train.replay import replay_input, replay_source
 from llmkit.train.threads import threads_label
 
 # the stats most stages take from the engine's last logged record: stat name -> record key
@@ -60,11 +63,15 @@ class Fit:
 def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
     """Train the checkpoint run `stage` (or ctx's --out) from `inputs` (None entries dropped, the
     rest in the order the run records them); returns its builder."""
-    b, plan = open_run(ctx, stage, cfg, [a for a in inputs if a is not None])
+    # replay and gate inputs are checked before anything is written (bad input: exit 2)
+    replay_art, gate_arts = replay_input(ctx, stage, cfg), gate_inputs(ctx, stage, cfg)
+    b, plan = open_run(ctx, stage, cfg, [a for a in [*inputs, replay_art] if a is not None])
     if b.up_to_date:
+        check_gate(b.name, gate_finished_run(ctx, b, cfg, gate_arts, start_of(ctx, b, inputs)))
         return b
     fit = prepare()
     b.extra.update(fit.extra)
+    with_replay = replay_source(ctx, stage, cfg, fit, replay_art) if replay_art is not None else None
     if cfg.lora.enabled:
         add_lora(fit, cfg)
     with training_run(b, plan) as dist:
@@ -74,9 +81,21 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
             fit.model.to(dist.device)
         before = fit.score(fit.model, dist) if fit.score else {}
         task = fit.task(dist)
+        # the gate scores the start and the trained model in the process that holds it whole
+        gated = gate_arts and dist.is_main and not (cfg.zero_stage == 3 and dist.world_size > 1)
+        if gated:
+            from llmkit.tokenizers.sentencepiece import open_tokenizer
+        tokenizer = open_tokenizer(fit.tokenizer_dir) if gated else None
+        gate_before = gate_scores(task.model, tokenizer, gate_arts, cfg, dist.device) if gated else None
+        if with_replay is not None:
+            task = with_replay(task, dist)
         result = Engine(b.final, cfg.train_config(), task, tokenizer_dir=fit.tokenizer_dir,
                         model_config=fit.model_config).fit()
         after = fit.score(fit.model, dist) if fit.score else {}
+        if gated:
+            b.extra[GATE] = {**gate_record(gate_before, gate_scores(task.model, tokenizer, gate_arts,
+                                                                    cfg, dist.device), cfg),
+                             "start": str(fit.start), "fingerprints": [a.fingerprint for a in gate_arts]}
         if dist.is_main:
             b.stats.update(fit.stats, steps=result.step, tokens_seen=result.tokens_seen,
                            threads=result.threads, cpu_kernels=result.cpu_kernels)
@@ -86,9 +105,11 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
                 b.stats.update({f"base_{name}": before[name], name: value})
     if dist.is_main:
         print_summary(f"{b.name} done", [("steps", result.step), *fit.summary(b.stats),
+                                         *gate_lines(b.extra.get(GATE)),
                                          ("CPU threads", threads_label(result.threads)),
                                          ("CPU kernels", result.cpu_kernels),
                                          ("seconds", round(time.time() - b.started, 1))])
+    check_gate(b.name, b.extra.get(GATE))
     return b
 
 

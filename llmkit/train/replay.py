@@ -1,0 +1,378 @@
+"""Replay: general data that joins a run's batches, so that learning a task does not erase what
+the start model could do (catastrophic forgetting).
+
+- Post-training (`--set replay.prompts=DATASET --set replay.ratio=0.2`): the start model (or
+  `replay.model=RUN`) answers the prompts with llmkit's generation engine; its replies are SFT
+  rows (self-distillation: no outside data) drawn as `ratio` of the run's micro-batches. SFT trains
+  on them with its own loss; DPO, KTO and distill with the mean NLL of the reply tokens (RPO's
+  term) on those micro-batches.
+- Continued pretraining (`pretrain --from … --set replay.text=DATASET`): the dataset's `text`,
+  tokenised with the run's tokenizer and cut into `seq_len` windows, is that share of the batches.
+
+The replies are a workspace artifact, `replay-<model>` (manifest: the model's step folder and
+fingerprint, the prompts' fingerprint, the sampling settings). Each reply is keyed by its prompt:
+a changed prompt file regenerates only the replies of prompts it did not have, a second run
+generates nothing, and a run killed mid-way keeps the batches it finished (the builder's work
+folder) and goes on from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmkit.errors import ConfigError, UserError
+
+REPLIES = "replies.jsonl"
+DONE = "done.jsonl"  # in the builder's work folder: the replies generated so far (resume)
+REPLAY_STAGES = ("sft", "dpo", "kto", "distill", "pretrain")  # stages whose model returns logits
+
+
+@dataclass
+class ReplayConfig:
+    prompts: str | None = None  # post-training: dataset or file of prompts (`prompt` or `messages`) the start model answers; its replies join the batches
+    text: str | None = None  # continued pretraining: dataset or file of general text (`text`) that joins the batches
+    ratio: float = 0.2  # share of the micro-batches drawn from the replay data, in (0, 1)
+    model: str | None = None  # the run that answers the prompts; None = the run's start
+    max_new_tokens: int = 48  # reply length limit
+    temperature: float = 0.0  # 0 = greedy replies
+    seed: int = 0  # sampling seed (temperature > 0)
+    batch_size: int = 16  # prompts generated together; each batch is kept as it finishes
+
+    def __post_init__(self):
+        if self.prompts is not None and self.text is not None:
+            raise ConfigError("replay.prompts and replay.text: give one (prompts for post-training, "
+                              "text for continued pretraining)")
+        if not 0 < self.ratio < 1:
+            raise ConfigError(f"replay.ratio must be in (0, 1), got {self.ratio}")
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:
+            raise ConfigError("replay.max_new_tokens and replay.batch_size must be >= 1, "
+                              "replay.temperature >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.prompts is not None or self.text is not None
+
+
+# -- the inputs, checked before anything is written -----------------------------------------
+
+def replay_input(ctx, stage: str, cfg):
+    """The artifact of replay.prompts / replay.text (a run input: a changed file makes the run
+    stale), checked for the columns it needs; None without replay. UserError (exit 2) naming
+    the setting for a stage that cannot replay or a dataset of the wrong kind."""
+    from llmkit.data.input_files import eval_input, read_rows
+
+    rc = cfg.replay
+    if not rc.enabled:
+        return None
+    if stage not in REPLAY_STAGES:
+        raise ConfigError(f"replay: `llmkit {stage}` does not take replay (it trains a "
+                          f"{'reward head' if stage == 'rm' else 'policy from its own rollouts'}); "
+                          f"replay is a setting of {', '.join(REPLAY_STAGES)}")
+    key, spec = ("replay.text", rc.text) if rc.text is not None else ("replay.prompts", rc.prompts)
+    if stage == "pretrain" and key == "replay.prompts":
+        raise ConfigError("replay.prompts: pretraining replays general text; use replay.text=DATASET")
+    if stage != "pretrain" and key == "replay.text":
+        raise ConfigError(f"replay.text: `llmkit {stage}` replays the start model's replies; "
+                          "use replay.prompts=DATASET")
+    art = eval_input(ctx.workspace, spec)
+    rows = read_rows(art, 1)
+    if not rows:
+        raise UserError(f"{key}={spec}: no rows")
+    need = ("text",) if key == "replay.text" else ("prompt", "messages")
+    if not any(rows[0].get(c) for c in need):
+        raise UserError(f"{key}={spec}: its rows have no {' or '.join(f'`{c}`' for c in need)} "
+                        f"column ({', '.join(sorted(rows[0]))}); "
+                        + ("give a text dataset (ingest --kind text)" if key == "replay.text"
+                           else "give a prompt or SFT dataset (prompt, or messages)"))
+    return art
+
+
+# -- the replies, cached per prompt --------------------------------------------------------
+
+def prompt_key(messages: list[dict]) -> str:
+    return hashlib.blake2b(json.dumps(messages, ensure_ascii=False, sort_keys=True).encode(),
+                           digest_size=12).hexdigest()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # the line a kill cut short: generated again
+            pass
+    return out
+
+
+def _model_artifact(step_dir: Path):
+    from llmkit.core.targets import MANIFEST
+    from llmkit.core.workspace import Artifact
+
+    run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
+    if run is None:
+        raise UserError(f"{step_dir}: no manifest beside the checkpoint; replay needs a model run")
+    return Artifact.open(run)
+
+
+def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple[list[dict], dict]:
+    """(SFT rows: each prompt with the replay model's reply, provenance): the artifact
+    `replay-<model>` built or reused. `model` is the loaded start (used when replay.model is not
+    set, so it is not loaded twice)."""
+    from llmkit.checkpoints.loading import load, starting_weights
+    from llmkit.data.chat import prompt_messages
+    from llmkit.data.input_files import read_rows
+
+    rc = cfg.replay
+    model_art, step = starting_weights(ctx.workspace, rc.model) if rc.model else (
+        _model_artifact(start_step), start_step)
+    settings = {"model": str(step), "max_new_tokens": rc.max_new_tokens, "temperature": rc.temperature,
+                "seed": rc.seed, "chat": True}
+    rows = [r for r in read_rows(prompts_art) if r.get("prompt") or r.get("messages")]
+    conversations = [prompt_messages(r) for r in rows]
+    name = f"replay-{model_art.name}"
+    b = ctx.workspace.builder(name, stage="replay", config=settings, inputs=[model_art, prompts_art],
+                              quiet=True)
+    if not b.up_to_date:
+        with b:
+            done = _earlier_replies(ctx.workspace.path(name), settings)
+            done.update({r["key"]: r["reply"] for r in _read_jsonl(b.work_dir / DONE)})
+            todo = [c for c in conversations if prompt_key(c) not in done]
+            b.stats.update(prompts=len(conversations), reused=len(conversations) - len(todo),
+                           generated=len(todo))
+            if todo:
+                replay_model, tokenizer = (model, None) if rc.model is None and model is not None \
+                    else load(str(step))
+                tokenizer = tokenizer or _tokenizer(step)
+                _generate(replay_model, tokenizer, todo, rc, b.work_dir / DONE, done)
+            lines = [json.dumps({"key": prompt_key(c), "messages": c, "reply": done[prompt_key(c)]},
+                                ensure_ascii=False) for c in conversations]
+            (b.dir / REPLIES).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+            b.extra["provenance"] = {**settings, "model_fingerprint": model_art.fingerprint,
+                                     "prompts": str(prompts_art.path),
+                                     "prompts_fingerprint": prompts_art.fingerprint}
+        print(f"replay: {b.stats['generated']} replies generated, {b.stats['reused']} reused "
+              f"({b.final})")
+    replies = _read_jsonl(b.final / REPLIES)
+    sft = [{"messages": [*r["messages"], {"role": "assistant", "content": r["reply"].strip()}]}
+           for r in replies if r["reply"].strip()]
+    return sft, {"artifact": name, "prompts": len(replies), "rows": len(sft)}
+
+
+def _tokenizer(step: Path):
+    from llmkit.checkpoints.loading import load_tokenizer
+
+    return load_tokenizer(step)
+
+
+def _earlier_replies(path: Path, settings: dict) -> dict:
+    """{prompt key: reply} of the artifact in place when the same model and sampling made it."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if manifest.get("config") != settings:
+        return {}
+    return {r["key"]: r["reply"] for r in _read_jsonl(path / REPLIES)}
+
+
+def _generate(model, tokenizer, conversations: list[list[dict]], rc: ReplayConfig, done_file: Path,
+              done: dict) -> None:
+    """Replies in batches, each appended to `done_file` (fsynced) as it finishes: a killed run
+    loses at most the batch it was in."""
+    from llmkit.model.decoding import generate_replies
+
+    stop_ids = [i for i in (tokenizer.end_of_turn_id, tokenizer.eos_id) if i is not None]
+    was_training = model.training
+    model.eval()
+    try:
+        with done_file.open("a", encoding="utf-8") as out:
+            for k in range(0, len(conversations), rc.batch_size):
+                chunk = conversations[k:k + rc.batch_size]
+                prompts = [tokenizer.encode_chat(c, add_generation_prompt=True)[0] for c in chunk]
+                replies = generate_replies(model, prompts, stop_ids=stop_ids, pad_id=tokenizer.pad_id,
+                                           max_new_tokens=rc.max_new_tokens, batch_size=rc.batch_size,
+                                           temperature=rc.temperature, seed=rc.seed + k)
+                for c, r in zip(chunk, replies):
+                    key, text = prompt_key(c), tokenizer.decode(r)
+                    done[key] = text
+                    out.write(json.dumps({"key": key, "reply": text}, ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+    finally:
+        model.train(was_training)
+
+
+# -- the batches -----------------------------------------------------------------------------
+
+def text_windows(tokenizer, art, seq_len: int) -> list[list[int]]:
+    """The `text` of `art` tokenised, documents joined by the document end, cut into windows of
+    seq_len + 1 tokens (the last shorter one dropped)."""
+    from llmkit.data.input_files import read_rows
+
+    end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    flat = [t for r in read_rows(art) if r.get("text") for t in [*tokenizer.encode(r["text"]), *end]]
+    windows = [flat[i:i + seq_len + 1] for i in range(0, len(flat) - seq_len, seq_len + 1)]
+    if not windows:
+        raise UserError(f"replay.text={art.path}: fewer than seq_len + 1 = {seq_len + 1} tokens of text")
+    return windows
+
+
+class WindowStream:
+    """Pretraining batches ({input_ids, labels}, numpy) of token windows, reshuffled each pass;
+    its position (`state_dict`) resumes exactly."""
+
+    def __init__(self, windows: list[list[int]], micro_batch_size: int, seed: int, rank: int, world: int):
+        import numpy as np
+
+        self.rows = np.asarray(windows[rank::world] or windows, dtype=np.int64)
+        self.batch = min(micro_batch_size, len(self.rows))
+        self.seed, self.epoch, self.pos = seed, 0, 0
+
+    def __iter__(self):
+        import numpy as np
+
+        while True:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.rows))
+            while self.pos + self.batch <= len(order):
+                rows = self.rows[order[self.pos:self.pos + self.batch]]
+                self.pos += self.batch
+                yield {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
+            self.epoch, self.pos = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+
+
+REPLAY = "replay"  # the key that marks a replay micro-batch
+
+
+def _block_start(j: int, ratio: float) -> int:
+    """The first n with floor(n * ratio) >= j."""
+    n = max(int(j / ratio) - 1, 0)
+    while int(n * ratio) < j:
+        n += 1
+    return n
+
+
+class ReplayTask:
+    """A stage's Task with replay micro-batches among its own. Micro-batches are cut into blocks
+    of about 1/r (block j: the n with floor(n r) = j) and one micro-batch of each block, drawn
+    from (seed, j), is a replay one: the share is r at every point of the run (one block at most
+    away), no logged step falls always on replay or never (as a fixed period would with
+    log_every), and a resumed run draws what the stopped one would have (the count and both
+    streams' positions are in `state_dict`). A replay batch in the task's own format (SFT rows for
+    sft, token windows for pretrain) takes the task's loss; for the other stages it takes the mean
+    NLL of its reply tokens. Everything else is the task's."""
+
+    def __init__(self, task, replay_data, ratio: float, own_format: bool, pad_id: int | None = None,
+                 seed: int = 0):
+        self.__dict__.update(task=task, replay_data=replay_data, ratio=ratio, own_format=own_format, seed=seed,
+                             replay_pad_id=pad_id, drawn=0, counts_items=None, _replay_iter=None)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["task"], name)
+
+    def __setattr__(self, name, value):  # the engine sets `device`: the task's
+        setattr(self.task, name, value)
+
+    def is_replay(self, n: int) -> bool:
+        j = int(n * self.ratio)
+        start, end = _block_start(j, self.ratio), _block_start(j + 1, self.ratio)
+        draw = int.from_bytes(hashlib.blake2b(f"{self.seed}:{j}".encode(), digest_size=8).digest(), "little")
+        return n == start + draw % (end - start)
+
+    def next_batch(self, model):
+        n = self.drawn
+        self.__dict__["drawn"] = n + 1
+        if not self.is_replay(n):
+            return self.task.next_batch(model)
+        if self._replay_iter is None:
+            self.__dict__["_replay_iter"] = iter(self.replay_data)
+        try:
+            batch = next(self._replay_iter)
+        except StopIteration:  # a finite stream: next pass
+            self.__dict__["_replay_iter"] = iter(self.replay_data)
+            batch = next(self._replay_iter)
+        return {**batch, REPLAY: True}
+
+    def items_in_batch(self, batch):
+        if not batch.get(REPLAY):
+            count = self.task.items_in_batch(batch)
+            self.__dict__["counts_items"] = count is not None
+            return count
+        if self.own_format:
+            return self.task.items_in_batch({k: v for k, v in batch.items() if k != REPLAY})
+        return int((batch["labels"][:, 1:] != -100).sum()) if self.counts_items else None
+
+    def loss(self, model, batch):
+        if not batch.get(REPLAY):
+            return self.task.loss(model, batch)
+        batch = {k: v for k, v in batch.items() if k != REPLAY}
+        if self.own_format:
+            loss, _ = self.task.loss(model, batch)
+        else:
+            from llmkit.train.losses import token_logps
+            from llmkit.train.task import ITEMS_PER_MICRO_BATCH
+
+            logps, mask = token_logps(model(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids")),
+                                      batch["labels"])
+            loss = -logps.sum() / batch.get(ITEMS_PER_MICRO_BATCH, mask.sum().clamp(min=1))
+        return loss, {"replay_loss": loss.detach()}
+
+    def batch_tokens(self, batch) -> int:
+        if batch.get(REPLAY) and not self.own_format:
+            return int((batch["input_ids"] != self.replay_pad_id).sum())
+        return self.task.batch_tokens({k: v for k, v in batch.items() if k != REPLAY})
+
+    def state_dict(self) -> dict:
+        state = {**self.task.state_dict(), "replay_drawn": self.drawn}
+        if hasattr(self.replay_data, "state_dict"):
+            state["replay_data"] = self.replay_data.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.task.load_state_dict({k: v for k, v in state.items() if not k.startswith("replay_")})
+        self.__dict__.update(drawn=state.get("replay_drawn", 0), _replay_iter=None)
+        if "replay_data" in state:
+            self.replay_data.load_state_dict(state["replay_data"])
+
+
+def replay_source(ctx, stage: str, cfg, fit, art):
+    """`wrap(task, dist) -> ReplayTask` over the replay data of `art` (replay.prompts' replies,
+    generated or reused here, before the run folder is touched; or replay.text's windows)."""
+    from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, sft_rows
+
+    rc = cfg.replay
+    if rc.text is not None:
+        from llmkit.tokenizers.sentencepiece import open_tokenizer
+
+        windows = text_windows(open_tokenizer(fit.tokenizer_dir), art, cfg.seq_len)
+        fit.stats["replay"] = {"windows": len(windows), "ratio": rc.ratio}
+        return lambda task, dist: ReplayTask(
+            task, WindowStream(windows, cfg.micro_batch_size, cfg.seed + 1, dist.rank, dist.world_size),
+            rc.ratio, own_format=True, seed=cfg.seed)
+    from llmkit.checkpoints.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(fit.start)
+    rows, info = replay_replies(ctx, cfg, art, fit.start, fit.model)
+    examples, _ = encode_sft_rows(tokenizer, rows, cfg.seq_len)
+    sequences = sft_rows(examples, cfg.seq_len, getattr(cfg, "packing", True))
+    fit.stats["replay"] = {**info, "sequences": len(sequences), "ratio": rc.ratio}
+
+    def wrap(task, dist):
+        data = BatchStream(sequences, lambda items: collate_sft(items, tokenizer.pad_id),
+                           micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, seed=cfg.seed + 1,
+                           rank=dist.rank, world_size=dist.world_size)
+        return ReplayTask(task, data, rc.ratio, own_format=stage == "sft", pad_id=tokenizer.pad_id,
+                          seed=cfg.seed)
+
+    return wrap
