@@ -145,7 +145,7 @@ def gate_message(run_name: str, record: dict) -> str:
              f"start ({f['drop'] - record['tolerance']:.3f} past the tolerance {record['tolerance']})"
              for name, f in record["files"].items() if name in record["failed"]]
     return (f"gate: {run_name} fell below the general-ability gate — " + "; ".join(parts)
-            + ". Add replay (--set replay.prompts=DATASET), train less, or set gate.action=warn")
+            + ". Add replay (--set replay.prompts=DATASET) or raise replay.ratio, train less, or set gate.action=warn")
 
 
 def check_gate(run_name: str, record: dict | None) -> None:

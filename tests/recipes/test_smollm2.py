@@ -1,6 +1,6 @@
 """The SmolLM2 recipe's general-ability check, as data: the held-out general questions have
-checkable answers and share none with the prompts mixed into SFT, the longer-word reversals are
-longer than any trained word, the SFT mix holds the task and the base's replies, and the summary
+checkable answers and share none with the prompts SFT replays, the longer-word reversals are
+longer than any trained word, SFT replays the base's replies as a setting, and the summary
 puts general ability next to the task's exact match. No model runs here."""
 
 import importlib.util
@@ -45,17 +45,23 @@ def test_longer_word_reversals_are_longer_than_every_trained_word():
         assert r["answer"].split() == letters[::-1]
 
 
-def test_the_sft_mix_is_the_task_rows_and_the_base_replies_repeated(tmp_path):
-    task = tmp_path / "task.jsonl"
-    task.write_text('{"prompt": "Reverse: a b", "response": "b a"}\n', encoding="utf-8")
-    replies = tmp_path / "replies.jsonl"
-    replies.write_text('{"prompt": "What is 1 plus 1?", "completion": " 2 "}\n'
-                       '{"prompt": "Say nothing.", "completion": ""}\n', encoding="utf-8")
-    out = tmp_path / "mix.jsonl"
-    assert load("mix_general").main(task, replies, 3, out) == 4
-    rows = read_jsonl(out)
-    assert rows[0]["response"] == "b a"
-    assert rows[1:] == [{"prompt": "What is 1 plus 1?", "response": "2", "task": "general"}] * 3
+def test_the_sft_replays_the_general_prompts_and_is_gated_on_the_general_questions():
+    """The Makefile's replay and gate settings (no script: `replay.prompts`, `gate.files`) are
+    SFT settings that resolve, and name the recipe's files."""
+    import re
+
+    from llmkit.core.config import parse_overrides, resolve_config
+    from llmkit.train.sft import SftConfig
+
+    make = (RECIPE / "Makefile").read_text()
+    flags = " ".join(re.search(rf"^{name} \?= (.*(?:\\\n.*)*)", make, re.M).group(1).replace("\\\n", " ")
+                     for name in ("REPLAY_FLAGS", "GATE_FLAGS"))
+    pairs = [p.replace("$(GENERAL_PROMPTS)", "general_prompts.jsonl").replace("$(TOP)/recipes/smollm2/", "")
+             for p in re.findall(r"--set (\S+)", flags)]
+    cfg = resolve_config(SftConfig, parse_overrides(pairs))
+    assert cfg.replay.prompts == "general_prompts.jsonl" and cfg.replay.ratio == 0.2
+    assert cfg.gate.files == ["general_eval.jsonl"] and cfg.gate.tolerance == 0.05
+    assert not (RECIPE / "mix_general.py").exists()
 
 
 def write_json(path: Path, value) -> None:
