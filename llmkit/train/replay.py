@@ -125,17 +125,20 @@ def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple
     `replay-<model>` built or reused. `model` is the loaded start (used when replay.model is not
     set, so it is not loaded twice)."""
     from llmkit.checkpoints.loading import load, starting_weights
+    from llmkit.checkpoints.lora_files import weights_fingerprint
     from llmkit.data.chat import prompt_messages
     from llmkit.data.input_files import read_rows
 
     rc = cfg.replay
     model_art, step = starting_weights(ctx.workspace, rc.model) if rc.model else (
         _model_artifact(start_step), start_step)
-    settings = {"model": str(step), "max_new_tokens": rc.max_new_tokens, "temperature": rc.temperature,
-                "seed": rc.seed, "chat": True}
+    # the weights, not their path: a LoRA run continued on its pinned copy of the base reuses the
+    # base's replies
+    settings = {"weights": weights_fingerprint(step), "max_new_tokens": rc.max_new_tokens,
+                "temperature": rc.temperature, "seed": rc.seed, "chat": True}
     rows = [r for r in read_rows(prompts_art) if r.get("prompt") or r.get("messages")]
     conversations = [prompt_messages(r) for r in rows]
-    name = f"replay-{model_art.name}"
+    name = f"replay-{_model_name(ctx.workspace, model_art)}"
     b = ctx.workspace.builder(name, stage="replay", config=settings, inputs=[model_art, prompts_art],
                               quiet=True)
     if not b.up_to_date:
@@ -153,7 +156,7 @@ def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple
             lines = [json.dumps({"key": prompt_key(c), "messages": c, "reply": done[prompt_key(c)]},
                                 ensure_ascii=False) for c in conversations]
             (b.dir / REPLIES).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-            b.extra["provenance"] = {**settings, "model_fingerprint": model_art.fingerprint,
+            b.extra["provenance"] = {**settings, "model": str(step), "model_fingerprint": model_art.fingerprint,
                                      "prompts": str(prompts_art.path),
                                      "prompts_fingerprint": prompts_art.fingerprint}
         print(f"replay: {b.stats['generated']} replies generated, {b.stats['reused']} reused "
@@ -162,6 +165,20 @@ def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple
     sft = [{"messages": [*r["messages"], {"role": "assistant", "content": r["reply"].strip()}]}
            for r in replies if r["reply"].strip()]
     return sft, {"artifact": name, "prompts": len(replies), "rows": len(sft)}
+
+
+def _model_name(ws, art) -> str:
+    """The model's artifact name; for a LoRA run's pinned copy of its base, the base's name."""
+    from llmkit.checkpoints.lora_files import PINNED_BASE
+
+    if art.path.name == PINNED_BASE:
+        for path in ws.artifacts():
+            try:
+                if json.loads((path / "manifest.json").read_text())["fingerprint"] == art.fingerprint:
+                    return path.name
+            except (OSError, ValueError, KeyError):
+                continue
+    return art.name
 
 
 def _tokenizer(step: Path):
