@@ -30,6 +30,7 @@ training reward of the first and last tenth of the rollouts.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Callable
 
 import torch
@@ -53,6 +54,8 @@ from llmkit.train.ppo_rewards import run_rewards
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, rank_and_world,
                                    rollout_prompts, sample_responses, select_rows)
 from llmkit.train.stage import Fit, fit_stage
+from llmkit.train.tool_rollouts import (ToolSetup, sample_tool_responses, tool_accuracy, tool_inputs,
+                                         tool_setup)
 from llmkit.train.task import Task
 
 
@@ -78,7 +81,7 @@ class PpoTask(Task):
 
     def __init__(self, model: ActorCritic, reference: Transformer | None, prompts: list[Prompt],
                  scorer: Callable, cfg: PpoConfig, *, stop_ids: list[int], pad_id: int,
-                 decode: Callable[[list[int]], str]):
+                 decode: Callable[[list[int]], str], tools: ToolSetup | None = None):
         super().__init__(model)
         if not prompts:
             raise ValueError("PPO needs at least one prompt")
@@ -86,6 +89,7 @@ class PpoTask(Task):
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
         self.stop_ids, self.pad_id, self.decode = list(stop_ids), pad_id, decode
+        self.tools = tools  # multi-turn rollouts calling them (train.tool_rollouts)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.score_moments = RunningMoments()
@@ -146,7 +150,8 @@ class PpoTask(Task):
 
     def sample(self, policy: Transformer, prompts: list[Prompt]) -> Samples:
         """One response per prompt from `policy`, sampled with the rollout settings."""
-        return sample_responses(policy, prompts, max_new_tokens=self.cfg.max_new_tokens,
+        sample = functools.partial(sample_tool_responses, setup=self.tools) if self.tools else sample_responses
+        return sample(policy, prompts, max_new_tokens=self.cfg.max_new_tokens,
                                 temperature=self.cfg.temperature, stop_ids=self.stop_ids, pad_id=self.pad_id,
                                 decode=self.decode, device=self.device or torch.device("cpu"))
 
@@ -170,7 +175,8 @@ class PpoTask(Task):
         if hasattr(self.scorer, "state"):  # what reward functions read as trainer_state
             self.scorer.state = trainer_state(self.rollouts_done * cfg.steps_per_rollout, cfg.max_steps)
         raw_scores = self.scorer(samples).to(ids.device, torch.float32)  # NaN: no reward scored it
-        stopped = ends_with_stop(samples.responses, mask, self.stop_ids)
+        stopped = (samples.stopped if samples.stopped is not None
+                   else ends_with_stop(samples.responses, mask, self.stop_ids))
         scores = clip_scores(penalize_missing_stop(raw_scores, stopped, cfg.missing_eos_penalty),
                              cfg.reward_clip)
         if cfg.normalize_reward:
@@ -184,6 +190,7 @@ class PpoTask(Task):
         self._rollout_kl_coef = self.kl_ctl.value
         self._rollout_metrics = {
             **getattr(self.scorer, "metrics", {}),  # each reward function's mean and Nones
+            **(samples.metrics or {}),  # tool calls and their errors
             "kl_coef": self._rollout_kl_coef,
             "reward_mean": scored.mean().item() if len(scored) else float("nan"),
             "reward_std": scored.std().item() if len(scored) > 1 else 0.0,
@@ -296,7 +303,10 @@ def answers_scorer(cfg: PpoConfig, tokenizer, records: list[dict]):
         if not dist.is_main:
             return {"accuracy": None, "similarity": None}
         scores = evaluate_answers(model, tokenizer, records, cfg.max_new_tokens)
-        return {"accuracy": scores["exact_match"], "similarity": scores["similarity"]}
+        tools = tool_setup(cfg, tokenizer)  # and the answers' math equivalence when the model may call them
+        return {"accuracy": scores["exact_match"], "similarity": scores["similarity"],
+                **({"tool_accuracy": tool_accuracy(model, tokenizer, records, tools, cfg.max_new_tokens)}
+                   if tools else {})}
 
     return score
 
@@ -307,7 +317,8 @@ def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer:
     # LoRA: the reference is the policy with its adapters disabled, no second copy of the base
     reference = None if adapters_of(policy) is not None else copy.deepcopy(policy)
     return PpoTask(build_actor_critic(policy, cfg, reward_model), reference, prompts, scorer, cfg,
-                   stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
+                   stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, decode=tokenizer.decode,
+                   tools=tool_setup(cfg, tokenizer))
 
 
 def ppo_stats(result, task: PpoTask) -> dict:
@@ -324,7 +335,9 @@ def ppo_summary(s: dict) -> list[tuple]:
             ("reward", f"{s['reward_start']:.3f} -> {s['reward_end']:.3f} ({s['reward']})"),
             ("held-out exact match", f"{score(s['base_accuracy'])} -> {score(s['accuracy'])} "
                                      f"({s['eval_records']} rows)"),
-            ("held-out similarity", f"{score(s['base_similarity'])} -> {score(s['similarity'])}")]
+            ("held-out similarity", f"{score(s['base_similarity'])} -> {score(s['similarity'])}"),
+            *([("held-out with tools", f"{score(s['base_tool_accuracy'])} -> {score(s['tool_accuracy'])}")]
+              if "tool_accuracy" in s else [])]
 
 
 def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None = None, eval_data=None):
@@ -345,7 +358,7 @@ def run_ppo(ctx, cfg: PpoConfig, policy: str = "sft", reward_model: str | None =
                    stats={"reward": rewards.setup.shown, "algo": cfg.algo, "train_prompts": len(prompts),
                           "dropped_too_long": dropped, "heldout_rows": len(heldout), "eval_records": len(scored)})
 
-    inputs = [policy_art, prompts_art, rewards.rm_art, eval_art, *rewards.files]
+    inputs = [policy_art, prompts_art, rewards.rm_art, eval_art, *rewards.files, *tool_inputs(cfg)]
     return fit_stage(ctx, "ppo", cfg, inputs, prepare)
 
 

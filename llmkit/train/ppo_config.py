@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 from llmkit.errors import ConfigError
 from llmkit.rewards.plugins import reward_names, reward_weights
 from llmkit.rewards.text import format_reward_of
+from llmkit.rewards.tools import tool_names
 from llmkit.train.grpo_losses import CLIPPED_SURROGATE_LOSSES, GrpoLossType, ImportanceSamplingLevel
 from llmkit.train.rl_losses import RewardScaling
 from llmkit.train.posttrain import GenerativeConfig
@@ -34,7 +35,9 @@ class PpoConfig(GenerativeConfig):
                          "value_model", "kl_estimator"), ("ppo",)),
         **dict.fromkeys(("loss_type", "scale_rewards", "kl_bias_correction", "importance_sampling_level",
                          "ratio_max", *SAPO_SETTINGS, *VESPO_SETTINGS), ("grpo",)),
-        "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",)}
+        "mask_truncated_completions": ("grpo", "rloo"), "normalize_advantages": ("rloo",),
+        # tool turns leave holes in the response mask, which ppo's GAE would bootstrap across
+        **dict.fromkeys(("tools", "max_tool_turns", "tool_timeout"), ("grpo", "rloo"))}
 
     algo: Literal["ppo", "grpo", "rloo"] = "ppo"  # grpo, rloo: advantages within a group of samples, no value model
     # auto: the reward model if one is given, else verify; mix: model + verify_weight × verify; or
@@ -88,6 +91,9 @@ class PpoConfig(GenerativeConfig):
     missing_eos_penalty: float | None = None  # subtracted from the score of a response cut off before its stop token (TRL's)
     normalize_reward: bool = False  # scale scores by running mean/std of all scores seen
     value_model: Literal["shared", "separate"] = "shared"  # value head on the policy's trunk, or its own trunk
+    tools: str | None = None  # grpo, rloo: tools the policy may call in a rollout (llmkit.train.tool_rollouts): calculator, FILE.py:FUNCTION[,FUNCTION]
+    max_tool_turns: int = 3  # rounds of tool calls per rollout before the reply is the answer
+    tool_timeout: float = 5.0  # seconds one tool call may run before it returns an error
     # the engine's settings where RL fine-tuning differs from the others: a small constant lr
     # (min_lr is post-training's 1e-5 too), no warmup
     lr: float = 1e-5  # learning rate (constant unless min_lr is set lower)
@@ -132,6 +138,11 @@ class PpoConfig(GenerativeConfig):
                 f"{self.micro_batch_size}): an optimizer step would mix two passes; use a grad_accum "
                 f"that divides {per_pass}, or change prompts_per_rollout or micro_batch_size")
         self._refuse_settings_of_the_other_algo()
+        if self.tools:
+            tool_names(self.tools)  # an unknown built-in is refused here
+        if self.max_tool_turns < 0 or not self.tool_timeout > 0:
+            raise ConfigError(f"max_tool_turns must be >= 0 and tool_timeout > 0, got "
+                              f"{self.max_tool_turns}, {self.tool_timeout}")
         self._refuse_settings_of_another_loss()
         names = reward_names(self.reward, has_reward_model=True)  # an unknown name is refused here
         reward_weights(names, self.reward, self.reward_weights, self.verify_weight)

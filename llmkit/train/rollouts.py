@@ -60,6 +60,10 @@ class Samples:
     texts: list[str]              # decoded responses (stop token and padding left out)
     answers: list[str | None]     # each sample's prompt's answer
     prompts: list[Prompt] | None = None  # each sample's prompt (its row, for reward functions)
+    # tool rollouts (train.tool_rollouts): whether the last turn reached its stop token, and the
+    # tool metrics; response_mask is then 0 on the tool results' tokens between the turns
+    stopped: torch.Tensor | None = None
+    metrics: dict | None = None
 
     @property
     def responses(self) -> torch.Tensor:
@@ -163,7 +167,8 @@ def over_processes(statistic: Callable[[torch.Tensor], torch.Tensor], values: to
 def select_rows(rollout: dict, rows: torch.Tensor) -> dict:
     """A minibatch: the rows `rows` of a rollout, trimmed to their longest response."""
     P = rollout["prompt_len"]
-    width = max(int(rollout["response_mask"][rows].sum(-1).max()), 1)
+    # the real tokens, not response_mask: a tool rollout's mask has holes (the tool results)
+    width = max(int(rollout["attention_mask"][rows, P:].sum(-1).max()), 1)
     batch = {"prompt_len": P}
     for key, value in rollout.items():
         if key == "prompt_len":
