@@ -28,6 +28,7 @@ from llmkit.tokenizers.chat_template import render_chat
 MODELFILE = "Modelfile"
 # marker contents: plain words, so that a template's `| trim` or `.strip()` leaves them as they are
 SYSTEM, USER, REPLY, NEXT = "llmkitSYSTEMmarker", "llmkitUSERmarker", "llmkitREPLYmarker", "llmkitNEXTmarker"
+BOS = "llmkitBOSmarker"  # stands for bos_token: text that merely starts like the bos (SmolLM2's is <|im_start|>) is no bos
 
 
 def turn_strings(template: str, special_tokens: dict) -> dict | None:
@@ -36,7 +37,7 @@ def turn_strings(template: str, special_tokens: dict) -> dict | None:
     always_system, bos), or None when its turns do not come apart as one prefix and suffix per role."""
     def render(messages, generation=False):
         try:
-            return render_chat(template, messages, generation, special_tokens=special_tokens)[0]
+            return render_chat(template, messages, generation, special_tokens={**special_tokens, "bos_token": BOS})[0]
         except UserError:
             return None
 
@@ -46,8 +47,7 @@ def turn_strings(template: str, special_tokens: dict) -> dict | None:
     three, with_system = render([user, reply, nxt]), render([system, user])
     if None in (one, one_open, three, with_system) or not one_open.startswith(one):
         return None
-    bos = special_tokens.get("bos_token") or ""
-    bos = bos if bos and one.startswith(bos) else ""
+    bos = BOS if one.startswith(BOS) else ""  # the template writes bos_token first: llama.cpp adds it itself
     user_suffix = three[three.index(NEXT) + len(NEXT):]
     between_user_reply = three[three.index(USER) + len(USER):three.index(REPLY)]
     between_reply_next = three[three.index(REPLY) + len(REPLY):three.index(NEXT)]
@@ -72,6 +72,9 @@ def turn_strings(template: str, special_tokens: dict) -> dict | None:
         strings.update(default_system=default, always_system=not default)  # Llama 3.2: an empty one is written
     else:
         return None
+    strings["bos"] = (special_tokens.get("bos_token") or "") if bos else ""
+    if any(BOS in v for v in strings.values() if isinstance(v, str)):
+        return None  # a bos_token within the turns: not one of the families here
     return strings
 
 

@@ -116,6 +116,9 @@ def test_the_go_template_renders_chats_as_the_jinja_template(tmp_path):
 def test_the_default_system_prompt_becomes_system():
     strings = turn_strings(*TEMPLATES["smollm2"])
     assert strings["default_system"] == "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    # SmolLM2's bos is <|im_start|>, which its template never writes as bos_token: the turns keep it
+    assert strings["bos"] == "" and strings["system_prefix"] == "<|im_start|>system\n"
+    assert turn_strings(*TEMPLATES["llmkit"])["bos"] == "<s>"
     text, templated = modelfile("model-q8_0.gguf", *TEMPLATES["smollm2"], stops=["<|im_end|>", "<|im_end|>"])
     assert templated and 'SYSTEM """You are a helpful AI assistant named SmolLM' in text
     assert text.count('PARAMETER stop "<|im_end|>"') == 1 and "FROM ./model-q8_0.gguf" in text
