@@ -6,5 +6,7 @@ serves one offline page (`page`) on the standard library's http.server; `journal
 judgement, with its optional 1–5 scores (`ratings`), durable before the page is told it is
 saved; `export` turns the journal into a preference dataset that `llmkit rm` and `llmkit dpo`
 read, ranked lists, the scores, and a Bradley–Terry ranking of the models (`ranking`) that
-`llmkit report` plots.
+`llmkit report` plots. A model rates the same items as a rater too (`llmkit judge --model RUN`,
+`model_rating` over `model_judge`: both orders, label probabilities), and `agreement` sets it
+beside the human raters (agreement rate, Cohen's kappa, position bias).
 """

@@ -106,6 +106,14 @@ def run_export(ctx, cfg: JudgeConfig):
     items = {item["id"]: item for item in read_items(session.path)}
     journal = session.path / JOURNAL_FILE
     judgements, repeats = first_judgements([j for j in read_journal(journal) if j["item"] in items])
+    raters = [r.strip() for r in cfg.raters.split(",") if r.strip()]
+    if raters:
+        judged_by = {j["rater"] for j in judgements}
+        unknown = [r for r in raters if r not in judged_by]
+        if unknown:
+            raise UserError(f"raters={cfg.raters}: {', '.join(unknown)} judged nothing in {session.path}; "
+                            f"its raters: {', '.join(sorted(judged_by)) or 'none'}")
+        judgements = [j for j in judgements if j["rater"] in raters]
     if not judgements:
         raise UserError(f"{session.path} has no judgements yet; judge with `llmkit judge --in "
                         f"{session.name}` first")
@@ -115,7 +123,8 @@ def run_export(ctx, cfg: JudgeConfig):
     # the journal grows under a session whose own fingerprint stays: its content is an input
     settings = {"resamples": cfg.resamples, "seed": cfg.seed, "judgements": len(judgements),
                 "journal_sha256": hashlib.sha256(
-                    "".join(j["id"] + j["choice"] for j in judgements).encode()).hexdigest()}
+                    "".join(j["id"] + j["choice"] for j in judgements).encode()).hexdigest(),
+                **({"raters": raters} if raters else {})}  # absent when all: earlier exports stay up to date
     final = ctx.workspace.path(out)
     refuse_while_judged(final)  # a session served now, even with --force
     b = ctx.workspace.builder(out, stage="judge", kind=EXPORT_KIND, config=settings, inputs=[session],
@@ -134,7 +143,7 @@ def run_export(ctx, cfg: JudgeConfig):
         write_jsonl(b.dir / RANKED_FILE, ranked)
         summary = summarize(judgements, models, cfg.resamples, cfg.seed)
         (b.dir / RANKING_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
-        (b.dir / "summary.md").write_text(ranking_markdown(summary, f"Human judgements of {session.name}"))
+        (b.dir / "summary.md").write_text(ranking_markdown(summary, f"Judgements of {session.name}"))
         b.stats = {"judgements": len(judgements), "pairs": len(rows), "rows": len(rows),
                    "ties": sum(j["choice"] == "tie" for j in judgements),
                    "skips": sum(j["choice"] == "skip" for j in judgements),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llmkit.judge.agreement import is_model_judgement, judge_summary, judge_summary_markdown
 from llmkit.judge.ratings import criteria_markdown, criterion_means
 
 RANKING_FILE = "ranking.json"  # in an export artifact; `llmkit report` plots the ones it is given
@@ -146,6 +147,8 @@ def summarize(judgements: list[dict], models: list[str], resamples: int = 1000, 
         summary["win_rates"] = win_rates(models, left, right, outcome, resamples, rng)
     # last: the intervals above draw the same resamples whether or not anyone gave scores
     summary["criteria"] = criterion_means(judgements, models, resamples, rng, CONFIDENCE)
+    if any(is_model_judgement(j) for j in judgements):  # human, model and their agreement
+        summary["model_judges"] = judge_summary(judgements)
     return summary
 
 
@@ -167,6 +170,8 @@ def ranking_markdown(summary: dict, title: str) -> str:
     lines += criteria_markdown(summary.get("criteria", []), summary["models"])
     lines += ["", "Share of left among each rater's choices: " +
               ", ".join(f"{r} {s:.2f}" for r, s in summary["left_share"].items()), ""]
+    if summary.get("model_judges"):
+        lines += ["", judge_summary_markdown(summary["model_judges"], "Human and model judges")]
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from llmkit.data.io import read_table
 from llmkit.errors import ConfigError, UserError
 from llmkit.generation import GenerateConfig, generate_texts, read_prompts, uses_chat_template, warn_if_empty
 from llmkit.judge.journal import JOURNAL_FILE, describe_holder, read_journal, writer_of
+from llmkit.judge.model_judge import ModelJudgeConfig
 from llmkit.checkpoints.loading import load
 from llmkit.core.workspace import MANIFEST, Artifact
 
@@ -46,6 +47,8 @@ class JudgeConfig:
     max_prompts: int = 0  # judge the first N prompts only; 0 = all of them
     resamples: int = 1000  # bootstrap resamples behind the export's confidence intervals
     generation: ReplyConfig = field(default_factory=ReplyConfig)  # how replies are generated: max_new_tokens, greedy…
+    raters: str = ""  # the export keeps these raters' judgements only (comma-separated, e.g. checker or model:smollm2); "" = all
+    model_judge: ModelJudgeConfig = field(default_factory=ModelJudgeConfig)  # how `--model RUN` judges: combine, ties, language…
 
     def __post_init__(self):
         if self.max_prompts < 0 or self.resamples < 0:
@@ -145,7 +148,9 @@ def prepare_session(ctx, cfg: JudgeConfig, models: str | None, prompts: str | No
     settings = {**session_settings(cfg, names, prompts), "prompts_sha256": file_hash}
     out = ctx.out_name("judge")
     inputs = runs if prompt_art is None else [*runs, prompt_art]
-    b = ctx.workspace.builder(out, stage="judge", config=settings, inputs=inputs, force=ctx.force)
+    # a generation setting a later llmkit adds, at its default, leaves the session (and its judgements) as it is
+    b = ctx.workspace.builder(out, stage="judge", config=settings, inputs=inputs, force=ctx.force,
+                              defaults={"generation": config_to_dict(ReplyConfig())})
     if not b.up_to_date:
         refuse_while_judged(b.final)
         refuse_to_drop_judgements(b.final, out, ctx.force)
