@@ -6,7 +6,9 @@ A tool is a Python function called with the keyword arguments the model writes; 
 (`my_tools.py:search,lookup`).
 
 The call markup is Qwen2.5's and Qwen3's (also llmkit's own models'): the reply holds
-`<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`, one block per call. A call never
+`<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`, one block per call; Qwen3.5's
+`<tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>` is read too
+(its values as strings). A call never
 raises out of here: bad JSON, an unknown tool, an exception inside the tool or a call that runs
 past `timeout` seconds all become the tool's text (`error: ...`), which the model reads like any
 result, and are counted. A timed-out call is abandoned in its thread (a Python function cannot
@@ -29,6 +31,8 @@ from typing import Callable
 from llmkit.errors import ConfigError, UserError
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
 MAX_RESULT_CHARS = 1000  # a longer result is cut: it would crowd the rollout's window
 BUILTIN_TOOLS = {"calculator": "llmkit.rewards.tools:calculator"}
 
@@ -104,10 +108,14 @@ class ToolResult:
 
 def run_tool_call(call: str, tools: dict[str, Callable], timeout: float) -> ToolResult:
     """Run one call (the JSON inside a <tool_call> block); every failure becomes an `error: ...` result."""
-    try:
-        parsed = json.loads(call)
-    except json.JSONDecodeError as e:
-        return ToolResult(None, f"error: the tool call is not JSON ({e.msg})", False)
+    function = _XML_FUNCTION.fullmatch(call.strip())
+    if function:  # Qwen3.5's form: <function=NAME><parameter=P>VALUE</parameter>…</function>
+        parsed = {"name": function[1], "arguments": dict(_XML_PARAMETER.findall(function[2]))}
+    else:
+        try:
+            parsed = json.loads(call)
+        except json.JSONDecodeError as e:
+            return ToolResult(None, f"error: the tool call is not JSON ({e.msg})", False)
     if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
         return ToolResult(None, 'error: a tool call is {"name": ..., "arguments": {...}}', False)
     name, arguments = parsed["name"], parsed.get("arguments") or {}

@@ -35,3 +35,31 @@ def test_a_call_is_parsed_and_every_failure_becomes_text():
     for text, error in failures.items():
         result = run_tool_call(text, tools, 1.0)
         assert not result.ok and result.text.startswith(error)
+
+
+def test_qwen35_calls_and_its_template_tool_turn():
+    from pathlib import Path
+
+    from llmkit.tokenizers.chat_template import render_chat
+    from llmkit.train.tool_rollouts import tool_turn_ids
+
+    call = "<function=calculator>\n<parameter=expression>\n23*47\n</parameter>\n</function>"
+    assert run_tool_call(call, {"calculator": calculator}, 1.0).text == "1081"
+
+    class Characters:  # a tokenizer of the Qwen3.5 template: one id per character, <|im_end|> one id
+        chat_template = (Path(__file__).parents[1] / "assets" / "qwen35_chat_template.jinja").read_text()
+        stop_ids = [-1]
+
+        def encode_chat(self, messages, add_generation_prompt=False):
+            text = render_chat(self.chat_template, messages, add_generation_prompt)[0]
+            ids = []
+            for i, part in enumerate(text.split("<|im_end|>")):
+                ids += ([-1] if i else []) + [ord(c) for c in part]
+            return ids, []
+
+    inserted = tool_turn_ids(Characters(), [{"role": "user", "content": "What is 23*47?"}],
+                             f"<tool_call>\n{call}\n</tool_call>", ["1081"])
+    # the template renders the calling turn with an empty <think> block only once it is not the
+    # last: counting end-of-turn tokens still cuts right after it
+    assert "".join("<|im_end|>" if i == -1 else chr(i) for i in inserted) == (
+        "\n<|im_start|>user\n<tool_response>\n1081\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
