@@ -57,7 +57,7 @@ class SynthConfig(DataConfig):
     styles: list[str] = field(default_factory=lambda: ["wikipedia", "qa", "simple"])  # rephrase: the styles each document is rewritten in
     language: Literal["auto", "en", "zh"] = "auto"  # qa, rephrase: the prompts' language; auto = zh for rows whose lang is zh
     max_document_chars: int = 4000  # qa, rephrase: a longer document is cut to its first this many characters
-    judge: str | None = None  # qa: a run that checks the answers (null: --from's model); pairs: an rm run that scores both replies
+    judge: str | None = None  # qa: a run that checks the answers (null: --from's model); pairs: an rm run that scores both replies, or a model that compares them (null: --from's model)
     grounding: Literal["ask", "likelihood"] = "ask"  # qa: ask the judge whether the answer is supported (P(yes)), or measure how much the document raises the answer's likelihood
     min_support: float = 0.5  # qa, grounding=ask: keep an answer the judge finds supported with at least this probability
     min_gain: float = 2.0  # qa, grounding=likelihood: keep an answer whose log-likelihood per token the document raises by at least this (nats)
