@@ -10,7 +10,8 @@ speed: batch 1, one 64-token prompt (the held-out text of bench/gguf_quality.py,
   files of the same run. Each run is a fresh process that loads its model (llmkit converts its weights
   then, once), generates 8 tokens as a warm-up and times one generation: tokens/s over the whole call
   (prefill included) and the decode rate (the 127 steps after the first token, llmkit's prefill and
-  first token timed on their own beforehand). Repetitions alternate the order of the runs.
+  first token timed on their own beforehand), and the tokens per CPU second of the process over that
+  generation (at 1 thread the figure a loaded machine changes least). Repetitions alternate the order.
 quality: greedy tokens of `--prompts` chat prompts (recipes/smollm2/general_prompts.jsonl, batched)
   through bf16 and int8 against fp32, a reply equal when its tokens up to its first stop token are (and
   strictly: all new tokens); where one differs, fp32's margin between its two likeliest tokens at the
@@ -67,9 +68,9 @@ def speed_child(p: dict) -> dict:
         t0 = time.perf_counter()
         generate(model, ids, 1, greedy=True)
         first = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         out = generate(model, ids, n, greedy=True)[0, len(prompt):].tolist()
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     else:
         import llama_cpp
 
@@ -85,10 +86,10 @@ def speed_child(p: dict) -> dict:
         llm.reset()
         llm.eval(prompt)
         first = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         out = greedy_llama_cpp(llm, prompt, n)
-        total = time.perf_counter() - t0
-    return {"tokens_per_s": n / total, "decode_per_s": (n - 1) / max(total - first, 1e-9), "seconds": total,
+        total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"tokens_per_s": n / total, "decode_per_s": (n - 1) / max(total - first, 1e-9), "seconds": total, "per_cpu_s": n / cpu,
             "prefill_s": first, "ready_s": ready, "tokens": out}
 
 
@@ -187,10 +188,13 @@ def speed(a) -> None:
             rs = [r[name] for r in results]
             print(f"  {name:<11} tokens/s {spread([r['tokens_per_s'] for r in rs])}  decode/s "
                   f"{spread([r['decode_per_s'] for r in rs])}  prefill s {spread([r['prefill_s'] for r in rs], '{:.3f}')}"
+                  f"  tokens per CPU s {spread([r['per_cpu_s'] for r in rs])}"
                   f"  load+convert s {spread([r['ready_s'] for r in rs])}")
         for mine, theirs in (("bf16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")):
-            print(f"  {mine} / {theirs}: tokens/s {spread([r[mine]['tokens_per_s'] / r[theirs]['tokens_per_s'] for r in results])}x,"
-                  f" decode/s {spread([r[mine]['decode_per_s'] / r[theirs]['decode_per_s'] for r in results])}x")
+            ratio = {key: spread([r[mine][key] / r[theirs][key] for r in results])
+                     for key in ("tokens_per_s", "decode_per_s", "per_cpu_s")}
+            print(f"  {mine} / {theirs}: tokens/s {ratio['tokens_per_s']}x, decode/s {ratio['decode_per_s']}x, "
+                  f"tokens per CPU s {ratio['per_cpu_s']}x")
         reference = results[0]["fp32"]["tokens"]
         print("  greedy tokens equal to llmkit fp32's (first run): " + ", ".join(
             f"{name} {first_difference(results[0][name]['tokens'], reference)}" for name in sides if name != "fp32"))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llmkit.errors import ConfigError
+from llmkit.model import decode_step
 from llmkit.model.packed_linear import packed_linears
 from llmkit.model.rope import LENGTH_DEPENDENT
 
@@ -126,6 +127,7 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], dim=1)
         position_ids = attention_mask[:, :T].long().sum(-1, keepdim=True) - 1
     rows = torch.arange(B, device=device)  # the original row of each row still generating
+    layers = decode_step.plan(model, hidden)  # the modules' steps without their calls, where it can
     done = 0
     for step in range(max_new_tokens):
         next_token = sample_next_token(model.lm_head(hidden), temperature, top_k, top_p, greedy, generator,
@@ -146,9 +148,11 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
                     attention_mask, position_ids = attention_mask[keep], position_ids[keep]
         if attention_mask is not None:
             position_ids = position_ids + 1
-        hidden = model.hidden_states(next_token[:, None], position_ids if attention_mask is not None else None,
-                                     kv_cache=cache, attention_mask=None if attention_mask is None
-                                     else attention_mask[:, :T + step + 1])[:, -1]
+        step_ids, step_positions = next_token[:, None], position_ids if attention_mask is not None else None
+        step_mask = None if attention_mask is None else attention_mask[:, :T + step + 1]
+        hidden = (model.hidden_states(step_ids, step_positions, kv_cache=cache, attention_mask=step_mask)
+                  if layers is None else
+                  decode_step.step_hidden(model, layers, step_ids, step_positions, cache, step_mask))[:, -1]
     return tokens[:, :T + done]
 
 
