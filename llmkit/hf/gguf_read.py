@@ -62,12 +62,24 @@ def load_gguf_with_transformers(path: Path):
             transformers.AutoConfig.for_model(final.pop("model_type"), **final), dtype=torch.float32)
         family_model.load_state_dict(model.state_dict(), strict=True)
         model = family_model
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer, tokenizer_fixes = load_gguf_tokenizer(path, metadata)
+    return model.eval(), tokenizer, fixes + tokenizer_fixes
+
+
+def load_gguf_tokenizer(path: Path, metadata: dict | None = None):
+    """(the file's tokenizer as transformers rebuilds it, with what its reader leaves out put
+    back; the list of what was put back). Needs no weights: a vocabulary-only file reads too."""
+    import transformers
+
+    path = Path(path)
+    metadata = read_gguf_metadata(path) if metadata is None else metadata
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    fixes = []
     if drop_space_prefix(metadata, tokenizer):
         fixes.append("add_space_prefix")
     if drop_tokens_beyond(metadata.get("tokenizer.ggml.tokens", 0), tokenizer):
         fixes.append("tokens beyond the vocabulary")
-    return model.eval(), tokenizer, fixes
+    return tokenizer, fixes
 
 
 def config_overrides(metadata: dict, read: dict) -> dict:
