@@ -209,3 +209,20 @@ def test_a_preference_stage_takes_the_replies_nll(tok):
     assert float(loss) == pytest.approx(float(-logps.mean()), rel=1e-5)
     assert task.items_in_batch({"input_ids": 0}) is None and task.items_in_batch({**batch, "replay": True}) is None
     assert task.batch_tokens({**batch, "replay": True}) == int((batch["input_ids"] != tok.pad_id).sum())
+
+
+def test_continued_pretraining_replays_general_text(tmp_path):
+    from tests.train.test_pretrain import pretrain, token_workspace
+
+    ws = token_workspace(tmp_path)
+    pretrain(ws, "max_steps=2", "eval_every=0", "save_every=0")
+    general = write_jsonl(tmp_path / "general.jsonl", [{"text": "the cat sat on the mat. " * 20} for _ in range(3)])
+    pretrain(ws, "max_steps=4", "warmup_steps=0", "eval_every=0", "save_every=0", f"replay.text={general}",
+             "replay.ratio=0.5", extra=["--from", "pretrain", "--out", "more"])
+    m = json.loads((ws / "more" / "manifest.json").read_text())
+    assert m["stats"]["replay"]["windows"] > 0 and str(general) in {i["path"] for i in m["inputs"]}
+    records = [json.loads(x) for x in (ws / "more" / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= sum("replay_loss" in r for r in records) <= 3
+    out = pretrain(ws, "max_steps=4", f"replay.prompts={general}", extra=["--from", "pretrain", "--out", "x"],
+                   expect=2).output
+    assert "pretraining replays general text; use replay.text" in out
