@@ -61,6 +61,7 @@ class SynthConfig(DataConfig):
     grounding: Literal["ask", "likelihood"] = "ask"  # qa: ask the judge whether the answer is supported (P(yes)), or measure how much the document raises the answer's likelihood
     min_support: float = 0.5  # qa, grounding=ask: keep an answer the judge finds supported with at least this probability
     min_gain: float = 2.0  # qa, grounding=likelihood: keep an answer whose log-likelihood per token the document raises by at least this (nats)
+    judge_combine: Literal["agree", "mean"] = "agree"  # pairs, a model judge: agree = a side wins when both orders pick it (else a tie); mean = the likelier side over both orders
     rows_per_task: int = 64  # input rows (or instructions) per sealed task: the unit a rerun resumes from
     batch_size: int = 16  # prompts generated together
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N

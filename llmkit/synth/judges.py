@@ -37,6 +37,7 @@ class Models:
     server_model: str
     device: str
     batch_size: int
+    judge_combine: str = "agree"
 
 
 def open_generator(models: Models):
@@ -64,7 +65,7 @@ def pair_judge(models: Models, gen):
                         "(an rm run, or a model that compares the replies)")
     judge = gen if models.judge is None else LocalGenerator.open(models.judge, models.device,
                                                                  models.batch_size)
-    return ModelPairJudge(judge)
+    return ModelPairJudge(judge, models.judge_combine)
 
 
 class RewardJudge:
@@ -88,16 +89,16 @@ class ModelPairJudge:
     """A language model comparing the two replies in both orders (position bias cancelled):
     +|p_a - p_b| when it prefers the first, minus that for the second, 0 for a tie."""
 
-    def __init__(self, gen: LocalGenerator):
+    def __init__(self, gen: LocalGenerator, combine: str = "agree"):
         try:  # the model judge lives in the judge wing, which may be absent in an older checkout
             self.judge_pairs = importlib.import_module(MODEL_JUDGE).judge_pairs
         except (ImportError, AttributeError):
             raise UserError("synth --kind pairs without a reward model needs llmkit's model judge "
                             f"({MODEL_JUDGE}); give --set judge=RM_RUN (an `llmkit rm` run)") from None
-        self.gen = gen
+        self.gen, self.combine = gen, combine
 
     def margins(self, prompts: list, first: list[str], second: list[str]) -> list[float]:
         verdicts = self.judge_pairs(self.gen.model, self.gen.tokenizer, list(zip(prompts, first, second)),
-                                    batch_size=self.gen.batch_size)
+                                    batch_size=self.gen.batch_size, combine=self.combine)
         sign = {"a": 1.0, "b": -1.0, "tie": 0.0}
         return [sign[v.choice] * max(abs(v.p_a - v.p_b), 1e-6) for v in verdicts]

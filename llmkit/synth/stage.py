@@ -38,7 +38,7 @@ def run_synth(ctx, cfg: SynthConfig, from_: str | None = None):
     return run_data_stage(ctx, DataStage(
         "synth", cfg, plan.inputs, f"synth_{cfg.kind}",
         [Phase("generate", len(plan.slices), lambda work: SynthTasks(work.dir / "generate", plan))],
-        lambda out, done: assemble(out, done["generate"], plan), source=plan.source,
+        lambda out, done: assemble(out, done["generate"], plan), source=plan.data or plan.source,
         unit="rows" if cfg.reads else "instructions", summary=lambda b: summary(b, cfg)))
 
 
@@ -78,7 +78,7 @@ def plan_synth(ctx, cfg: SynthConfig, from_: str | None) -> Plan:
         raise UserError("synth --kind qa with grounding=likelihood reads a model's log-likelihoods, which "
                         "a server does not give: --set judge=RUN (a local model) or grounding=ask")
     models = Models(model, judge, judge_is_rm, cfg.server, cfg.server.model or from_ or "default",
-                    cfg.device, cfg.batch_size)
+                    cfg.device, cfg.batch_size, cfg.judge_combine)
     name = Path(from_).name if from_ else models.server_model
     if not cfg.reads:
         if ctx.inputs:
