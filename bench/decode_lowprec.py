@@ -38,6 +38,7 @@ from bench.steps import child_main, load_warning, repeat, spawn, spread  # noqa:
 
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS = 64, 128, 8
 KINDS = ("fp32", "bf16", "int8")
+HELD: list = []  # the open packing contexts of this process
 
 
 def llmkit_model(path: str, weights: str):
@@ -48,8 +49,9 @@ def llmkit_model(path: str, weights: str):
 
     model, tokenizer = load(path, device="cpu")
     model.eval()
-    decoding_weights(model, weights).__enter__()
-    packed_linears(model).__enter__()
+    for context in (decoding_weights(model, weights), packed_linears(model)):
+        context.__enter__()
+        HELD.append(context)  # a context manager dropped is closed: its packing undone
     return model, tokenizer
 
 
