@@ -75,6 +75,7 @@ def test_a_model_that_never_ends_a_reply_fails_with_exit_1(runs):
     r = export(ws, "random", prompts)
     assert r.exit_code == 1, r.output
     assert "did not stop within 16 tokens" in r.output and "eot <|end|>" in r.output
+    assert "4 of them run past the limit in llmkit's own model too" in r.output  # the model's, not the file's
     assert not (ws / "gguf-random").exists()  # no artifact that make would take as shipped
 
 
@@ -118,7 +119,7 @@ def test_eos_and_eot_naming_another_token_fail_as_never_stopping(runs, monkeypat
     planted(monkeypatch, other_eos)
     r = export(ws, "chat", prompts, "--force")
     assert r.exit_code == 1, r.output
-    assert "did not stop within 16 tokens" in r.output
+    assert "did not stop within 16 tokens" in r.output and "0 of them run past the limit" in r.output
     assert "ends a reply with <|turn_done|>" in r.output and "not among the file's end-of-generation tokens" in r.output
 
 
