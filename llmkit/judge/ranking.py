@@ -175,6 +175,14 @@ def ranking_markdown(summary: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def judged_by(summary: dict) -> str:
+    """Whose judgements a summary counts: human, model, or human and model."""
+    judges = summary.get("model_judges")
+    if not judges:
+        return "human"
+    return "human and model" if judges["humans"] else "model"
+
+
 def plot_ranking(summary: dict, path: Path, title: str) -> Path:
     """The models' scores as points with their intervals, best on top."""
     import matplotlib
@@ -191,7 +199,7 @@ def plot_ranking(summary: dict, path: Path, title: str) -> Path:
     ax.set_yticks(list(ys), [r["model"] for r in rows])
     ax.axvline(0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel(f"Bradley–Terry log-strength ({summary['confidence']:.0%} bootstrap interval)")
-    ax.set_title(f"{title}: {summary['comparisons']} human comparisons")
+    ax.set_title(f"{title}: {summary['comparisons']} {judged_by(summary)} comparisons")
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -211,6 +219,6 @@ def ranking_report(artifacts: list[Path], out_dir: Path, fresh: bool) -> list[Pa
         name = Path(artifact).name
         written.append(plot_ranking(summary, out_dir / f"ranking-{name}.png", name))
         with open(out_dir / "summary.md", "a", encoding="utf-8") as f:
-            f.write("\n" + ranking_markdown(summary, f"Human judgements: {name}") +
+            f.write("\n" + ranking_markdown(summary, f"{judged_by(summary).capitalize()} judgements: {name}") +
                     f"\n![ranking-{name}](ranking-{name}.png)\n")
     return written

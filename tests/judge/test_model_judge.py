@@ -12,6 +12,7 @@ import torch
 from llmkit.judge.agreement import judge_summary
 from llmkit.judge.journal import JOURNAL_FILE, first_judgements, read_journal
 from llmkit.judge.model_judge import combine_orders, judge_pairs, label_ids
+from llmkit.judge.ranking import judged_by
 from llmkit.judge.session import read_items
 from tests.judge.conftest import arithmetic_prompts, known_replies, write_session
 from tests.judge.test_export import judge_all, llmkit, right_answer
@@ -167,4 +168,5 @@ def test_judge_command_writes_the_journal_resumes_and_exports(tmp_path, tok):
            "--set", "resamples=10", "-w", ws)
     model_only = json.loads((ws / "prefs_model" / "ranking.json").read_text())
     assert model_only["judgements"] == 6 and model_only["model_judges"]["humans"] == []
+    assert (judged_by(summary), judged_by(model_only)) == ("human and model", "model")  # report's titles
     assert judge_summary(records)["judges"][0]["vs"][0]["items"] == 6

@@ -40,6 +40,8 @@ def test_prepare_pairs_each_models_own_replies_and_keeps_judged_sessions(tmp_pat
             assert item[side] == replies[item[f"{side}_model"]][PROMPTS.index(item["prompt"])]
         assert "model" not in item["id"]
     assert "up to date" in llmkit(*args).output
+    as_earlier_llmkit_wrote_it(ws / "judged", "decode")
+    assert "up to date" in llmkit(*args).output  # a generation setting added since, at its default
 
     journal = Journal(ws / "judged" / JOURNAL_FILE)
     journal.append({"rater": "ann", "item": items[0]["id"], "choice": "left"})
@@ -49,6 +51,19 @@ def test_prepare_pairs_each_models_own_replies_and_keeps_judged_sessions(tmp_pat
     assert (ws / "judged" / JOURNAL_FILE).stat().st_size > 0
     assert llmkit(*args[:-1], "generation.max_new_tokens=5", "--force").exit_code == 0
     assert not (ws / "judged" / JOURNAL_FILE).exists()
+
+
+def as_earlier_llmkit_wrote_it(session, generation_key: str) -> None:
+    """The session's manifest as an llmkit without the setting generation.<key> wrote it."""
+    import json
+
+    from llmkit.core.fingerprints import fingerprint_of
+
+    path = session / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["config"]["generation"][generation_key]
+    manifest["fingerprint"] = fingerprint_of("judge", manifest["config"], [i["fingerprint"] for i in manifest["inputs"]])
+    path.write_text(json.dumps(manifest))
 
 
 def test_models_and_actions_are_checked_by_name(tmp_path):
