@@ -32,13 +32,15 @@ def export(
         raise UserError(f"--quant / quant={cfg.quant} sets the weights of a GGUF file, and this export writes a "
                         f"transformers folder (format {cfg.format}): add --format gguf, or drop --quant "
                         "(a transformers folder's weights: --set dtype=bfloat16, float16 or float32)")
-    from llmkit.hf.ship_check import ShipCheckFailed
+    from llmkit.hf.ship_check import ShipCheckFailed, summary
 
     try:
         run_export(ctx, cfg, from_, to)
     except ShipCheckFailed as e:
         print(f"error: {e.path.name} failed the ship check (nothing written; --set ship_check=false writes it "
               "unchecked):", file=sys.stderr)
+        if "stops" in e.record:
+            print(f"  {summary(e.record)}", file=sys.stderr)
         for failure in e.failures:
             print(f"  - {failure}", file=sys.stderr)
         raise typer.Exit(1) from None

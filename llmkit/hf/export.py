@@ -97,7 +97,7 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
         record = writer(step_dir, b.dir, cfg)
         check = record.get("ship_check")
         if check and check["passed"] is False:  # no artifact: make and a rerun must not take the file as shipped
-            raise ShipCheckFailed(Path(record["file"]), check["failures"])
+            raise ShipCheckFailed(Path(record["file"]), check["failures"], check)
         if check:
             b.stats["ship_check"] = {k: v for k, v in check.items() if k != "differing"}
         kind = "quant" if cfg.format == "gguf" else "dtype"

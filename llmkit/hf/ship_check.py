@@ -37,8 +37,8 @@ SKIPPED = "llama.cpp's Python binding is not installed (`make llama-cpp` builds 
 class ShipCheckFailed(Exception):
     """The file failed the ship check: the CLI prints `failures` and exits 1."""
 
-    def __init__(self, path: Path, failures: list[str]):
-        self.path, self.failures = path, failures
+    def __init__(self, path: Path, failures: list[str], record: dict | None = None):
+        self.path, self.failures, self.record = path, failures, record or {}
         super().__init__(f"{path} failed the ship check: " + "; ".join(failures))
 
 

@@ -76,6 +76,7 @@ def test_a_model_that_never_ends_a_reply_fails_with_exit_1(runs):
     assert r.exit_code == 1, r.output
     assert "did not stop within 16 tokens" in r.output and "eot <|end|>" in r.output
     assert "4 of them run past the limit in llmkit's own model too" in r.output  # the model's, not the file's
+    assert "FAILED: 0/4 replies stop at <|end|>, template 4/4" in r.output
     assert not (ws / "gguf-random").exists()  # no artifact that make would take as shipped
 
 
