@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,10 +18,10 @@ import torch
 from llmkit.checkpoints.loading import load_reward_model, load_tokenizer
 from llmkit.errors import UserError
 from llmkit.eval.preference import reward_scores
+from llmkit.judge.model_judge import judge_pairs
 from llmkit.synth.client import ServerGenerator
 from llmkit.synth.engine import LocalGenerator
 
-MODEL_JUDGE = "llmkit.judge.model_judge"  # the pairwise model judge: judge_pairs(model, tokenizer, pairs)
 _REWARD: dict = {}  # path -> RewardJudge, one per process
 
 
@@ -90,15 +89,10 @@ class ModelPairJudge:
     +|p_a - p_b| when it prefers the first, minus that for the second, 0 for a tie."""
 
     def __init__(self, gen: LocalGenerator, combine: str = "agree"):
-        try:  # the model judge lives in the judge wing, which may be absent in an older checkout
-            self.judge_pairs = importlib.import_module(MODEL_JUDGE).judge_pairs
-        except (ImportError, AttributeError):
-            raise UserError("synth --kind pairs without a reward model needs llmkit's model judge "
-                            f"({MODEL_JUDGE}); give --set judge=RM_RUN (an `llmkit rm` run)") from None
         self.gen, self.combine = gen, combine
 
     def margins(self, prompts: list, first: list[str], second: list[str]) -> list[float]:
-        verdicts = self.judge_pairs(self.gen.model, self.gen.tokenizer, list(zip(prompts, first, second)),
+        verdicts = judge_pairs(self.gen.model, self.gen.tokenizer, list(zip(prompts, first, second)),
                                     batch_size=self.gen.batch_size, combine=self.combine)
         sign = {"a": 1.0, "b": -1.0, "tie": 0.0}
         return [sign[v.choice] * max(abs(v.p_a - v.p_b), 1e-6) for v in verdicts]

@@ -109,3 +109,13 @@ def test_the_local_judges_read_probabilities_from_the_model(tok):
     lp = gen.answer_logprobs(chats, ["2", "4", ""])
     assert len(lp) == 3 and all(math.isfinite(x) and x < 0 for x in lp)
     assert gen.user_turn_prefix().ids == (tok.bos_id, tok.role_ids["user"])
+
+
+def test_pairs_judged_by_the_model_judge_make_a_preference_dataset(ws):
+    r = synth(ws, "--from", "tiny", "--kind", "pairs", "--in", "prompts", "--set", "judge_combine=mean",
+              "--set", "temperature=1.0", *FAST, "--allow-empty")
+    assert r.exit_code == 0, r.output
+    stats = json.loads((ws / "synth_pairs" / "manifest.json").read_text())["stats"]
+    assert stats["rows_in"] == 7 == stats["rows_out"] + stats["rows_removed"]
+    rows = read_table(ws / "synth_pairs").to_pylist()
+    assert all(r["chosen"] != r["rejected"] and r["margin"] > 0 for r in rows)
