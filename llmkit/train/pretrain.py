@@ -255,12 +255,13 @@ PRETRAIN_METRICS = {"final_loss": "loss", "val_loss": "val_loss", "val_ppl": "va
                     "tokens_per_s": "tokens_per_s", "mfu": "mfu"}
 
 
-def mixture_stages_stats(cfg: PretrainConfig, train) -> dict:
-    """The mixture from each stage's first step on, for the manifest (nothing without stages)."""
-    if not cfg.mixture_stages:
-        return {}
-    return {"mixture_stages": [{"step": stage["step"], "mixture": p}
-                               for stage, (_, p) in zip(cfg.mixture_stages, train.stages[1:])]}
+def start_stats(cfg: PretrainConfig, model, train) -> dict:
+    """The parameters and the mixture, and with stages each stage's mixture, for the manifest."""
+    stats = {"parameters": model.num_parameters(), "mixture": train.probabilities}
+    if cfg.mixture_stages:
+        stats["mixture_stages"] = [{"step": stage["step"], "mixture": p}
+                                   for stage, (_, p) in zip(cfg.mixture_stages, train.stages[1:])]
+    return stats
 
 
 def pretrain_stats(result, task) -> dict:
@@ -286,8 +287,7 @@ def run_pretrain(ctx, cfg: PretrainConfig, from_: str | None = None):
         # ZeRO-3 would partition it straight from host memory; parameters are counted before ZeRO
         return Fit(lambda dist: task, tokenizer_dir, pretrain_summary, model_config=model.config,
                    model=model if cfg.lora.enabled else None, start=from_step, after=pretrain_stats,
-                   stats={"parameters": model.num_parameters(), "mixture": train.probabilities,
-                          **mixture_stages_stats(cfg, train)},
+                   stats=start_stats(cfg, model, train),
                    metrics=PRETRAIN_METRICS, extra={"from": str(from_step)} if from_step else {})
 
     return fit_stage(ctx, "pretrain", cfg, [tokens_art, tokenizer_art, from_art], prepare)
