@@ -59,7 +59,7 @@ def test_the_sft_replays_the_general_prompts_and_is_gated_on_the_general_questio
     pairs = [p.replace("$(GENERAL_PROMPTS)", "general_prompts.jsonl").replace("$(TOP)/recipes/smollm2/", "")
              for p in re.findall(r"--set (\S+)", flags)]
     cfg = resolve_config(SftConfig, parse_overrides(pairs))
-    assert cfg.replay.prompts == "general_prompts.jsonl" and cfg.replay.ratio == 0.2
+    assert cfg.replay.prompts == "general_prompts.jsonl" and cfg.replay.ratio == 0.3
     assert cfg.gate.files == ["general_eval.jsonl"] and cfg.gate.tolerance == 0.05
     assert not (RECIPE / "mix_general.py").exists()
 
