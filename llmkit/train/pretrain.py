@@ -23,7 +23,7 @@ from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.checkpoints.loading import load_model
-from llmkit.train.planning import check_seq_len, lora_split, model_shape, show, world_size
+from llmkit.train.planning import check_seq_len, dense_attention_mask, lora_split, model_shape, show, world_size
 from llmkit.train.stage import Fit, fit_stage, run_start
 from llmkit.train.task import Task
 
@@ -321,4 +321,5 @@ def plan_pretrain(ctx, cfg, from_: str | None) -> None:
     show(ctx, plan("pretrain", shape, trainable=trainable, total=trainable + base, unit="tokens",
               per_step=per_step, frozen=base, saved=trainable if base else None,
               tokens_per_step=per_step, sequences=cfg.micro_batch_size, seq_len=cfg.seq_len, cfg=cfg,
-              world_size=world, chunked_loss=True, notes=notes))
+              world_size=world, chunked_loss=True, dense_mask=cfg.doc_masking and dense_attention_mask(),
+              notes=notes))

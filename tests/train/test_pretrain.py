@@ -233,6 +233,14 @@ def test_a_staged_mixture_switches_after_its_step_and_resumes_inside_the_stage(w
     assert "mixture_stages[0]" in bad and "max_steps" in bad
 
 
+def test_dry_run_counts_the_dense_mask_of_document_masking_on_cpu(ws):
+    """On CPU a document-masked batch builds a [T, T] mask per sequence and layer (4 bytes each)."""
+    def activations(*settings):
+        out = pretrain(ws, *settings, extra=("--dry-run", "--out", "planned")).output
+        return next(line for line in out.splitlines() if "activations" in line)
+    assert activations("doc_masking=true") != activations()
+
+
 def test_moe_loss_adds_the_load_balancing_loss():
     model = tiny_transformer(n_experts=4, experts_top_k=2)
     batch = {"input_ids": torch.randint(0, 50, (2, 8)), "labels": torch.randint(0, 50, (2, 8))}
