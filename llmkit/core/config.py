@@ -78,6 +78,7 @@ def _untyped_partners(message: str, cls, values: dict) -> str:
     """For a check across settings that --set broke (`warmup_steps (10) exceeds max_steps (6)`
     after --set max_steps=6): the other settings it names, which come from a recipe or the
     defaults, and how to change them too."""
+    message = message.split("; valid keys")[0]  # an unknown key's message lists every setting
     names = [f.name for f in dataclasses.fields(cls) if f.init and re.search(rf"\b{f.name}\b", message)
              and not isinstance(values.get(f.name), dict)]  # a section is no setting to name
     typed = [n for n in names if isinstance(values.get(n), _Raw)]

@@ -240,3 +240,6 @@ def test_a_set_value_that_breaks_a_check_with_a_recipe_value_names_the_recipe_se
     assert str(raised.value) == "warmup_steps (8) exceeds max_steps (6)"
     with pytest.raises(ConfigError, match=r"meets lr \(its default\): set that too, e.g. --set lr=…"):
         resolve_config(SftConfig, parse_overrides(["min_lr=1"]))
+    with pytest.raises(ConfigError) as raised:  # the list of valid keys names no setting to change
+        resolve_config(SftConfig, parse_overrides(["xyzzy=1", "max_steps=6"]))
+    assert "meets" not in str(raised.value) and "valid keys" in str(raised.value)
