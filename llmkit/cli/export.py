@@ -6,6 +6,7 @@ import typer
 from llmkit.cli.common import stage_command
 from llmkit.errors import UserError
 from llmkit.stages import deferred
+from llmkit.hf.ship_check import ShipCheckFailed, summary
 
 run_export = deferred("llmkit.hf.export:run_export")
 
@@ -32,7 +33,6 @@ def export(
         raise UserError(f"--quant / quant={cfg.quant} sets the weights of a GGUF file, and this export writes a "
                         f"transformers folder (format {cfg.format}): add --format gguf, or drop --quant "
                         "(a transformers folder's weights: --set dtype=bfloat16, float16 or float32)")
-    from llmkit.hf.ship_check import ShipCheckFailed, summary
 
     try:
         run_export(ctx, cfg, from_, to)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.eval.generation import contains_rate
+from llmkit.model.config import ContextExtension
 
 TESTS = ("needle", "single_key", "multi_key", "variable_tracking")
 LANGS = ("en", "zh")
@@ -290,7 +291,6 @@ def score_reply(reply: str, references: list[str], chain: bool) -> tuple[float, 
 def evaluate_long_context(model, tokenizer, cfg: LongContextConfig, *, chat: bool,
                           device) -> tuple[dict, list[dict]]:
     """Scores per (test, lang, length, depth) cell, and every sample's reply."""
-    from llmkit.model.config import ContextExtension
     from llmkit.model.decoding import generate_replies
     from llmkit.model.rope import extend_context
 

@@ -47,6 +47,7 @@ from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 from llmkit.hf.mapping import hf_family, to_hf_config
 from llmkit.hf.ollama import write_modelfile
 from llmkit.checkpoints.loading import load
+from llmkit.hf.ship_check import SHIP_PROMPTS, read_prompts, ship_check
 
 GGUF_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_1", *MIXES)
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
@@ -111,7 +112,6 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
 
 def run_ship_check(path: Path, model, tokenizer, cfg) -> dict:
     """llmkit.hf.ship_check on the written file, with the prompts export names."""
-    from llmkit.hf.ship_check import SHIP_PROMPTS, read_prompts, ship_check
 
     prompts = read_prompts(cfg.ship_prompts) if cfg.ship_prompts else SHIP_PROMPTS
     return ship_check(path, model.eval(), tokenizer, cfg.quant, prompts, cfg.ship_max_tokens)

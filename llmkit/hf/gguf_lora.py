@@ -25,6 +25,8 @@ from llmkit.checkpoints.lora_files import PEFT_PREFIX
 from llmkit.checkpoints.step_folders import ADAPTER_CONFIG, ADAPTER_WEIGHTS, step_of
 from llmkit.errors import UserError
 from llmkit.hf.folder import EXPORT_RECORD, write_json
+from llmkit.checkpoints.loading import load_model
+from llmkit.hf.gguf_export import GGUF_ARCH, ROTARY_PERMUTED, gguf_layout, permute_rotary_rows
 
 ADAPTER_TYPES = {"f16": "F16", "bf16": "BF16"}
 
@@ -35,8 +37,6 @@ def adapter_file_name(quant: str) -> str:
 
 def export_gguf_adapter(step_dir: Path, out_dir: Path, cfg) -> dict:
     """Write `out_dir/adapter-<quant>.gguf` for a LoRA step folder; returns the export record."""
-    from llmkit.checkpoints.loading import load_model
-    from llmkit.hf.gguf_export import GGUF_ARCH, gguf_layout
 
     step_dir, out_dir = Path(step_dir), Path(out_dir)
     if not holds_adapters(step_dir):
@@ -101,7 +101,6 @@ def write_adapter(path: Path, pairs: dict, arch: str, model_config, alpha: float
     import gguf
     import numpy as np
 
-    from llmkit.hf.gguf_export import ROTARY_PERMUTED, permute_rotary_rows
 
     if model_config.tie_embeddings and any(n == "lm_head.weight" for n in pairs):
         raise UserError("the adapters adapt lm_head, which a tied model's GGUF file does not hold "

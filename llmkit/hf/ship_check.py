@@ -1,7 +1,6 @@
 """The ship check of `llmkit export --format gguf --check` (`--set ship_check=true`): the written file
 run as its users run it, through llama.cpp's chat path (llama-cpp-python: the file's own chat
 template, its tokenizer, its end-of-generation tokens), on a few held-out chats:
-
 - the template: each chat rendered by the binding's chat formatter from the file's
   `tokenizer.chat_template` (what `Llama.create_chat_completion` renders) and tokenised by
   llama.cpp is the token sequence `llmkit generate` starts from; the token the template writes
@@ -26,6 +25,8 @@ import json
 from pathlib import Path
 
 from llmkit.errors import UserError
+from llmkit.generation import encode_prompt
+from llmkit.tokenizers.chat_template import end_of_turn_after_reply
 
 # a few held-out chats, English and Chinese, the languages llmkit's recipes train on
 SHIP_PROMPTS = ("What is the capital of France?", "Write one short sentence about the sea.",
@@ -78,7 +79,6 @@ def ship_check(path: Path, model, tokenizer, quant: str, prompts=SHIP_PROMPTS, m
         import llama_cpp
     except ImportError:
         return {"skipped": SKIPPED, "passed": None, "failures": []}
-    from llmkit.generation import encode_prompt
 
     chats = [as_messages(p) for p in prompts]
     ours_prompts = [encode_prompt(tokenizer, chat, True) for chat in chats]
@@ -172,7 +172,6 @@ def end_of_turn(llm, vocab, template: str) -> tuple[str | None, str | None]:
     none or one llama.cpp does not stop at)."""
     import llama_cpp
 
-    from llmkit.tokenizers.chat_template import end_of_turn_after_reply
 
     texts = {llm._model.token_get_text(i): i for i in range(llm.n_vocab())
              if llama_cpp.llama_vocab_get_attr(vocab, i) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.tokenizers.cjk import language_of
+from llmkit.generation import GenerateConfig, uses_chat_template
 
 LABELS = ("A", "B", "C")  # reply A better, reply B better, equally good
 RUBRICS = {
@@ -202,7 +203,6 @@ def judge_pairs(model, tokenizer, pairs, cfg: ModelJudgeConfig | None = None, **
         cfg = ModelJudgeConfig(**options)
     elif options:
         raise ConfigError("judge_pairs takes a ModelJudgeConfig or its fields as keywords, not both")
-    from llmkit.generation import GenerateConfig, uses_chat_template
 
     chat = uses_chat_template(model, GenerateConfig(chat=cfg.chat))
     labels = label_ids(tokenizer, LABELS if cfg.ties else LABELS[:2])

@@ -15,6 +15,8 @@ from llmkit.judge.agreement import judge_summary, judge_summary_markdown
 from llmkit.judge.journal import JOURNAL_FILE, Journal, first_judgements, read_journal
 from llmkit.judge.model_judge import ModelJudgeConfig, judge_pairs
 from llmkit.judge.session import read_items
+from llmkit.checkpoints.loading import load
+from llmkit.model.lm_scoring import resolve_device
 
 SIDE = {"a": "left", "b": "right", "tie": "tie"}  # the session's left reply is judged as reply a
 
@@ -45,9 +47,6 @@ def run_model_judge(ctx, cfg, judge_run: str, session) -> dict:
 
 
 def judge_items(ctx, mj: ModelJudgeConfig, judge_run: str, rater: str, todo: list[dict], journal) -> None:
-    from llmkit.checkpoints.loading import load
-    from llmkit.model.lm_scoring import resolve_device
-
     model, tokenizer = load(judge_run, device=resolve_device(mj.device), workspace=ctx.workspace.root)
     print(f"judge: {rater} judges {len(todo)} items (both orders)", file=sys.stderr)
     step = max(mj.batch_size, 1) * 4  # journalled in chunks: a kill loses at most one chunk's work

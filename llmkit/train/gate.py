@@ -20,6 +20,16 @@ from pathlib import Path
 from typing import Literal
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.data.input_files import eval_input, input_name, parse_questions, read_rows
+from llmkit.eval.generation import contains_rate, exact_match_rate, prompt_ids, references_of
+from llmkit.checkpoints.loading import load_model, load_tokenizer
+from llmkit.checkpoints.step_folders import checkpoint_step_dir
+from llmkit.core.durable import write_atomic
+from llmkit.core.locks import acquire_lock, release_lock
+from llmkit.core.workspace import MANIFEST
+from llmkit.checkpoints.lora import PINNED_BASE
+from llmkit.eval.choice import ChoiceConfig, evaluate_choice
+from llmkit.model.lm_scoring import LMScorer
 
 GATE = "gate"  # the manifest's entry
 GATE_STAGES = ("sft", "dpo", "kto", "distill", "pretrain")  # stages whose output is a language model
@@ -48,7 +58,6 @@ class GateFailed(UserError):
 def gate_inputs(ctx, stage: str, cfg) -> list:
     """The gate's files as artifacts, each checked to exist and to hold scorable rows, before
     anything is written; [] without a gate."""
-    from llmkit.data.input_files import eval_input, read_rows
 
     files = cfg.gate.files
     if not files:
@@ -78,7 +87,6 @@ def is_choice_file(rows: list[dict]) -> bool:
 
 def gate_scores(model, tokenizer, arts: list, cfg, device) -> dict:
     """{file name: {"metric", "score", "rows"}} of `model` on the gate's files."""
-    from llmkit.data.input_files import input_name, parse_questions, read_rows
 
     gc, out = cfg.gate, {}
     chat = gc.prompt_format == "chat" or (gc.prompt_format == "auto"
@@ -88,9 +96,6 @@ def gate_scores(model, tokenizer, arts: list, cfg, device) -> dict:
         for art in arts:
             name, rows = input_name(art), read_rows(art)
             if is_choice_file(rows):
-                from llmkit.eval.choice import ChoiceConfig, evaluate_choice
-                from llmkit.model.lm_scoring import LMScorer
-
                 scorer = LMScorer(model.to(device).eval(), device=device)
                 r = evaluate_choice(scorer, tokenizer, parse_questions(rows, name), ChoiceConfig())
                 out[name] = {"metric": "acc", "score": round(r["acc"], 4), "rows": r["questions"]}
@@ -106,7 +111,6 @@ def gate_scores(model, tokenizer, arts: list, cfg, device) -> dict:
 def reply_score(model, tokenizer, rows: list[dict], name: str, gc: GateConfig, chat: bool, device) -> float:
     """`contains` or `exact_match` of greedy replies, as `eval.generation` scores them (its
     BLEU/ROUGE, which the gate does not read, are not computed)."""
-    from llmkit.eval.generation import contains_rate, exact_match_rate, prompt_ids, references_of
     from llmkit.model.decoding import generate_replies, reply_text
 
     refs = [references_of(r, f"{name} row {i + 1}") for i, r in enumerate(rows)]
@@ -172,11 +176,6 @@ def gate_finished_run(ctx, b, cfg, arts: list, start_step: Path | None) -> dict 
     """The gate of an up-to-date run: its recorded one when it answers this gate, else the
     start and the run's latest checkpoint scored now and the manifest rewritten (atomically,
     under the artifact's lock)."""
-    from llmkit.checkpoints.loading import load_model, load_tokenizer
-    from llmkit.checkpoints.step_folders import checkpoint_step_dir
-    from llmkit.core.durable import write_atomic
-    from llmkit.core.locks import acquire_lock, release_lock
-    from llmkit.core.workspace import MANIFEST
 
     path = b.final / MANIFEST
     manifest = json.loads(path.read_text())
@@ -204,8 +203,6 @@ def gate_finished_run(ctx, b, cfg, arts: list, start_step: Path | None) -> dict 
 def start_of(ctx, b, inputs: list) -> Path | None:
     """The checkpoint a finished run started from: its pinned LoRA base, the `from` its manifest
     names (pretrain), else the latest checkpoint of its first input."""
-    from llmkit.checkpoints.lora import PINNED_BASE
-    from llmkit.checkpoints.step_folders import checkpoint_step_dir
 
     manifest = json.loads((b.final / "manifest.json").read_text())
     if (b.final / PINNED_BASE).exists():

@@ -25,6 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.data.input_files import eval_input, read_rows
+from llmkit.core.targets import MANIFEST
+from llmkit.core.workspace import Artifact
+from llmkit.checkpoints.loading import load, load_tokenizer, starting_weights
+from llmkit.checkpoints.lora_files import PINNED_BASE, weights_fingerprint
+from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, prompt_messages, sft_rows
+from llmkit.tokenizers.sentencepiece import open_tokenizer
+from llmkit.train.task import ITEMS_PER_MICRO_BATCH
 
 REPLIES = "replies.jsonl"
 DONE = "done.jsonl"  # in the builder's work folder: the replies generated so far (resume)
@@ -63,7 +71,6 @@ def replay_input(ctx, stage: str, cfg):
     """The artifact of replay.prompts / replay.text (a run input: a changed file makes the run
     stale), checked for the columns it needs; None without replay. UserError (exit 2) naming
     the setting for a stage that cannot replay or a dataset of the wrong kind."""
-    from llmkit.data.input_files import eval_input, read_rows
 
     rc = cfg.replay
     if not rc.enabled:
@@ -111,9 +118,6 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _model_artifact(step_dir: Path):
-    from llmkit.core.targets import MANIFEST
-    from llmkit.core.workspace import Artifact
-
     run = next((d for d in (step_dir, step_dir.parent) if (d / MANIFEST).is_file()), None)
     if run is None:
         raise UserError(f"{step_dir}: no manifest beside the checkpoint; replay needs a model run")
@@ -124,10 +128,6 @@ def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple
     """(SFT rows: each prompt with the replay model's reply, provenance): the artifact
     `replay-<model>` built or reused. `model` is the loaded start (used when replay.model is not
     set, so it is not loaded twice)."""
-    from llmkit.checkpoints.loading import load, starting_weights
-    from llmkit.checkpoints.lora_files import weights_fingerprint
-    from llmkit.data.chat import prompt_messages
-    from llmkit.data.input_files import read_rows
 
     rc = cfg.replay
     model_art, step = starting_weights(ctx.workspace, rc.model) if rc.model else (
@@ -169,7 +169,6 @@ def replay_replies(ctx, cfg, prompts_art, start_step: Path, model=None) -> tuple
 
 def _model_name(ws, art) -> str:
     """The model's artifact name; for a LoRA run's pinned copy of its base, the base's name."""
-    from llmkit.checkpoints.lora_files import PINNED_BASE
 
     if art.path.name == PINNED_BASE:
         for path in ws.artifacts():
@@ -182,8 +181,6 @@ def _model_name(ws, art) -> str:
 
 
 def _tokenizer(step: Path):
-    from llmkit.checkpoints.loading import load_tokenizer
-
     return load_tokenizer(step)
 
 
@@ -230,7 +227,6 @@ def _generate(model, tokenizer, conversations: list[list[dict]], rc: ReplayConfi
 def text_windows(tokenizer, art, seq_len: int) -> list[list[int]]:
     """The `text` of `art` tokenised, documents joined by the document end, cut into windows of
     seq_len + 1 tokens (the last shorter one dropped)."""
-    from llmkit.data.input_files import read_rows
 
     end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
     flat = [t for r in read_rows(art) if r.get("text") for t in [*tokenizer.encode(r["text"]), *end]]
@@ -338,7 +334,6 @@ class ReplayTask:
             loss, _ = self.task.loss(model, batch)
         else:
             from llmkit.train.losses import token_logps
-            from llmkit.train.task import ITEMS_PER_MICRO_BATCH
 
             logps, mask = token_logps(model(batch["input_ids"], batch.get("position_ids"), batch.get("doc_ids")),
                                       batch["labels"])
@@ -366,18 +361,14 @@ class ReplayTask:
 def replay_source(ctx, stage: str, cfg, fit, art):
     """`wrap(task, dist) -> ReplayTask` over the replay data of `art` (replay.prompts' replies,
     generated or reused here, before the run folder is touched; or replay.text's windows)."""
-    from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, sft_rows
 
     rc = cfg.replay
     if rc.text is not None:
-        from llmkit.tokenizers.sentencepiece import open_tokenizer
-
         windows = text_windows(open_tokenizer(fit.tokenizer_dir), art, cfg.seq_len)
         fit.stats["replay"] = {"windows": len(windows), "ratio": rc.ratio}
         return lambda task, dist: ReplayTask(
             task, WindowStream(windows, cfg.micro_batch_size, cfg.seed + 1, dist.rank, dist.world_size),
             rc.ratio, own_format=True, seed=cfg.seed)
-    from llmkit.checkpoints.loading import load_tokenizer
 
     tokenizer = load_tokenizer(fit.start)
     rows, info = replay_replies(ctx, cfg, art, fit.start, fit.model)

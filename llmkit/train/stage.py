@@ -37,6 +37,7 @@ from llmkit.train.gate import (GATE, check_gate, gate_finished_run, gate_inputs,
                                gate_scores, start_of)
 from llmkit.train.replay import replay_input, replay_source
 from llmkit.train.threads import threads_label
+from llmkit.tokenizers.sentencepiece import open_tokenizer
 
 # the stats most stages take from the engine's last logged record: stat name -> record key
 LOSSES = {"final_loss": "loss", "val_loss": "val_loss"}
@@ -83,8 +84,6 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
         task = fit.task(dist)
         # the gate scores the start and the trained model in the process that holds it whole
         gated = gate_arts and dist.is_main and not (cfg.zero_stage == 3 and dist.world_size > 1)
-        if gated:
-            from llmkit.tokenizers.sentencepiece import open_tokenizer
         tokenizer = open_tokenizer(fit.tokenizer_dir) if gated else None
         gate_before = gate_scores(task.model, tokenizer, gate_arts, cfg, dist.device) if gated else None
         if with_replay is not None:

@@ -26,8 +26,12 @@ import torch
 
 from llmkit.data.chat import prompt_messages
 from llmkit.model.decoding import generate, left_pad
-from llmkit.rewards.tools import load_tools, parse_tool_calls, run_tool_call
-from llmkit.train.rollouts import Prompt, Samples, strip_stop
+from llmkit.rewards.tools import load_tools, parse_tool_calls, run_tool_call, tool_files
+from llmkit.train.rollouts import Prompt, Samples, rollout_prompts, strip_stop
+from llmkit.rewards.math import answers_equal
+from llmkit.core.workspace import Artifact
+from llmkit.data.ingest import file_fingerprint
+from llmkit.data.input_files import FILE_STAGE
 
 
 @dataclass
@@ -179,8 +183,6 @@ def tool_accuracy(model, tokenizer, records: list[dict], setup: ToolSetup, max_n
                   batch_size: int = 32) -> float | None:
     """Share of `records` whose greedy multi-turn answer (tools called) states the row's answer,
     by math equivalence (`llmkit.rewards.math`); None without records."""
-    from llmkit.rewards.math import answers_equal
-    from llmkit.train.rollouts import rollout_prompts
 
     if not records:
         return None
@@ -203,10 +205,6 @@ def tool_accuracy(model, tokenizer, records: list[dict], setup: ToolSetup, max_n
 def tool_inputs(cfg) -> list:
     """The tools' Python files as inputs of the run (editing one makes it stale), each loaded
     now so that a missing file or function exits 2 before anything trains."""
-    from llmkit.core.workspace import Artifact
-    from llmkit.data.ingest import file_fingerprint
-    from llmkit.data.input_files import FILE_STAGE
-    from llmkit.rewards.tools import tool_files
 
     if not cfg.tools:
         return []

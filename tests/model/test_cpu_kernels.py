@@ -87,6 +87,7 @@ def test_a_failed_build_is_remembered_and_callers_keep_onednn(tmp_path, monkeypa
     source = tmp_path / "cpu_kernels.cpp"
     source.write_text("this is not C++\n")
     monkeypatch.setattr(cpu_kernels, "SOURCE", source)
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (source,))
     monkeypatch.setenv("CXX", shutil.which("g++") or shutil.which("false"))  # either fails on that source
     cpu_kernels.library.cache_clear()
     try:
