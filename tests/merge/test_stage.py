@@ -145,14 +145,13 @@ def test_average_is_the_mean_of_the_run_s_last_step_folders(models):
     assert r.exit_code == 2 and "has 4 complete step folder(s)" in r.output and not (ws / "soup5").exists()
 
 
+@pytest.mark.parametrize("models", ["llama"], indirect=True)  # one family: LoRA loading is family-blind
 def test_a_lora_run_is_merged_as_its_merged_weights(models):
     from llmkit.checkpoints.loading import load_model
     from llmkit.merge.methods import linear
     from tests.train.posttrain_fixtures import addition_rows, write_dataset
 
     family, _, ws = models
-    if family != "llama":
-        pytest.skip("one family is enough: LoRA loading is family-blind")
     write_dataset(ws, "sft_train", addition_rows(8))
     r = llmkit("sft", "--from", "a", "--out", "a_lora", "-w", ws, "--set", "lora.r=4", "--set", "lora.alpha=8",
                "--set", "max_steps=1", "--set", "warmup_steps=0", "--set", "micro_batch_size=2", "--set",

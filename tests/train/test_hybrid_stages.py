@@ -311,12 +311,12 @@ def test_status_lists_every_run_done_and_report_plots_them(pipeline):
 
 
 @pytest.mark.slow  # a process of its own, to be killed (~15 s on a busy machine)
+# one family is enough: what a resume restores does not depend on the layers
+@pytest.mark.parametrize("pipeline", ["qwen3_5"], indirect=True)
 def test_a_killed_qwen3_5_sft_resumes_to_the_bits_of_a_run_never_stopped(pipeline):
     """SIGKILL while the second checkpoint (step 4 of 6) is written: the rerun resumes from step 2
     and ends on the losses, gradient norms and weights of the run that was never stopped."""
     family, _, ws = pipeline
-    if family != "qwen3_5":
-        pytest.skip("one family is enough: what a resume restores does not depend on the layers")
     sets = [a for s in ["max_steps=6", "save_every=2", "warmup_steps=1", "micro_batch_size=2", "eval_every=0",
                         f"seq_len={SEQ_LEN[family]}", "lr=1e-2", "log_every=1"] for a in ("--set", s)]
     sft = ["sft", "--from", "base", "--in", "sft_train", "-w", str(ws), *sets]
