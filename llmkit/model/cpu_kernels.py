@@ -22,9 +22,11 @@ AVX-512, not x86-64) `available()` is False and callers keep oneDNN. A failed bu
 (the `.failed` file) so that not every process retries it. LLMKIT_CPU_KERNELS=0 turns both off.
 
 Low-precision weights (`cpu_kernels_lowprec.cpp`, `decode.weights`: `llmkit.model.decode_weights`):
-`Bf16PanelWeight` (AVX512-BF16) and `Int8PanelWeight` (q8_0's blocks, AVX-512 VNNI) run where
+`Bf16PanelWeight` (AVX-512) and `Int8PanelWeight` (q8_0's blocks, AVX-512 VNNI) run where
 `low_precision_available` says this CPU has the instructions; LLMKIT_CPU_KERNELS=fp32 keeps the
-float32 kernels only, as a CPU without them would.
+float32 kernels only, as a CPU without them would. Both multiply by rows kept (near) float32, so that
+greedy decoding keeps float32's tokens; LLMKIT_LOWPREC_ROWS=rounded picks the rows rounded as the
+weights are (bf16; q8_0, as llama.cpp does), kept to measure the difference.
 """
 
 from __future__ import annotations
@@ -85,21 +87,28 @@ class PanelWeight:
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def _rounded_rows() -> bool:
+    return os.environ.get("LLMKIT_LOWPREC_ROWS") == "rounded"
+
+
 class Bf16PanelWeight:
     """A weight [out_features, in_features] rounded to bfloat16 (nearest even) in panels: `product`
-    multiplies the rows, rounded to bfloat16 too, with float32 sums (AVX512-BF16's dot product)."""
+    multiplies float32 rows by it (each weight widened to float32 in registers, float32 FMA), or with
+    LLMKIT_LOWPREC_ROWS=rounded and AVX512-BF16 the rows rounded to bfloat16 too (its dot product)."""
 
-    __slots__ = ("panels", "out_features", "in_features")
+    __slots__ = ("panels", "out_features", "in_features", "kernel")
 
     def __init__(self, weight: torch.Tensor):
         lib = library()
+        rounded = _rounded_rows() and lib.llmkit_bf16_rows_supported()
+        self.kernel = lib.llmkit_bf16_panel_product_bf16_rows if rounded else lib.llmkit_bf16_panel_product
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float().contiguous()
         self.panels = torch.empty(lib.llmkit_bf16_panel_values(*weight.shape), dtype=torch.int16)
         lib.llmkit_bf16_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return _low_precision_product(self, library().llmkit_bf16_panel_product, x, bias)
+        return _low_precision_product(self, self.kernel, x, bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out, in] this multiplies by, as float32."""
@@ -110,20 +119,22 @@ class Bf16PanelWeight:
 
 class Int8PanelWeight:
     """A weight [out_features, in_features] in GGUF q8_0's blocks (per output and 32 inputs: an fp16
-    scale max|w| / 127 and int8 values) in panels: `product` quantises the rows the same way per
-    block of 32 and multiplies them with integer sums (AVX-512 VNNI), scaled into float32 sums."""
+    scale max|w| / 127 and int8 values) in panels: `product` quantises the rows per block of 32 in two
+    parts (d (q + r / 254): 16 bits a value) and multiplies each with integer sums (AVX-512 VNNI),
+    scaled into float32 sums; with LLMKIT_LOWPREC_ROWS=rounded the rows as q8_0 (q only, llama.cpp's)."""
 
-    __slots__ = ("panels", "out_features", "in_features")
+    __slots__ = ("panels", "out_features", "in_features", "kernel")
 
     def __init__(self, weight: torch.Tensor):
         lib = library()
+        self.kernel = lib.llmkit_int8_panel_product_q8_rows if _rounded_rows() else lib.llmkit_int8_panel_product
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float().contiguous()
         self.panels = torch.empty(lib.llmkit_int8_panel_bytes(*weight.shape), dtype=torch.uint8)
         lib.llmkit_int8_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return _low_precision_product(self, library().llmkit_int8_panel_product, x, bias)
+        return _low_precision_product(self, self.kernel, x, bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out, in] this multiplies by, as float32."""
@@ -132,11 +143,12 @@ class Int8PanelWeight:
         return w
 
 
-def quantized_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] float32 as `Int8PanelWeight.product` quantises it (per row and block of 32), as float32."""
+def quantized_rows(x: torch.Tensor, split: bool = True) -> torch.Tensor:
+    """x [rows, in] float32 as `Int8PanelWeight.product` quantises it (per row and block of 32; split:
+    in two parts, else as q8_0), as float32."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    library().llmkit_int8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    library().llmkit_int8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(), int(split))
     return out
 
 
@@ -314,8 +326,9 @@ def declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"llmkit_{kind}_panel_{unit}").restype = size
         getattr(lib, f"llmkit_{kind}_panel_pack").argtypes = [pointer, size, size, pointer, threads]
         getattr(lib, f"llmkit_{kind}_panel_unpack").argtypes = [pointer, size, size, pointer]
-        getattr(lib, f"llmkit_{kind}_panel_product").argtypes = [pointer, size, size, pointer, pointer, size, pointer,
-                                                                 threads]
-    lib.llmkit_int8_quantize_rows.argtypes = [pointer, size, size, pointer]
+    for product in ("bf16_panel_product", "bf16_panel_product_bf16_rows", "int8_panel_product",
+                    "int8_panel_product_q8_rows"):
+        getattr(lib, f"llmkit_{product}").argtypes = [pointer, size, size, pointer, pointer, size, pointer, threads]
+    lib.llmkit_int8_quantize_rows.argtypes = [pointer, size, size, pointer, threads]
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,
                                             size, ctypes.c_float, pointer, threads]

@@ -1,16 +1,20 @@
 // Few-row products through low-precision weights (llmkit/model/cpu_kernels.py: Bf16PanelWeight,
-// Int8PanelWeight), for CPUs with AVX512-BF16 and AVX-512 VNNI: y[M, N] = x[M, K] Wᵀ + bias.
+// Int8PanelWeight), for CPUs with AVX-512 (bf16) and AVX-512 VNNI (int8): y[M, N] = x[M, K] Wᵀ + bias.
 //
 // A decoding step at batch 1 streams every weight once: bf16 weights are half the bytes of float32, int8
 // blocks (with their scales) 0.27 of them, and the step's time follows. Both keep the float32 kernel's
 // layout in panels of 16 output columns, read front to back with a prefetch ahead:
-// - bf16: [panel][K / 2][16][2]: each vector holds one pair of inputs (k, k+1) of 16 columns, the pair
-//   _mm512_dpbf16_ps multiplies by a pair of the row's inputs rounded to bf16 (nearest even) and adds to
-//   float32 sums;
+// - bf16: [panel][K / 2][16][2]: each vector holds one pair of inputs (k, k+1) of 16 columns, widened to
+//   float32 in registers and multiplied by the float32 rows (FMA);
 // - int8 (q8_0's scheme): [panel][K / 32]{8 vectors of [16][4] bytes, 16 fp16 scales}: per column and block
 //   of 32 inputs, d = max|w| / 127 and q = round(w / d), stored as q + 128 (unsigned: the operand
-//   _mm512_dpbusd_epi32 reads unsigned); the rows are quantised the same way per block of 32 on the fly
-//   (signed), the integer sums corrected by -128 x (the row's block sum) and scaled into float32 sums.
+//   _mm512_dpbusd_epi32 reads unsigned); the rows are quantised per block of 32 on the fly in two signed
+//   8-bit parts (q and the remainder r, below), the integer sums corrected by -128 x (the row's block sum)
+//   and scaled into float32 sums.
+// The rows stay (near) float32 so that a product differs from float32's by the weights' rounding alone:
+// SmolLM2's greedy replies kept float32's tokens on 16/20 (bf16) and 14/20 (int8) prompts with the rows
+// rounded as the weights (bf16; q8_0, as llama.cpp), parting at near ties (bench/results/
+// 2026-12-07-decode-lowprec.md). Those kernels stay (..._bf16_rows, ..._q8_rows) to measure against.
 // Each output is the same sequence of operations whatever M and the thread count: a row's result does not
 // depend on its batch.
 
@@ -22,6 +26,7 @@
 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
+#define F32 __attribute__((target("avx512f,avx512bw")))
 
 namespace {
 constexpr int LANES = 16;
@@ -67,14 +72,55 @@ BF16 void bf16_pass(const uint32_t* x, int64_t K2, const uint16_t* w, const floa
     for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
 }
 
-// a row's quantised blocks: q [nb * 32] signed, d [nb] its scales, sums [nb] the sum of each block's q
-struct QuantRows {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> sum;
-};
-
+// The same panels multiplied by float32 rows: each pair's two bf16 weights widened to float32 in registers
+// (a bf16 is a float32's upper half: the even input shifted up 16 bits, the odd one masked) and multiplied
+// with float32 FMA, so the product differs from float32's only by the weights' rounding. At few rows it
+// streams the same bytes as the bf16 dot product and is as fast (the step waits on the weights, not on
+// the two extra instructions per vector); the rows rounded to bf16 as well moved SmolLM2's greedy tokens
+// at near ties (16/20 replies equal to float32's, against 19/20 or more with float32 rows).
 template <int M, int NP>
+F32 void bf16_rows_f32_pass(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
+                            int64_t n_left) {
+  const int64_t K2 = (K + 1) / 2;
+  const __m512i upper = _mm512_set1_epi32(int(0xFFFF0000u));
+  __m512 acc[M][NP];
+  for (int p = 0; p < NP; ++p) {
+    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[m][p] = b;
+  }
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    __m512 even[NP], odd[NP];
+    for (int p = 0; p < NP; ++p) {
+      const uint16_t* at = w + (p * K2 + k2) * 2 * LANES;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
+      __m512i v = _mm512_loadu_si512(at);
+      even[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      odd[p] = _mm512_castsi512_ps(_mm512_and_si512(v, upper));
+    }
+    const bool has_odd = 2 * k2 + 1 < K;  // an odd K's last pair: its upper weight is 0, its input absent
+    for (int m = 0; m < M; ++m) {
+      __m512 a = _mm512_set1_ps(x[m * K + 2 * k2]);
+      __m512 b = _mm512_set1_ps(has_odd ? x[m * K + 2 * k2 + 1] : 0.0f);
+      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(odd[p], b, _mm512_fmadd_ps(even[p], a, acc[m][p]));
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
+}
+
+// a row's quantised blocks: q [nb * 32] signed, d [nb] its scales, sums [nb] the sum of each block's q; split
+// rows also keep what q leaves, x / d - q in [-1/2, 1/2], as r = round(254 (x / d - q)) (signed 8 bits):
+// x = d (q + r / 254) to d / 508, float32's 8 bits more than q alone (d / 2)
+struct QuantRows {
+  std::vector<int8_t> q, r;
+  std::vector<float> d;
+  std::vector<int32_t> sum, r_sum;
+};
+constexpr float SPLIT = 254.0f;
+
+// TWO_PARTS: the weights times q and times r (two VNNI dot products a vector: the step still waits on the
+// weights at few rows), then d (254 q.w + r.w) / 254; else times q only, as llama.cpp's q8_0 x q8_0
+template <int M, int NP, bool TWO_PARTS>
 VNNI void int8_pass(const QuantRows& xq, int64_t m0, int64_t nb, const uint8_t* w, const float* bias, float* y,
                     int64_t N, int64_t n_left) {
   __m512 acc[M][NP];
@@ -83,10 +129,14 @@ VNNI void int8_pass(const QuantRows& xq, int64_t m0, int64_t nb, const uint8_t* 
     for (int m = 0; m < M; ++m) acc[m][p] = b;
   }
   const int8_t* q = xq.q.data() + m0 * nb * QK;
+  const int8_t* r = TWO_PARTS ? xq.r.data() + m0 * nb * QK : nullptr;
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i dots[M][NP];
+    __m512i dots[M][NP], rest[TWO_PARTS ? M : 1][NP];
     for (int m = 0; m < M; ++m)
-      for (int p = 0; p < NP; ++p) dots[m][p] = _mm512_set1_epi32(-128 * xq.sum[(m0 + m) * nb + b]);
+      for (int p = 0; p < NP; ++p) {
+        dots[m][p] = _mm512_set1_epi32(-128 * xq.sum[(m0 + m) * nb + b]);  // the weights' +128 taken back
+        if (TWO_PARTS) rest[m][p] = _mm512_set1_epi32(-128 * xq.r_sum[(m0 + m) * nb + b]);
+      }
     for (int g = 0; g < QK / 4; ++g) {
       __m512i wk[NP];
       for (int p = 0; p < NP; ++p) {
@@ -99,14 +149,25 @@ VNNI void int8_pass(const QuantRows& xq, int64_t m0, int64_t nb, const uint8_t* 
         std::memcpy(&four, q + (m * nb + b) * QK + g * 4, 4);
         __m512i a = _mm512_set1_epi32(four);
         for (int p = 0; p < NP; ++p) dots[m][p] = _mm512_dpbusd_epi32(dots[m][p], wk[p], a);
+        if (TWO_PARTS) {
+          std::memcpy(&four, r + (m * nb + b) * QK + g * 4, 4);
+          a = _mm512_set1_epi32(four);
+          for (int p = 0; p < NP; ++p) rest[m][p] = _mm512_dpbusd_epi32(rest[m][p], wk[p], a);
+        }
       }
     }
     for (int p = 0; p < NP; ++p) {
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(w + (p * nb + b) * BLOCK_BYTES + QK * LANES)));
-      for (int m = 0; m < M; ++m)
-        acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[m][p]),
-                                    _mm512_mul_ps(scale, _mm512_set1_ps(xq.d[(m0 + m) * nb + b])), acc[m][p]);
+      for (int m = 0; m < M; ++m) {
+        __m512 dot = _mm512_cvtepi32_ps(dots[m][p]);  // |sum| < 2^24: exact
+        __m512 d = _mm512_set1_ps(xq.d[(m0 + m) * nb + b]);
+        if (TWO_PARTS) {
+          dot = _mm512_fmadd_ps(dot, _mm512_set1_ps(SPLIT), _mm512_cvtepi32_ps(rest[m][p]));
+          d = _mm512_set1_ps(xq.d[(m0 + m) * nb + b] / SPLIT);
+        }
+        acc[m][p] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, d), acc[m][p]);
+      }
     }
   }
   for (int p = 0; p < NP; ++p)
@@ -116,8 +177,10 @@ VNNI void int8_pass(const QuantRows& xq, int64_t m0, int64_t nb, const uint8_t* 
 constexpr int PANELS = 3;
 constexpr int BF16_ROWS = 8;  // 8 x 3 float32 sums in registers
 constexpr int INT8_ROWS = 4;  // 4 x 3 integer and 4 x 3 float32 sums
+constexpr int INT8_SPLIT_ROWS = 2;  // 2 x 3 x 2 integer and 2 x 3 float32 sums (3 or 4 rows spill registers)
 
 using bf16_fn = void (*)(const uint32_t*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+using bf16_f32_fn = void (*)(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
 using int8_fn = void (*)(const QuantRows&, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t, int64_t);
 
 template <int NP>
@@ -125,14 +188,21 @@ constexpr bf16_fn BF16_PASSES[BF16_ROWS + 1] = {nullptr, bf16_pass<1, NP>, bf16_
                                                 bf16_pass<4, NP>, bf16_pass<5, NP>, bf16_pass<6, NP>,
                                                 bf16_pass<7, NP>, bf16_pass<8, NP>};
 template <int NP>
-constexpr int8_fn INT8_PASSES[INT8_ROWS + 1] = {nullptr, int8_pass<1, NP>, int8_pass<2, NP>, int8_pass<3, NP>,
-                                                int8_pass<4, NP>};
+constexpr bf16_f32_fn BF16_F32_PASSES[BF16_ROWS + 1] = {
+    nullptr, bf16_rows_f32_pass<1, NP>, bf16_rows_f32_pass<2, NP>, bf16_rows_f32_pass<3, NP>, bf16_rows_f32_pass<4, NP>,
+    bf16_rows_f32_pass<5, NP>, bf16_rows_f32_pass<6, NP>, bf16_rows_f32_pass<7, NP>, bf16_rows_f32_pass<8, NP>};
+template <int NP, bool S>
+constexpr int8_fn INT8_PASSES[INT8_ROWS + 1] = {nullptr, int8_pass<1, NP, S>, int8_pass<2, NP, S>,
+                                                int8_pass<3, NP, S>, int8_pass<4, NP, S>};
 
-// x [M, K] float32 -> q8 blocks of 32 per row (the last zero-padded), as ggml's quantize_row_q8_0
-VNNI void quantize_rows(const float* x, int64_t M, int64_t K, int64_t nb, QuantRows& out) {
+// x [M, K] float32 -> q8 blocks of 32 per row (the last zero-padded), as ggml's quantize_row_q8_0; split: and
+// the remainders r
+VNNI void quantize_rows(const float* x, int64_t M, int64_t K, int64_t nb, QuantRows& out, bool split) {
   out.q.assign(M * nb * QK, 0);
+  out.r.assign(split ? M * nb * QK : 0, 0);
   out.d.assign(M * nb, 0.0f);
   out.sum.assign(M * nb, 0);
+  out.r_sum.assign(split ? M * nb : 0, 0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + m * K + b * QK;
@@ -142,23 +212,56 @@ VNNI void quantize_rows(const float* x, int64_t M, int64_t K, int64_t nb, QuantR
       float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
       float d = amax / 127.0f;
       __m512 inverse = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
-      __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));  // nearest, ties to even
-      __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
+      __m512 slo = _mm512_mul_ps(lo, inverse), shi = _mm512_mul_ps(hi, inverse);
+      __m512i qlo = _mm512_cvtps_epi32(slo);  // nearest, ties to even
+      __m512i qhi = _mm512_cvtps_epi32(shi);
       int8_t* q = out.q.data() + (m * nb + b) * QK;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qlo));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + LANES), _mm512_cvtsepi32_epi8(qhi));
       out.d[m * nb + b] = d;
       out.sum[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+      if (!split) continue;
+      const __m512 scale = _mm512_set1_ps(SPLIT);
+      __m512i rlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(slo, _mm512_cvtepi32_ps(qlo)), scale));
+      __m512i rhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(shi, _mm512_cvtepi32_ps(qhi)), scale));
+      int8_t* r = out.r.data() + (m * nb + b) * QK;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r), _mm512_cvtsepi32_epi8(rlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r + LANES), _mm512_cvtsepi32_epi8(rhi));
+      out.r_sum[m * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(rlo, rhi));
     }
+}
+template <bool S>
+VNNI void int8_product(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, int64_t N, float* y,
+                       int threads) {
+  const int64_t nb = (K + QK - 1) / QK, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+  constexpr int at_once = S ? INT8_SPLIT_ROWS : INT8_ROWS;
+  QuantRows xq;
+  quantize_rows(x, M, K, nb, xq, S);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += at_once) {
+      int rows = M - m < at_once ? int(M - m) : at_once;
+      int8_fn run = np == 3 ? INT8_PASSES<3, S>[rows] : np == 2 ? INT8_PASSES<2, S>[rows] : INT8_PASSES<1, S>[rows];
+      run(xq, m, nb, w + p * nb * BLOCK_BYTES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
+          N - p * LANES);
+    }
+  }
 }
 }  // namespace
 
 extern "C" {
 
+// bf16 weights times float32 rows need AVX-512 only; times bf16 rows (llmkit_bf16_panel_product_bf16_rows), AVX512-BF16
 int llmkit_bf16_supported() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+int llmkit_bf16_rows_supported() {
+  __builtin_cpu_init();
+  return llmkit_bf16_supported() && __builtin_cpu_supports("avx512bf16");
 }
 
 int llmkit_int8_supported() {
@@ -193,9 +296,26 @@ void llmkit_bf16_panel_unpack(const uint16_t* packed, int64_t N, int64_t K, floa
     }
 }
 
-// x [M, K] and y [M, N] contiguous float32, w from llmkit_bf16_panel_pack, bias [N] or null
-BF16 void llmkit_bf16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
-                                    int64_t N, float* y, int threads) {
+// x [M, K] and y [M, N] contiguous float32, w from llmkit_bf16_panel_pack, bias [N] or null: float32 rows
+F32 void llmkit_bf16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                                   int64_t N, float* y, int threads) {
+  const int64_t K2 = (K + 1) / 2, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += BF16_ROWS) {
+      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
+      bf16_f32_fn run = np == 3 ? BF16_F32_PASSES<3>[rows] : np == 2 ? BF16_F32_PASSES<2>[rows] : BF16_F32_PASSES<1>[rows];
+      run(x + m * K, K, w + p * K2 * 2 * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
+          N - p * LANES);
+    }
+  }
+}
+
+// as llmkit_bf16_panel_product with the rows rounded to bf16 too (AVX512-BF16's dot product: kept to measure)
+BF16 void llmkit_bf16_panel_product_bf16_rows(const float* x, int64_t M, int64_t K, const uint16_t* w,
+                                              const float* bias, int64_t N, float* y, int threads) {
   const int64_t K2 = (K + 1) / 2, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
   std::vector<uint32_t> xb(M * K2);  // the rows in bf16, pairs of inputs as one 32-bit value
   for (int64_t m = 0; m < M; ++m)
@@ -258,31 +378,30 @@ VNNI void llmkit_int8_panel_unpack(const uint8_t* packed, int64_t N, int64_t K, 
     }
 }
 
-// x [M, K] float32 quantised per row as the product does -> q8 values times their scale [M, K]
-VNNI void llmkit_int8_quantize_rows(const float* x, int64_t M, int64_t K, float* out) {
+// x [M, K] float32 as the product multiplies it (split: d (q + r / 254), else d q) [M, K]
+VNNI void llmkit_int8_quantize_rows(const float* x, int64_t M, int64_t K, float* out, int split) {
   const int64_t nb = (K + QK - 1) / QK;
   QuantRows xq;
-  quantize_rows(x, M, K, nb, xq);
+  quantize_rows(x, M, K, nb, xq, split);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) out[m * K + k] = xq.d[m * nb + k / QK] * float(xq.q[(m * nb) * QK + k]);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t at = m * nb * QK + k;
+      const float d = xq.d[m * nb + k / QK];
+      out[m * K + k] = split ? d / SPLIT * (float(xq.q[at]) * SPLIT + float(xq.r[at])) : d * float(xq.q[at]);
+    }
 }
 
-// x [M, K] and y [M, N] contiguous float32, w from llmkit_int8_panel_pack, bias [N] or null
+
+// x [M, K] and y [M, N] contiguous float32, w from llmkit_int8_panel_pack, bias [N] or null; the rows split
+// into q and r (16 bits a value to the block's max)
 VNNI void llmkit_int8_panel_product(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                                     int64_t N, float* y, int threads) {
-  const int64_t nb = (K + QK - 1) / QK, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
-  QuantRows xq;
-  quantize_rows(x, M, K, nb, xq);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    int64_t p = g * PANELS;
-    int np = panels - p < PANELS ? int(panels - p) : PANELS;
-    for (int64_t m = 0; m < M; m += INT8_ROWS) {
-      int rows = M - m < INT8_ROWS ? int(M - m) : INT8_ROWS;
-      int8_fn run = np == 3 ? INT8_PASSES<3>[rows] : np == 2 ? INT8_PASSES<2>[rows] : INT8_PASSES<1>[rows];
-      run(xq, m, nb, w + p * nb * BLOCK_BYTES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
-          N - p * LANES);
-    }
-  }
+  int8_product<true>(x, M, K, w, bias, N, y, threads);
+}
+
+// as llmkit_int8_panel_product with the rows as q8_0 (q only: llama.cpp's product; kept to measure)
+VNNI void llmkit_int8_panel_product_q8_rows(const float* x, int64_t M, int64_t K, const uint8_t* w,
+                                            const float* bias, int64_t N, float* y, int threads) {
+  int8_product<false>(x, M, K, w, bias, N, y, threads);
 }
 }
