@@ -169,25 +169,26 @@ def builtin(name: str) -> Callable:
         raise UserError(f"reward {name}: this llmkit lacks {BUILTINS[name]} ({e})") from None
 
 
-def function_of_file(path: Path, function: str) -> Callable:
-    """`function` of the Python file at `path`, the file executed as a module of its own."""
+def function_of_file(path: Path, function: str, kind: str = "reward") -> Callable:
+    """`function` of the Python file at `path`, the file executed as a module of its own; `kind`
+    (a reward, a tool) names what the user gave in the errors."""
     if not path.is_file():
-        raise UserError(f"reward {path}:{function}: no file {path} (from {Path.cwd()})")
-    module_name = f"llmkit_reward_file_{abs(hash(str(path.resolve())))}"
+        raise UserError(f"{kind} {path}:{function}: no file {path} (from {Path.cwd()})")
+    module_name = f"llmkit_{kind}_file_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.resolve().parent))  # the file may import its neighbours
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - anything a user's file raises is theirs to fix
-        raise UserError(f"reward file {path} fails to load ({where_in(e, path)}{type(e).__name__}: {e})") from None
+        raise UserError(f"{kind} file {path} fails to load ({where_in(e, path)}{type(e).__name__}: {e})") from None
     finally:
         sys.path.remove(str(path.resolve().parent))
     fn = getattr(module, function, None)
     if not callable(fn):
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                          and getattr(v, "__module__", None) == module_name)
-        raise UserError(f"reward file {path} has no function {function!r}"
+        raise UserError(f"{kind} file {path} has no function {function!r}"
                         f"{' (it defines ' + ', '.join(defined) + ')' if defined else ''}")
     return fn
 

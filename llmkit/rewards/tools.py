@@ -18,17 +18,17 @@ be killed from outside its process): a tool that may hang should bound its own w
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib
 import json
 import operator
 import re
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from llmkit.errors import ConfigError, UserError
+from llmkit.errors import ConfigError
+from llmkit.rewards.plugins import function_of_file
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
@@ -70,26 +70,8 @@ def load_tools(spec: str) -> dict[str, Callable]:
             tools[name] = getattr(importlib.import_module(module), function)
             continue
         file, function = name.rsplit(":", 1)
-        tools[function] = _function_of_file(Path(file), function)
+        tools[function] = function_of_file(Path(file), function, kind="tool")
     return tools
-
-
-def _function_of_file(path: Path, function: str) -> Callable:
-    if not path.is_file():
-        raise UserError(f"tool {path}:{function}: no file {path} (from {Path.cwd()})")
-    spec = importlib.util.spec_from_file_location(f"llmkit_tool_file_{abs(hash(str(path.resolve())))}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))  # the file may import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - anything a user's file raises is theirs to fix
-        raise UserError(f"tool file {path} fails to load ({type(e).__name__}: {e})") from None
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        raise UserError(f"tool file {path} has no function {function!r}")
-    return fn
 
 
 # ---- calls --------------------------------------------------------------------------------------

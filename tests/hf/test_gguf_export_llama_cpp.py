@@ -17,6 +17,7 @@ import llmkit
 from llmkit.cli.app import build_app
 from llmkit.model.decoding import generate
 from llmkit.generation import encode_prompt
+from llmkit.hf.ship_check import first_difference, top_two_gap
 from tests.train.posttrain_fixtures import make_tokenizer, task_sentences, tiny_model, write_checkpoint_run
 
 pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding is not installed: `make llama-cpp` builds it")
@@ -92,18 +93,6 @@ def llama_cpp_replies(path: Path, prompts, stop_ids) -> list[list[int]]:
         return [until_stop(greedy_llama_cpp(llm, p, NEW_TOKENS), stop_ids) for p in prompts]
     finally:
         llm.close()
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two replies differ (one ending earlier counts), None if equal."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
-def top_two_gap(model, ids: list[int]) -> float:
-    """How far the likeliest next token's logit is ahead of the second's, in the fp32 run."""
-    with torch.no_grad():
-        best = model(torch.tensor([ids]))[0, -1].float().topk(2).values
-    return float(best[0] - best[1])
 
 
 def test_llama_cpp_decodes_the_f16_file_as_llmkit_generate_decodes_the_run(exported):
