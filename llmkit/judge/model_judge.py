@@ -19,11 +19,12 @@ command's use of it, a session's items judged into its journal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.tokenizers.cjk import language_of
 from llmkit.generation import GenerateConfig, uses_chat_template
+from llmkit.model.decode_weights import DecodeConfig, decoding_weights
 
 LABELS = ("A", "B", "C")  # reply A better, reply B better, equally good
 RUBRICS = {
@@ -55,6 +56,7 @@ class ModelJudgeConfig:
     batch_size: int = 8  # rubrics scored together (right-padded: causal attention never sees the padding)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     rater: str = ""  # the rater the journal records; "" = model:<RUN>
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode.weights=bf16|int8: the rubrics' CPU products
 
     def __post_init__(self):
         if self.combine not in COMBINE:
@@ -196,8 +198,8 @@ def judge_pairs(model, tokenizer, pairs, cfg: ModelJudgeConfig | None = None, **
     `model` and `tokenizer` as `llmkit.load` returns them (the model on the device it should run
     on, in eval mode); a prompt is a string or a list of chat messages (its last user turn is
     judged). `cfg` (or ModelJudgeConfig's fields as `options`: ties, combine, language, chat,
-    max_reply_chars, batch_size) sets how it asks; `device` and `rater` are the command's and
-    unused here. Each pair costs two forward passes of its rubric (both orders), no generation.
+    max_reply_chars, batch_size, decode: a DecodeConfig, the weights its CPU products multiply by) sets
+    how it asks; `device` and `rater` are the command's and unused here. Each pair costs two forward passes of its rubric (both orders), no generation.
     Deterministic: the same model, pairs and settings give the same verdicts."""
     if cfg is None:
         cfg = ModelJudgeConfig(**options)
@@ -218,7 +220,8 @@ def judge_pairs(model, tokenizer, pairs, cfg: ModelJudgeConfig | None = None, **
             cut |= len(ids) > room
             contexts.append(ids[-room:])  # the question stays: it is at the end
         truncated.append(cut)
-    probs, mass = label_probabilities(model, tokenizer, contexts, labels, cfg.batch_size)
+    with decoding_weights(model, cfg.decode.weights):  # converted once per process, kept on the layers
+        probs, mass = label_probabilities(model, tokenizer, contexts, labels, cfg.batch_size)
     out = []
     for n, lang in enumerate(langs):
         first, second = probs[2 * n], probs[2 * n + 1]

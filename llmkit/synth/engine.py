@@ -11,10 +11,13 @@ A generator (this one, or `llmkit.synth.client.ServerGenerator`) answers two cal
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from llmkit.checkpoints.loading import load
 from llmkit.errors import UserError
+from llmkit.model.decode_weights import decoding_weights
 from llmkit.model.decoding import generate, left_pad, prefill, reply_text
 from llmkit.model.lm_scoring import LMScorer
 from llmkit.model.packed_linear import packed_linears
@@ -27,22 +30,29 @@ _OPEN: dict = {}  # (path, device) -> LocalGenerator: each model loaded once per
 class LocalGenerator:
     """An llmkit checkpoint (a run, a step folder, an imported model) generating in batches."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 16):
+    def __init__(self, model, tokenizer, batch_size: int = 16, weights: str = "fp32"):
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.weights = weights  # decode.weights: what its CPU products multiply by (fp32 | bf16 | int8)
         self.stop_ids = set(tokenizer.stop_ids)
         self.special_ids = special_ids(tokenizer)
         self.tokens = 0  # tokens generated so far
 
     @classmethod
-    def open(cls, path, device: str = "auto", batch_size: int = 16) -> LocalGenerator:
+    def open(cls, path, device: str = "auto", batch_size: int = 16, weights: str = "fp32") -> LocalGenerator:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         key = (str(path), device)
         if key not in _OPEN:
             _OPEN[key] = cls(*load(path, device=device))
         found = _OPEN[key]
-        found.batch_size = batch_size
+        found.batch_size, found.weights = batch_size, weights
         return found
+
+    @contextlib.contextmanager
+    def packed(self):
+        """The model's products packed for decoding, through `weights` copies (converted once, kept)."""
+        with decoding_weights(self.model, self.weights), packed_linears(self.model):
+            yield
 
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, Raw):
@@ -62,7 +72,7 @@ class LocalGenerator:
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         out: list[Completion | None] = [None] * len(prompts)
-        with packed_linears(self.model):
+        with self.packed():
             for start in range(0, len(order), self.batch_size):
                 rows = order[start:start + self.batch_size]
                 ids, mask = left_pad([encoded[i] for i in rows], self.tokenizer.pad_id)
@@ -93,7 +103,7 @@ class LocalGenerator:
         device = next(self.model.parameters()).device
         room = self.model.config.max_seq_len - 1
         out = []
-        with packed_linears(self.model):
+        with self.packed():
             for start in range(0, len(prompts), self.batch_size):
                 encoded = [self.encode(p)[-room:] for p in prompts[start:start + self.batch_size]]
                 ids, mask = left_pad(encoded, self.tokenizer.pad_id)
@@ -110,7 +120,7 @@ class LocalGenerator:
         for prompt, answer in zip(prompts, answers):
             reply = self.tokenizer.encode(answer) or [self.tokenizer.end_of_turn_id]
             requests.append(((self.encode(prompt) + reply)[-scorer.max_len:], len(reply)))
-        with packed_linears(self.model):
+        with self.packed():
             total = scorer.target_logprobs(requests)
         return [t / n for t, (_, n) in zip(total.tolist(), requests)]
 

@@ -137,6 +137,25 @@ def test_a_tiny_model_judges_the_same_in_any_batch(tok):
     assert judge_pairs(short, tok, pairs[:1])[0].truncated  # the rubric's start is cut, its question kept
 
 
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_the_judge_reads_its_verdicts_through_low_precision_weights(tok, kind, monkeypatch):
+    from llmkit.model import cpu_kernels
+    from llmkit.model import packed_linear
+    from llmkit.model.decode_weights import CONVERTED, DecodeConfig
+
+    if not cpu_kernels.low_precision_available(kind):
+        pytest.skip(f"needs the {kind} kernels")
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # the tiny model's matrices are below the real bar
+    model = tiny_model(tok.vocab_size, max_seq_len=512).eval()
+    model.trained_on_chats = False
+    pairs = [("What is 10+20?", "30", "40"), ("反转：c x u", "u x c", "c x u")]
+    fp32 = judge_pairs(model, tok, pairs)
+    low = judge_pairs(model, tok, pairs, decode=DecodeConfig(kind))
+    assert vars(model.lm_head).get(CONVERTED)  # its products went through the converted copy
+    for x, y in zip(low, fp32):
+        assert [*x.probs[0], *x.probs[1]] == pytest.approx([*y.probs[0], *y.probs[1]], abs=2e-3)
+
+
 def test_judge_command_writes_the_journal_resumes_and_exports(tmp_path, tok):
     ws = tmp_path / "ws"
     session = write_session(ws, "sess", arithmetic_prompts(6), known_replies(6, ("good", "bad")))
