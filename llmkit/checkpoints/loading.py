@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from llmkit.checkpoints.step_folders import (MODEL_CONFIG, TOKENIZER, checkpoint_step_dir, load_weights,
@@ -88,21 +89,62 @@ def model_from_weights(state_dict: dict, model_config, quantize=None):
     With `quantize` (`quant.on_load`'s, for QLoRA) the block linears get the memory-mapped tensors
     themselves, read, quantised and let go one layer at a time: only the packed bytes stay, and
     the process's peak is about the file plus the quantised model, not twice the float model."""
-    import torch
+    from llmkit.model.transformer import Transformer
 
-    from llmkit.model.transformer import Transformer, rope_tables
-
-    with torch.device("meta"):
+    with uninitialised():
         model = Transformer(model_config)
     mapped = {f"{name}.weight" for name, _ in block_linears(model)} if quantize else set()
     model.load_state_dict(own_float32_copies(state_dict, keep=mapped), strict=True, assign=True)
-    if model_config.tie_embeddings:  # assign gave each name its own Parameter over one tensor
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.rope_cos, model.rope_sin = rope_tables(model_config)  # buffers the checkpoint does not hold
-    model.aux_loss = torch.zeros(())
+    finish_from_meta(model)
     if quantize is not None:
         quantize(model)
     return model
+
+
+def finish_from_meta(model) -> None:
+    """What a Transformer built on the meta device lacks once its state dict is assigned: one
+    Parameter for a tied head and embedding (assign gave each name its own over one tensor), the
+    RoPE tables and the auxiliary loss (not in the checkpoint)."""
+    import torch
+
+    from llmkit.model.transformer import rope_tables
+
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rope_cos, model.rope_sin = rope_tables(model.config)
+    model.aux_loss = torch.zeros(())
+
+
+SKIPPED_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "zeros_", "ones_", "eye_", "dirac_",
+                 "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                 "sparse_")
+
+
+@contextmanager
+def uninitialised():
+    """Modules built on the meta device with no initialisation at all (torch.nn.init's functions,
+    Transformer.init_weights and its RoPE tables do nothing), for a model whose every parameter the
+    checkpoint then assigns (finish_from_meta adds the tables). Even on the meta device computing
+    costs: an op there (normal_, the tables' arithmetic) runs torch's Python decompositions, whose
+    first call imports torch._dynamo: 1.5-2.5 s of a 135M export."""
+    import torch
+    from torch.nn import init
+
+    from llmkit.model import transformer
+
+    saved = {name: getattr(init, name) for name in SKIPPED_INITS if hasattr(init, name)}
+    saved_init_weights, saved_tables = transformer.Transformer.init_weights, transformer.rope_tables
+    try:
+        for name in saved:
+            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+        transformer.Transformer.init_weights = lambda self, seed=None: None
+        transformer.rope_tables = lambda cfg, device=None: (torch.empty(0), torch.empty(0))
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, function in saved.items():
+            setattr(init, name, function)
+        transformer.Transformer.init_weights, transformer.rope_tables = saved_init_weights, saved_tables
 
 
 def own_float32_copies(state_dict: dict, keep: set) -> dict:
@@ -192,6 +234,8 @@ def model_config_from(config: dict, path):
 def load_reward_model(path):
     """The `RewardModel` of a checkpoint run (its latest step) or step folder, in eval mode (a LoRA
     one with its adapters merged)."""
+    import torch
+
     from llmkit.model.transformer import Transformer
     from llmkit.model.reward_model import HEAD_KEY, REWARD_HEAD, RewardModel
 
@@ -203,6 +247,11 @@ def load_reward_model(path):
                         f'"{HEAD_KEY}": "{REWARD_HEAD}"); train one with `llmkit rm`')
     if adapted:
         return load_adapters(RewardModel(load_model(base_of(step_dir))[0]), step_dir).eval()
-    reward_model = RewardModel(Transformer(model_config_from(config, path)))
-    reward_model.load_state_dict(state_dict, strict=True)
+    with uninitialised():  # every parameter comes from the file (strict), as in model_from_weights
+        reward_model = RewardModel(Transformer(model_config_from(config, path)))
+    reward_model.load_state_dict(own_float32_copies(state_dict, keep=set()), strict=True, assign=True)
+    trunk = reward_model.trunk
+    if not trunk.config.tie_embeddings:  # the trunk's unused head is no parameter of the reward model
+        trunk.lm_head.weight = torch.nn.Parameter(torch.zeros(trunk.lm_head.weight.shape))
+    finish_from_meta(trunk)
     return reward_model.eval()
