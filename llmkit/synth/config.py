@@ -24,6 +24,13 @@ KINDS = {
     "pairs": ("prompts", "preference"),
 }
 STYLES = ("wikipedia", "qa", "simple", "textbook")
+# (temperature, top_p) where the config leaves them null. Magpie samples a user turn at
+# temperature 1 for diversity; top_p 0.9 cuts the tail a small model drifts into and never comes
+# back from (SmolLM2-135M at top_p 1: one sample in eight wandered into gibberish and never closed
+# its turn; bench/results/2026-12-07-synth.md) — nucleus sampling's purpose, the top_p Magpie
+# uses where it lowers sampling (Qwen2.5-Math) and the one SmolLM2's model card suggests.
+SAMPLING = {"instructions": (1.0, 0.9)}
+REPLY_SAMPLING = (0.7, 1.0)
 
 
 @dataclass
@@ -48,8 +55,8 @@ class SynthConfig(DataConfig):
     kind: str | None = None  # instructions | answers | qa | rephrase | pairs (--kind)
     rows: int = 100  # instructions: how many to sample (kinds that read no dataset)
     n: int = 1  # answers: samples per prompt (pairs always take two)
-    temperature: float = 0.7  # softmax temperature; 0 = greedy (instructions: Magpie samples at 1.0)
-    top_p: float = 1.0  # sample among the likeliest tokens whose probabilities sum to top_p
+    temperature: float | None = None  # softmax temperature; 0 = greedy; null = the kind's: instructions 1.0 (Magpie's), the others 0.7
+    top_p: float | None = None  # sample among the likeliest tokens whose probabilities sum to top_p; null = the kind's: instructions 0.9 (cuts the tail a small model drifts into), the others 1.0
     top_k: int | None = None  # sample among the k likeliest tokens only; null = all
     max_new_tokens: int = 256  # tokens generated per reply at most
     seed: int = 0  # sampling seed: with the same inputs and settings, the same bytes
@@ -70,6 +77,10 @@ class SynthConfig(DataConfig):
     def __post_init__(self):
         if self.kind is not None and self.kind not in KINDS:
             raise ConfigError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        # the kind's sampling where none is set: the manifest and fingerprint hold the values used
+        temperature, top_p = SAMPLING.get(self.kind, REPLY_SAMPLING)
+        self.temperature = temperature if self.temperature is None else self.temperature
+        self.top_p = top_p if self.top_p is None else self.top_p
         for name in ("rows", "n", "max_new_tokens", "rows_per_task", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"synth {name} must be ≥ 1, got {getattr(self, name)}")

@@ -40,6 +40,28 @@ def test_magpie_keeps_one_user_turn_and_counts_the_rest_by_reason():
     assert [r["reason"] for r in removed] == ["empty_instruction", "no_end_of_turn", "more_than_one_turn"]
 
 
+class Recording(Scripted):
+    def complete(self, prompts, sampling, seed):
+        self.sampling = sampling
+        return super().complete(prompts, sampling, seed)
+
+
+@pytest.mark.parametrize("kind, settings, sampled", [
+    ("instructions", {}, (1.0, 0.9)),  # Magpie's temperature, the tail cut (config.SAMPLING)
+    ("instructions", {"top_p": 1.0, "temperature": 0.8}, (0.8, 1.0)),  # set: as set
+    ("answers", {}, (0.7, 1.0)),
+])
+def test_each_kind_samples_at_its_defaults_unless_set(kind, settings, sampled):
+    cfg = SynthConfig(kind=kind, **settings)
+    assert (cfg.temperature, cfg.top_p) == sampled  # resolved: the manifest records what was used
+    gen = Recording(lambda p, i: "Name three rivers.")
+    if kind == "instructions":
+        kinds.instructions(0, 2, gen, cfg, 0, "s")
+    else:
+        kinds.answers([{"id": "a", "prompt": "p", "text": "p"}], gen, cfg, 0, "s")
+    assert (gen.sampling.temperature, gen.sampling.top_p) == sampled
+
+
 def test_answers_n_samples_per_prompt_with_turns_and_carried_columns():
     rows = [{"id": "a", "prompt": "What is 2+2?", "text": "x", "answer": "4"},
             {"id": "b", "messages": [{"role": "system", "content": "Be brief."},
