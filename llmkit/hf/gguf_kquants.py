@@ -26,7 +26,8 @@ KERNEL_TYPES = {  # GGML type -> (values per block, bytes per block, kernel, its
 }
 SIGNATURES = {"affine_k_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
               "quantize_q6_k": "i8(f4[:, ::1], f4[::1], u1[:, ::1])",
-              "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)"}
+              "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
+              "f16_rounded_rows": "i8(f4[:, ::1], f4[:, ::1])"}
 ROWS_PER_CHUNK = 64  # small enough that two threads share a 576-row matrix, large enough to amortise a call
 
 BLOCK32 = {"Q5_0": (22, 0), "Q5_1": (24, 1), "Q8_0": (34, 2)}  # reference forms: bytes per block, kind
@@ -41,6 +42,17 @@ def kernels(module: str = "_kquant_kernels"):
         signatures = SIGNATURES if module == "_kquant_kernels" else BLOCK32_SIGNATURE
         _KERNELS[module] = aot.load(f"llmkit.hf.{module}", signatures, what=f"the GGUF quantisers ({module})")
     return _KERNELS[module]
+
+
+def f16_rounded(array):
+    """float32 `array` rounded to float16 and back (numpy's two casts, bit for bit), in the kernel."""
+    import numpy as np
+
+    x = np.ascontiguousarray(array, dtype=np.float32)
+    flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    out = np.empty_like(flat)
+    kernels().f16_rounded_rows(flat, out)
+    return out.reshape(x.shape)
 
 
 def row_bytes(qtype: str, n_per_row: int) -> int:

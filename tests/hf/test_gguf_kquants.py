@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from llmkit.hf.gguf_kquants import KERNEL_TYPES, quantize
+from llmkit.hf.gguf_kquants import KERNEL_TYPES, f16_rounded, quantize
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"]
 GGML_TYPE = {"Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's enum ggml_type
@@ -94,3 +94,20 @@ def test_rows_that_are_not_whole_blocks_are_refused():
     with pytest.raises(ValueError, match="not a multiple"):
         quantize(weights("normal", cols=320), "Q6_K")
     assert set(KERNEL_TYPES) == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"}
+
+
+def test_the_f16_rounding_is_numpys_cast_bit_for_bit():
+    """Every float32 exponent, halfway cases, the half's overflow and subnormal edges, infinities, NaNs."""
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([np.arange(0, 2 ** 32, 65537, dtype=np.uint64).astype(np.uint32),
+                           rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x477FE000, 0x47800100, 16, dtype=np.uint32),  # 65504 .. above 65520
+                           np.arange(0x387FF000, 0x38801000, 8, dtype=np.uint32),  # the smallest normal half
+                           np.arange(0x33000000 - 40, 0x33000000 + 40, dtype=np.uint32),  # half the smallest subnormal
+                           np.uint32(0x00001000) * np.arange(1, 64, dtype=np.uint32) + np.uint32(0x3F800000),  # ties
+                           np.array([0, 0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7F802000], np.uint32)])
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
+    x = bits[: bits.size // 16 * 16].view(np.float32).reshape(-1, 16)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(f16_rounded(x).view(np.uint32), expected.view(np.uint32))
