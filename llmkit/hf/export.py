@@ -17,6 +17,7 @@ from llmkit.checkpoints.step_folders import ADAPTER_CONFIG, ADAPTER_WEIGHTS, che
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.gguf_export import GGUF_QUANTS, export_gguf
 from llmkit.hf.gguf_lora import export_gguf_adapter
+from llmkit.hf.imatrix_compute import ImatrixConfig, export_imatrix, imatrix_inputs, imatrix_settings
 from llmkit.hf.folder import (DTYPES, EXPORT_RECORD, HF_CONFIG, HF_GENERATION_CONFIG, HF_WEIGHTS,
                               write_json)
 from llmkit.hf.mapping import to_hf_config, to_hf_state_dict
@@ -35,7 +36,7 @@ from llmkit.core.workspace import Artifact
 class ExportConfig:
     format: str = "hf"  # "hf": a Hugging Face transformers folder; "gguf": one GGUF file for llama.cpp / Ollama
     quant: str = "f16"  # gguf only: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k (matrices; norms and biases stay f32)
-    imatrix: str = ""  # K-quants: an importance matrix file of llama.cpp's (its GGUF format or the legacy .dat)
+    imatrix: ImatrixConfig | str = ""  # K-quants: an importance matrix file of llama.cpp's (its GGUF format or the legacy .dat), or the section: imatrix.file, or imatrix.data=DATASET to compute one (llmkit.hf.imatrix_compute)
     dtype: str = "auto"  # weights written as: auto (as stored in the checkpoint), float32, bfloat16, float16
     probe: bool = True  # load the export with transformers (when installed) and measure its parity
     probe_tokens: int = 32  # tokens per probe row (two rows: the probe texts, random ids)
@@ -54,7 +55,8 @@ class ExportConfig:
             raise ConfigError(f"export quant must be one of {', '.join(GGUF_QUANTS)}, got {self.quant!r} "
                               "(llama.cpp's other types, q3_k, q2_k, the IQ ones: quantise the f16 file with "
                               "llama.cpp's llama-quantize)")
-        if self.imatrix and not self.quant.startswith(("q4_k", "q5_k", "q6_k")):
+        imatrix = imatrix_settings(self.imatrix)
+        if (imatrix.file or imatrix.data) and not self.quant.startswith(("q4_k", "q5_k", "q6_k")):
             raise ConfigError(f"export imatrix applies to the K-quants (q4_k_m, …), not quant={self.quant}")
         if self.format == "gguf" and not self.merge:
             raise ConfigError("export merge=false keeps LoRA adapters apart in a transformers folder; a GGUF "
@@ -85,6 +87,8 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
     step_dir = checkpoint_step_dir(run_or_step)
     run_dir = step_dir.parent if (step_dir.parent / "latest").is_file() else step_dir
     inputs = [Artifact.open(run_dir)] if (run_dir / "manifest.json").is_file() else []
+    if cfg.format == "gguf":
+        inputs += [Artifact.open(p) for p in imatrix_inputs(ctx.workspace, cfg.imatrix)]
     weights = weights_file(step_dir)
     identity = {"source": str(step_dir.resolve()), "weights_bytes": weights.stat().st_size,
                 "weights_mtime_ns": weights.stat().st_mtime_ns}
@@ -94,7 +98,14 @@ def run_export(ctx, cfg: ExportConfig, source: str, to: str | None = None):
         return b
     with b:
         writer = export_hf if cfg.format == "hf" else export_gguf_adapter if cfg.adapter_only else export_gguf
+        if cfg.format == "gguf" and not cfg.adapter_only:  # the writer reads a file: a computed one is written first
+            imatrix, computed = export_imatrix(ctx.workspace, cfg.imatrix, step_dir, b.dir)
+            cfg = dataclasses.replace(cfg, imatrix=imatrix)
+            b.stats.update({"imatrix": computed} if computed else {})
         record = writer(step_dir, b.dir, cfg)
+        if cfg.format == "gguf" and not cfg.adapter_only and computed:  # beside the file, not the build folder
+            record["imatrix"] = computed["file"]
+            write_json(b.dir / EXPORT_RECORD, record)
         check = record.get("ship_check")
         if check and check["passed"] is False:  # no artifact: make and a rerun must not take the file as shipped
             raise ShipCheckFailed(Path(record["file"]), check["failures"], check)
