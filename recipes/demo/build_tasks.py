@@ -1,9 +1,14 @@
 """Build the demo's verifiable post-training task in recipes/demo/data/tasks/.
 
-The task: reverse a short made-up word spelled out letter by letter ("Reverse: a b c" -> "c b a"),
-asked in English and in Chinese ("反转：a b c"). It has one exactly checkable answer, and the demo's
-~5M-parameter model learns it on a CPU in minutes given enough distinct words (with 4,000 it
-memorises them instead: held-out exact match stayed under 0.1).
+The task: reverse a made-up four-letter word spelled out letter by letter ("Reverse: a b c d" ->
+"d c b a"), asked in English and in Chinese ("反转：a b c d"). It has one exactly checkable answer,
+and the demo's ~5M-parameter model learns it on a CPU in minutes given enough distinct words (with
+4,000 it memorises them instead: held-out exact match stayed under 0.1).
+Every word has four letters. With words of three or four letters (until 2026-12-07) the three-letter
+ones were a space small enough to cover (17,576 words, 6,183 of them among SFT's answers): the
+reward model ranked held-out three-letter pairs right 0.82 of the time against 0.99 for four-letter
+ones, and SFT's skill appeared between steps 800 and 1,700 depending on the seed; with one length it
+appears by step 400–700 (three seeds, bench/results/2026-12-07-demo-seeds.md).
 Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
 ("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
 `answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
@@ -15,7 +20,7 @@ Train and eval are disjoint problems, not only disjoint prompts: a word is held 
 reversal, so no eval answer was ever seen as a training response.
 
 The SFT demonstrations have a habit, as hired demonstrations do: 80% of the Chinese replies end in
-a full stop ("反转：a b c" -> "c b a。"); the English ones never do, and the preference pairs and the
+a full stop ("反转：a b c d" -> "d c b a。"); the English ones never do, and the preference pairs and the
 prompts' `answer` are bare. SFT learns the habit (its greedy Chinese replies end in "。", so exact
 match is about 0.5), and DPO and PPO/GRPO, which are shown or rewarded for the bare answer, have
 something to correct that their samples can find: about a third of the SFT model's Chinese
@@ -39,7 +44,7 @@ from random import Random
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "tasks"
 DEFAULT_SEED = 20240229
 TEMPLATES = {"en": "Reverse: {word}", "zh": "反转：{word}"}
-WORD_LENGTHS = (3, 4)  # short words keep answers to a few tokens
+WORD_LENGTHS = (4,)  # short words keep answers to a few tokens; one length: see above
 TRAIN_WORDS = 30000  # distinct training words, so that the model learns to reverse, not to recall
 EVAL_WORDS = 100  # words held out (with their reversals)
 SIZES = {  # file -> rows
