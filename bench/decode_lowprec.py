@@ -5,6 +5,8 @@ llama.cpp (its Python binding) and transformers, on an llmkit run (SmolLM2-135M)
     python bench/decode_lowprec.py quality --model RUN [--prompts 20] [--new-tokens 128]
     python bench/decode_lowprec.py batch   --model RUN --export HF_DIR [--weights int8] [--batches 2]
 
+--rounded (speed, quality) adds bf16_rounded and int8_rounded: the same weights multiplying rows rounded as
+  they are (bf16; q8_0, as llama.cpp), the kernels before the rows stayed (near) float32.
 speed: batch 1, one 64-token prompt (the held-out text of bench/gguf_quality.py, the same ids on every
   side), 128 greedy new tokens without a stop: llmkit fp32 / bf16 / int8 against llama.cpp's f16 and q8_0
   files of the same run. Each run is a fresh process that loads its model (llmkit converts its weights
@@ -38,15 +40,22 @@ from bench.steps import child_main, load_warning, repeat, spawn, spread  # noqa:
 
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS = 64, 128, 8
 KINDS = ("fp32", "bf16", "int8")
+ROUNDED = ("bf16_rounded", "int8_rounded")  # the rows rounded as the weights (LLMKIT_LOWPREC_ROWS=rounded)
 HELD: list = []  # the open packing contexts of this process
 
 
-def llmkit_model(path: str, weights: str):
-    """The run's model with its products through `weights`, converted and packed once (held open)."""
+def llmkit_model(path: str, side: str):
+    """The run's model with its products through `side`'s weights (fp32 | bf16 | int8, `_rounded`: the
+    rows rounded too), converted and packed once (held open)."""
     from llmkit.checkpoints.loading import load
     from llmkit.model.decode_weights import decoding_weights
     from llmkit.model.packed_linear import packed_linears
 
+    weights, _, rows = side.partition("_")
+    if rows:
+        os.environ["LLMKIT_LOWPREC_ROWS"] = rows  # read as the weights are converted
+    else:
+        os.environ.pop("LLMKIT_LOWPREC_ROWS", None)
     model, tokenizer = load(path, device="cpu")
     model.eval()
     for context in (decoding_weights(model, weights), packed_linears(model)):
@@ -59,7 +68,7 @@ def speed_child(p: dict) -> dict:
     import torch
 
     prompt, n = p["prompt"], p["new_tokens"]
-    if p["side"] in KINDS:
+    if p["side"] in KINDS + ROUNDED:
         from llmkit.model.decoding import generate
 
         started = time.perf_counter()
@@ -98,12 +107,13 @@ def speed_child(p: dict) -> dict:
 def quality_child(p: dict) -> dict:
     import torch
 
-    from bench.gguf_quality import PROMPTS, held_out_windows
+    from bench.gguf_quality import PROMPTS
     from llmkit.generation import encode_prompt
     from llmkit.model.decoding import generate, left_pad
 
     out: dict = {}
-    for kind in KINDS:
+    kinds = KINDS + (ROUNDED if p.get("rounded") else ())
+    for kind in kinds:
         model, tokenizer = llmkit_model(p["model"], kind)
         prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
         encoded = [encode_prompt(tokenizer, q, True) for q in prompts[:p["prompts"]]]
@@ -113,7 +123,7 @@ def quality_child(p: dict) -> dict:
         seconds = time.perf_counter() - started
         nll = count = 0.0
         with torch.no_grad():
-            for window in held_out_windows(tokenizer, p["windows"], p["window"]):
+            for window in english_windows(tokenizer, p["windows"], p["window"]):
                 logits = model(torch.tensor([window]))[0].float()
                 nll += torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(window[1:]), reduction="sum").item()
                 count += len(window) - 1
@@ -121,7 +131,7 @@ def quality_child(p: dict) -> dict:
         if kind == "fp32":
             fp32_model, stops = model, set(tokenizer.stop_ids)
     reference = out["fp32"]["replies"]
-    for kind in KINDS[1:]:
+    for kind in kinds[1:]:
         equal = strict = 0
         differences = []
         for i, (a, b) in enumerate(zip(out[kind]["replies"], reference)):
@@ -137,6 +147,14 @@ def quality_child(p: dict) -> dict:
                                 "fp32_margin_to_chosen": round(float(logits.max() - logits[a[at]]), 4)})
         out[kind]["equal"], out[kind]["strict"], out[kind]["differences"] = equal, strict, differences
     return {k: {key: v for key, v in r.items() if key != "replies"} for k, r in out.items()}
+
+
+def english_windows(tokenizer, n: int, width: int) -> list[list[int]]:
+    """bench/gguf_quality.py's held-out English windows (a list, or its {language: windows})."""
+    from bench.gguf_quality import held_out_windows
+
+    windows = held_out_windows(tokenizer, n, width)
+    return windows["en"] if isinstance(windows, dict) else windows
 
 
 def until_stop(tokens: list[int], stops: set) -> list[int]:
@@ -170,14 +188,13 @@ CHILDREN = {"speed": speed_child, "quality": quality_child, "batch": batch_child
 
 
 def speed(a) -> None:
-    from bench.gguf_quality import held_out_windows
     from llmkit.checkpoints.loading import load_tokenizer
     from bench.generate import latest_step
 
     tokenizer = load_tokenizer(latest_step(Path(a.model)))
-    prompt = held_out_windows(tokenizer, 1, PROMPT_TOKENS)[0]
+    prompt = english_windows(tokenizer, 1, PROMPT_TOKENS)[0]
     base = {"model": str(Path(a.model).resolve()), "prompt": prompt, "new_tokens": NEW_TOKENS}
-    sides = {k: {**base, "side": k} for k in KINDS}
+    sides = {k: {**base, "side": k} for k in KINDS + (ROUNDED if a.rounded else ())}
     sides["llama_f16"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_f16).resolve())}
     sides["llama_q8_0"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_q8).resolve())}
     for threads in map(int, a.threads.split(",")):
@@ -192,7 +209,11 @@ def speed(a) -> None:
                   f"{spread([r['decode_per_s'] for r in rs])}  prefill s {spread([r['prefill_s'] for r in rs], '{:.3f}')}"
                   f"  tokens per CPU s {spread([r['per_cpu_s'] for r in rs])}"
                   f"  load+convert s {spread([r['ready_s'] for r in rs])}")
-        for mine, theirs in (("bf16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")):
+        pairs = [("bf16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")]
+        if a.rounded:
+            pairs += [("bf16_rounded", "llama_f16"), ("int8_rounded", "llama_q8_0"), ("bf16", "bf16_rounded"),
+                      ("int8", "int8_rounded")]
+        for mine, theirs in pairs:
             ratio = {key: spread([r[mine][key] / r[theirs][key] for r in results])
                      for key in ("tokens_per_s", "decode_per_s", "per_cpu_s")}
             print(f"  {mine} / {theirs}: tokens/s {ratio['tokens_per_s']}x, decode/s {ratio['decode_per_s']}x, "
@@ -217,10 +238,11 @@ def shown(name: str, r: dict) -> dict:
 
 def quality(a) -> None:
     r = spawn(__file__, "quality", {"model": str(Path(a.model).resolve()), "prompts": a.prompts,
-                                    "new_tokens": a.new_tokens, "windows": 16, "window": 256}, a.threads)
+                                    "new_tokens": a.new_tokens, "windows": 16, "window": 256,
+                                    "rounded": a.rounded}, a.threads)
     print(f"greedy replies of {a.prompts} chat prompts x <= {a.new_tokens} tokens (batched), and held-out "
           f"perplexity (16 x 256 tokens); load {os.getloadavg()[0]:.2f}")
-    for kind in KINDS:
+    for kind in r:
         line = f"  {kind}: perplexity {r[kind]['ppl']:.4f}"
         if kind != "fp32":
             rise = 100 * (r[kind]["ppl"] / r["fp32"]["ppl"] - 1)
@@ -268,6 +290,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--weights", default="fp32,int8", help="batch: llmkit's weights, comma-separated")
     parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--rounded", action="store_true",
+                        help="speed, quality: also bf16/int8 with the rows rounded as the weights (the kernels before)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.child:
