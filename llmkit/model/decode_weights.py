@@ -4,11 +4,12 @@ A decoding step at batch 1 reads every weight matrix once for one row, so its ti
 streaming the weights: float32 is 4 bytes a weight, bf16 2, int8 in GGUF q8_0's blocks 1.06.
 `decoding_weights(model, "bf16" | "int8")` converts each packable linear layer once (per process:
 the copy is kept on the layer while its weight is unchanged) into the panels of
-`llmkit.model.cpu_kernels` (`Bf16PanelWeight`: AVX512-BF16; `Int8PanelWeight`: AVX-512 VNNI,
-the rows quantised per block of 32 on the fly as llama.cpp's q8_0 x q8_0 product), and every
-product of the model without a gradient inside the `with` (decoding steps, the prompt's prefill,
-eval's scoring) runs through them; the embedding lookup, norms, attention and the KV cache stay
-float32.
+`llmkit.model.cpu_kernels` (`Bf16PanelWeight`: AVX-512, the weights widened to float32 in
+registers; `Int8PanelWeight`: AVX-512 VNNI, the rows quantised per block of 32 on the fly in two
+8-bit parts), both multiplying the rows as (near) float32 so that only the weights' rounding moves
+a result away from fp32's, and every product of the model without a gradient inside the `with`
+(decoding steps, the prompt's prefill, eval's and the model judge's scoring) runs through them; the
+embedding lookup, norms, attention and the KV cache stay float32.
 
 Where the CPU lacks the instructions, the model is not on CPU or not float32, or
 LLMKIT_CPU_KERNELS=fp32 forces it, the model decodes in float32 as without the setting (said once
@@ -54,7 +55,7 @@ def effective_weights(model, weights: str) -> str:
     elif os.environ.get("LLMKIT_CPU_KERNELS") in ("0", "fp32"):
         why = f"LLMKIT_CPU_KERNELS={os.environ['LLMKIT_CPU_KERNELS']} is set"
     elif not cpu_kernels.low_precision_available(weights):
-        why = (f"this CPU lacks {'AVX512-BF16' if weights == 'bf16' else 'AVX-512 VNNI'} "
+        why = (f"this CPU lacks {'AVX-512' if weights == 'bf16' else 'AVX-512 VNNI'} "
                "(or llmkit's CPU kernels could not be built here)")
     if why is None:
         return weights
