@@ -9,9 +9,15 @@ grounding: qa's grounding check on 50 planted documents, each once with its stat
   answer (supported) and once with another document's fact (unsupported): the share kept and the
   share rejected, asking the model (grounding=ask: P(yes) at min_support) and by the document's
   lift of the answer's likelihood (grounding=likelihood, at min_gain).
+magpie: what finished `synth --kind instructions` runs (their output folders) hold: samples, kept
+  (one user turn), removed by reason, exact duplicates among the kept; of the unclosed samples,
+  whether they repeat themselves (the most repeated word 3-gram, zlib's compression ratio beside
+  the long kept ones'); with --model, the share of each sample's tokens that lay outside the top_p
+  nucleus where it was sampled (teacher-forced at temperature 1): drift into the tail, or not.
 
     python bench/synth.py speed --model /tmp/smolws/smollm2 --hf WS/smol_hf --prompts 48 [--threads 1]
     python bench/synth.py grounding --model /tmp/smolws/smollm2
+    python bench/synth.py magpie WS/run1 WS/run2 [--model /tmp/smolws/smollm2 --top-p 0.9]
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ if sys.path and sys.path[0].rstrip("/").endswith("bench"):
     sys.path.pop(0)  # the repository root, not bench/, on the path
 
 import argparse
+import collections
 import json
 import os
 import random
 import statistics
 import time
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +45,8 @@ import torch  # noqa: E402
 from llmkit.checkpoints.loading import load  # noqa: E402
 from llmkit.synth import kinds  # noqa: E402
 from llmkit.synth.config import SynthConfig  # noqa: E402
-from llmkit.synth.engine import LocalGenerator  # noqa: E402
+from llmkit.data.io import read_table  # noqa: E402
+from llmkit.synth.engine import LocalGenerator, user_turn_prefix  # noqa: E402
 from llmkit.synth.prompts import GROUNDING  # noqa: E402
 from llmkit.synth.requests import Sampling  # noqa: E402
 
@@ -161,6 +170,62 @@ def likelihood_judge(gen, docs, args) -> None:
               f"unsupported rejected {sum(x < least for x in unsupported) / len(unsupported):.0%}")
 
 
+def magpie(args) -> None:
+    scorer = None
+    if args.model:
+        model, tok = load(args.model)
+        scorer = (model.eval(), tok, list(user_turn_prefix(tok)[0]))
+    for folder in map(Path, args.runs):
+        stats = json.loads((folder / "manifest.json").read_text())["stats"]
+        kept = [r["prompt"] for r in read_table(folder).to_pylist()]
+        removed = read_table(folder / "removed").to_pylist() if (folder / "removed").exists() else []
+        unclosed = [r["text"] for r in removed if r["reason"] == "no_end_of_turn"]
+        dups = len(kept) - len({" ".join(k.lower().split()) for k in kept})
+        print(f"{folder.name}: sampling {stats['synth']['sampling']}, seed {stats['synth']['seed']}: "
+              f"{stats['rows_in']} samples, {stats['rows_out']} one user turn "
+              f"({stats['rows_out'] / stats['rows_in']:.1%}), removed {stats['removed_by_reason']}, "
+              f"exact duplicates among the kept {dups}, {stats['tokens_generated']} tokens in "
+              f"{stats['generate_seconds']} s")
+        if unclosed:
+            print(f"  unclosed: most repeated word 3-gram {sorted(map(top_trigram, unclosed))}; zlib ratio "
+                  f"{stats_of([packed(t) for t in unclosed])} (long kept ones: "
+                  f"{stats_of([packed(k) for k in kept if len(k) > 300])})")
+        if scorer:
+            for name, texts in (("kept", kept), ("unclosed", unclosed)):
+                shares = [outside_nucleus(*scorer, t, args.top_p) for t in texts]
+                print(f"  {name}: tokens outside the top_p {args.top_p} nucleus, per sample "
+                      f"{stats_of(shares)}; samples with any {sum(x > 0 for x in shares)}/{len(shares)}")
+
+
+def top_trigram(text: str) -> int:
+    words = text.split()
+    return max(collections.Counter(zip(words, words[1:], words[2:])).values(), default=0)
+
+
+def packed(text: str) -> float:
+    return len(zlib.compress(text.encode())) / max(len(text.encode()), 1)
+
+
+def stats_of(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.3f}, {min(xs):.3f}-{max(xs):.3f}" if xs else "none"
+
+
+@torch.no_grad()
+def outside_nucleus(model, tok, prefix: list[int], text: str, top_p: float) -> float:
+    """The share of the text's tokens that nucleus sampling at top_p (temperature 1) could not
+    have drawn after the prefix and the tokens before them (the text re-encoded)."""
+    ids = tok.encode(text)
+    if not ids:
+        return 0.0
+    logits = model(torch.tensor([prefix + ids]))[0, len(prefix) - 1:-1].float()
+    probs = logits.softmax(-1)
+    sorted_p, _ = probs.sort(-1, descending=True)
+    mine = probs.gather(-1, torch.tensor(ids)[:, None])
+    # a token is in the nucleus when the tokens likelier than it hold less than top_p
+    above = (sorted_p * (sorted_p > mine)).sum(-1, keepdim=True)
+    return float((above >= top_p).float().mean())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -179,8 +244,12 @@ def main() -> None:
     g.add_argument("--min-gain", type=float, default=2.0)
     g.add_argument("--skip-ask", action="store_true", help="only grounding=likelihood")
     g.add_argument("--seed", type=int, default=0, help="another seed: other names, facts and sizes")
+    m = sub.add_parser("magpie")
+    m.add_argument("runs", nargs="+", help="output folders of synth --kind instructions")
+    m.add_argument("--model", help="the model that sampled them: measure the tokens outside the nucleus")
+    m.add_argument("--top-p", type=float, default=0.9)
     args = parser.parse_args()
-    speed(args) if args.what == "speed" else grounding(args)
+    {"speed": speed, "grounding": grounding, "magpie": magpie}[args.what](args)
 
 
 if __name__ == "__main__":
