@@ -1,15 +1,13 @@
-"""The compiled kernels of llmkit.hf.gguf_kquants (numba): ggml's block quantisers Q4_K, Q5_K, Q6_K
-and the 32-value Q5_0 / Q5_1 that llama.cpp falls back to, each in its two forms — the reference
-form (no importance matrix) and the weighted form (`quant_weights`, an importance matrix's column
-weights) — as llama.cpp's ggml-quants.c computes them, to the bit.
+"""The compiled kernels of llmkit.hf.gguf_kquants (numba): ggml's block quantisers Q4_K, Q5_K, Q6_K and the
+32-value Q5_0 / Q5_1 that llama.cpp falls back to, each in its two forms — the reference form (no importance
+matrix) and the weighted form (`quant_weights`, an importance matrix's column weights) — as llama.cpp's
+ggml-quants.c computes them, to the bit.
 
-Every float is a float32 and every sum runs in C's order (ggml-base is built without FMA and
-without fast-math: no contraction, no reordering), so that the bytes equal llama.cpp's; an int
-meeting a float is cast with F() first, as C converts it. Each kernel takes the rows of one
-tensor (float32, C order), the column weights (float32; empty for none) and the output rows
-(uint8, the block bytes of one row each) and returns 0. llmkit.hf.gguf_kquants loads them
-compiled ahead of time (see llmkit.core.aot) and says what each stores.
-"""
+Every float is a float32 and every sum runs in C's order (ggml-base is built without FMA and without
+fast-math: no contraction, no reordering), so that the bytes equal llama.cpp's; an int meeting a float is
+cast with F() first, as C converts it. Each kernel takes the rows of one tensor (float32, C order), the column
+weights (float32; empty for none) and the output rows (uint8, the block bytes of one row each) and returns 0.
+llmkit.hf.gguf_kquants loads them compiled ahead of time (see llmkit.core.aot) and says what each stores."""
 
 import math
 
@@ -31,6 +29,15 @@ def nearest_int(f):
         return 0 if math.isnan(v) else -0x400000
     m, _ = math.frexp(abs(np.float64(v)))  # |v| >= 2**21: a normal float, 23 bits after the point
     return (int((m * 2.0 - 1.0) * 8388608.0) & 0x7FFFFF) - 0x400000
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def clamped_level(v, lo, hi):
+    """max(lo, min(hi, nearest_int(v))) as a float32, in floats where ggml's rounding trick holds."""
+    if abs(v) <= F(4194303.0):
+        r = F(F(v + F(12582912.0)) - F(12582912.0))
+        return max(F(lo), min(F(hi), r))
+    return F(max(lo, min(hi, nearest_int(v))))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -78,11 +85,11 @@ def store_fp16(out, at, f):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def make_qx_quants(n, nmax, x, L, qw):
+def make_qx_quants(n, nmax, x, L, qw, W, T):
     """make_qx_quants with rmse_type 1: the symmetric scale of x in [-nmax, nmax - 1] minimising
-    the error weighted by qw (by x*x where qw is empty); L gets the levels + nmax."""
-    mx = F(0.0)
-    amax = F(0.0)
+    the error weighted by qw (by x*x where qw is empty); L gets the levels + nmax. Scratch: W, the weights
+    (once, not per trial), T a trial's levels (kept when it wins, where ggml recomputes the same)."""
+    mx = amax = F(0.0)
     for i in range(n):
         ax = abs(x[i])
         if ax > amax:
@@ -91,19 +98,21 @@ def make_qx_quants(n, nmax, x, L, qw):
     if amax < GROUP_MAX_EPS:
         L[:n] = 0
         return F(0.0)
+    for i in range(n):
+        W[i] = qw[i] if qw.size else x[i] * x[i]
     scale = best = F(0.0)
     for k in range(19):  # the scale nmax / max first, then nmax + 0.1 * step for step -9..-1, 1..9
         step = 0 if k == 0 else k - 10 if k <= 9 else k - 9
         iscale = fdiv(-(F(nmax) + F(0.1) * F(step)), mx)
         sumlx = suml2 = F(0.0)
         for i in range(n):
-            l = max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
-            w = qw[i] if qw.size else x[i] * x[i]
-            sumlx += w * x[i] * F(l)
-            suml2 += w * F(l) * F(l)
+            l = clamped_level(iscale * x[i], -nmax, nmax - 1)
+            T[i] = l
+            sumlx += W[i] * x[i] * l
+            suml2 += W[i] * l * l
         if k == 0 or (suml2 > 0 and sumlx * sumlx > best * suml2):
             for i in range(n):
-                L[i] = nmax + max(-nmax, min(nmax - 1, nearest_int(iscale * x[i])))
+                L[i] = nmax + int(T[i])
             scale = sumlx / suml2 if suml2 != 0 else F(0.0)
             best = scale * sumlx
     return scale
@@ -111,9 +120,9 @@ def make_qx_quants(n, nmax, x, L, qw):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_first):
-    """make_qkx2_quants (clamp_first False) and make_qkx3_quants (True, its guarded rounding of
-    the trial levels): scale and min of x on levels 0..nmax, the weighted squared error least
-    over nstep + 1 trial scales. Returns (scale, -min)."""
+    """make_qkx2_quants (clamp_first False) and make_qkx3_quants (True, its guarded rounding of the trial
+    levels): scale and min of x on 0..nmax, the weighted squared error least over nstep + 1 trial scales.
+    Returns (scale, -min). Laux: float32 scratch, a trial's levels."""
     mn = mx = x[0]
     sum_w = weights[0]
     sum_x = sum_w * x[0]
@@ -143,14 +152,14 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_fir
         for i in range(n):
             if clamp_first:
                 v = iscale * (x[i] - mn)
-                l = nearest_int(min(v, F(nmax))) if v > 0 else 0
+                l = clamped_level(min(v, F(nmax)), 0, nmax) if v > 0 else F(0.0)
             else:
-                l = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
+                l = clamped_level(iscale * (x[i] - mn), 0, nmax)
             Laux[i] = l
             w = weights[i]
-            sum_l += w * F(l)
-            sum_l2 += w * F(l) * F(l)
-            sum_xl += w * F(l) * x[i]
+            sum_l += w * l
+            sum_l2 += w * l * l
+            sum_xl += w * l * x[i]
         D = sum_w * sum_l2 - sum_l * sum_l
         if D > 0:
             this_scale = fdiv(sum_w * sum_xl - sum_x * sum_l, D)
@@ -160,11 +169,11 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_fir
                 this_scale = fdiv(sum_xl, sum_l2)
             cur_error = F(0.0)
             for i in range(n):
-                diff = this_scale * F(Laux[i]) + this_min - x[i]
+                diff = this_scale * Laux[i] + this_min - x[i]
                 cur_error += weights[i] * (diff * diff)
             if cur_error < best_error:
                 for i in range(n):
-                    L[i] = Laux[i]
+                    L[i] = int(Laux[i])
                 best_error = cur_error
                 scale = this_scale
                 mn = this_min
@@ -173,8 +182,7 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_fir
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qp_quants(n, nmax, x, L, quant_weights):
-    """make_qp_quants: one scale for the non-negative x (sub-block scales or mins) on levels
-    0..nmax, weighted by quant_weights."""
+    """make_qp_quants: one scale for the non-negative x (sub-block scales or mins) on 0..nmax, weighted."""
     mx = F(0.0)
     for i in range(n):
         mx = mx if mx > x[i] else x[i]
@@ -223,9 +231,8 @@ def make_qp_quants(n, nmax, x, L, quant_weights):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def affine_k_block(x, qw, out, nmax, L, Laux, weights, scales, mins, ls, lm, sw):
-    """One 256-value block of Q4_K (nmax 15) or Q5_K (31): d, dmin and the 12 bytes of 6-bit
-    sub-block scales and mins into out[0:16], the levels into L. qw: the block's column weights,
-    or empty for the reference form."""
+    """One 256-value block of Q4_K (nmax 15) or Q5_K (31): d, dmin and the 12 bytes of 6-bit sub-block scales
+    and mins into out[0:16], the levels into L. qw: the block's column weights, or empty (reference form)."""
     if qw.size == 0:  # quantize_row_q{4,5}_K_ref
         rmin, nstep = (F(-1.0), 20) if nmax == 15 else (F(-0.5), 15)
         max_scale = max_min = F(0.0)
@@ -248,8 +255,7 @@ def affine_k_block(x, qw, out, nmax, L, Laux, weights, scales, mins, ls, lm, sw)
         for j in range(8):
             ls[j] = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
             lm[j] = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
-        d_block = max_scale / F(63.0)
-        m_block = max_min / F(63.0)
+        d_block, m_block = max_scale / F(63.0), max_min / F(63.0)
     else:  # quantize_row_q{4,5}_K_impl
         sum_x2 = F(0.0)
         for l in range(QK_K):
@@ -276,8 +282,7 @@ def affine_k_block(x, qw, out, nmax, L, Laux, weights, scales, mins, ls, lm, sw)
             s[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4)
             s[j - 4] |= (ls[j] >> 4) << 6
             s[j] |= (lm[j] >> 4) << 6
-    d = store_fp16(out, 0, d_block)
-    dmin = store_fp16(out, 2, m_block)
+    d, dmin = store_fp16(out, 0, d_block), store_fp16(out, 2, m_block)
     for j in range(8):
         if j < 4:
             sc, m = s[j] & 63, s[j + 4] & 63
@@ -293,16 +298,12 @@ def affine_k_block(x, qw, out, nmax, L, Laux, weights, scales, mins, ls, lm, sw)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def affine_k_rows(x, qw, out, nmax):
-    """Rows of Q4_K (nmax 15; 144 bytes a block: d, dmin, 12 of scales, 128 of nibbles) or Q5_K
-    (31; 176 bytes: d, dmin, 12 of scales, 32 of fifth bits, 128 of nibbles)."""
+    """Rows of Q4_K (nmax 15; 144 bytes a block: d, dmin, 12 of scales, 128 of nibbles) or Q5_K (31; 176
+    bytes: d, dmin, 12 of scales, 32 of fifth bits, 128 of nibbles)."""
     L = np.zeros(QK_K, np.uint8)
-    Laux = np.zeros(32, np.uint8)
-    weights = np.zeros(32, np.float32)
-    scales = np.zeros(8, np.float32)
-    mins = np.zeros(8, np.float32)
-    sw = np.zeros(8, np.float32)
-    ls = np.zeros(8, np.uint8)
-    lm = np.zeros(8, np.uint8)
+    Laux, weights = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    scales, mins, sw = np.zeros(8, np.float32), np.zeros(8, np.float32), np.zeros(8, np.float32)
+    ls, lm = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
     size = 144 if nmax == 15 else 176
     for r in range(x.shape[0]):
         for b in range(x.shape[1] // QK_K):
@@ -325,6 +326,7 @@ def affine_k_rows(x, qw, out, nmax):
 def quantize_q6_k(x, qw, out):
     """Rows of Q6_K blocks (210 bytes: 128 of low nibbles, 64 of high bit pairs, 16 int8 scales, d)."""
     L = np.zeros(QK_K, np.uint8)
+    W, T = np.zeros(16, np.float32), np.zeros(16, np.float32)
     scales = np.zeros(16, np.float32)
     for r in range(x.shape[0]):
         for b in range(x.shape[1] // QK_K):
@@ -333,7 +335,7 @@ def quantize_q6_k(x, qw, out):
             max_scale = max_abs_scale = F(0.0)
             for ib in range(16):
                 w = qw[QK_K * b + 16 * ib:QK_K * b + 16 * ib + 16] if qw.size else qw
-                scales[ib] = make_qx_quants(16, 32, xb[16 * ib:16 * ib + 16], L[16 * ib:16 * ib + 16], w)
+                scales[ib] = make_qx_quants(16, 32, xb[16 * ib:16 * ib + 16], L[16 * ib:16 * ib + 16], w, W, T)
                 if abs(scales[ib]) > max_abs_scale:
                     max_abs_scale = abs(scales[ib])
                     max_scale = scales[ib]
@@ -361,12 +363,11 @@ def quantize_q6_k(x, qw, out):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def q5_rows(x, qw, out, affine):
-    """Rows of Q5_0 (affine False; 22 bytes a block: d, 4 bytes of fifth bits, 16 of nibbles) or
-    Q5_1 (True; 24 bytes: d, m, then the same), weighted by qw: quantize_row_q5_{0,1}_impl (the
-    reference forms are numpy's: llmkit.hf.gguf_kquants)."""
+    """Rows of Q5_0 (affine False; 22 bytes a block: d, 4 bytes of fifth bits, 16 of nibbles) or Q5_1 (True;
+    24 bytes: d, m, then the same), weighted by qw: quantize_row_q5_{0,1}_impl (reference forms: _block32)."""
     L = np.zeros(32, np.uint8)
-    Laux = np.zeros(32, np.uint8)
-    weight = np.zeros(32, np.float32)
+    Laux = np.zeros(32, np.float32)
+    weight, Taux = np.zeros(32, np.float32), np.zeros(32, np.float32)
     size = 24 if affine else 22
     for r in range(x.shape[0]):
         sum_x2 = F(0.0)  # the weighted forms scale by the whole row's mean square
@@ -383,7 +384,7 @@ def q5_rows(x, qw, out, affine):
                 store_fp16(o, 0, d)
                 store_fp16(o, 2, -neg_min)
             else:
-                store_fp16(o, 0, make_qx_quants(32, 16, xb, L, weight))
+                store_fp16(o, 0, make_qx_quants(32, 16, xb, L, weight, Laux, Taux))
             at = size - 20
             qh = 0
             for j in range(16):
@@ -394,30 +395,3 @@ def q5_rows(x, qw, out, affine):
                 o[at + k] = (qh >> (8 * k)) & 0xFF
     return 0
 
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def f16_rounded_rows(x, out):
-    """out = x rounded to float16 and widened back, as numpy's astype(float16).astype(float32)
-    (to nearest, ties to even; NaN keeping its top payload bits, quiet): the values llama.cpp's
-    quantiser reads from the f16 file, by integer operations, many times numpy's cast's speed."""
-    for r in range(x.shape[0]):
-        xb = x[r].view(np.uint32)
-        ob = out[r].view(np.uint32)
-        for i in range(xb.size):
-            u = xb[i]
-            a = u & np.uint32(0x7FFFFFFF)
-            sign = u & np.uint32(0x80000000)
-            if a >= np.uint32(0x7F800000):  # inf, NaN (a NaN whose payload the half loses gets payload 1)
-                m = (a & np.uint32(0x7FFFFF)) >> np.uint32(13)
-                if a > np.uint32(0x7F800000) and m == 0:
-                    m = np.uint32(1)
-                ob[i] = sign | np.uint32(0x7F800000) | (m << np.uint32(13))
-            elif a >= np.uint32(0x477FF000):  # 65520 and above: beyond the largest half
-                ob[i] = sign | np.uint32(0x7F800000)
-            elif a >= np.uint32(0x38800000):  # a normal half: keep 10 mantissa bits, to nearest even
-                ob[i] = sign | ((a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
-            else:  # a subnormal half: a multiple of 2**-24 (both products exact)
-                out[r, i] = F(np.rint(abs(x[r, i]) * F(16777216.0)) * F(5.9604644775390625e-08))
-                if sign:
-                    out[r, i] = -out[r, i]
-    return 0

@@ -26,12 +26,13 @@ KERNEL_TYPES = {  # GGML type -> (values per block, bytes per block, kernel, its
 }
 SIGNATURES = {"affine_k_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
               "quantize_q6_k": "i8(f4[:, ::1], f4[::1], u1[:, ::1])",
-              "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
-              "f16_rounded_rows": "i8(f4[:, ::1], f4[:, ::1])"}
+              "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)"}
 ROWS_PER_CHUNK = 64  # small enough that two threads share a 576-row matrix, large enough to amortise a call
 
 BLOCK32 = {"Q5_0": (22, 0), "Q5_1": (24, 1), "Q8_0": (34, 2)}  # reference forms: bytes per block, kind
 BLOCK32_SIGNATURE = {"block32_rows": "i8(f4[:, ::1], u1[:, ::1], f4[::1], f4[::1], i8)"}
+MODULE_SIGNATURES = {"_kquant_kernels": SIGNATURES, "_block32_kernels": BLOCK32_SIGNATURE,
+                     "_f16_kernels": {"f16_rounded_rows": "i8(f4[:, ::1], f4[:, ::1])"}}
 
 _KERNELS = {}
 
@@ -39,8 +40,8 @@ _KERNELS = {}
 def kernels(module: str = "_kquant_kernels"):
     """A kernel module: compiled ahead of time where that can be had, else numba's JIT."""
     if module not in _KERNELS:
-        signatures = SIGNATURES if module == "_kquant_kernels" else BLOCK32_SIGNATURE
-        _KERNELS[module] = aot.load(f"llmkit.hf.{module}", signatures, what=f"the GGUF quantisers ({module})")
+        _KERNELS[module] = aot.load(f"llmkit.hf.{module}", MODULE_SIGNATURES[module],
+                                    what=f"the GGUF quantisers ({module})")
     return _KERNELS[module]
 
 
@@ -51,7 +52,7 @@ def f16_rounded(array):
     x = np.ascontiguousarray(array, dtype=np.float32)
     flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     out = np.empty_like(flat)
-    kernels().f16_rounded_rows(flat, out)
+    kernels("_f16_kernels").f16_rounded_rows(flat, out)
     return out.reshape(x.shape)
 
 
