@@ -7,13 +7,15 @@ For an llmkit run and its GGUF files (`llmkit export --format gguf --quant f16|q
   are the same (what `llmkit generate` returns), and `equal_32` counts the stricter all-32-tokens
   (no stop) equality;
 * held-out perplexity: non-overlapping windows of the demo's English docstrings (text the model's
-  import never saw; the same token ids for every file).
+  import never saw; the same token ids for every file); with `--held-out FILE.jsonl` (rows `text`,
+  `lang`; bench/imatrix_data.py writes the demo's held-out zh and en), per language of the file.
 Each file is read by two readers: transformers (`gguf_file=`, llmkit.hf.gguf_read), which
 dequantises the weights to float32 and computes in float32, so it measures the weights' rounding
 alone; and llama.cpp (its Python binding, where installed), the client the files are for, whose
 quantised matrix products also round the activations (to 8 bits in q8_0/q4_0 products).
 
     python bench/gguf_quality.py RUN F16.gguf Q8_0.gguf Q4_0.gguf [--windows 16] [--window 256]
+        [--held-out held_out.jsonl] [--readers llama.cpp]
 """
 
 from __future__ import annotations
@@ -35,14 +37,18 @@ HELD_OUT = ROOT / "recipes" / "demo" / "data" / "raw" / "en_docstrings.jsonl.gz"
 NEW_TOKENS = 32
 
 
-def held_out_windows(tokenizer, n: int, width: int) -> list[list[int]]:
-    ids: list[int] = []
-    with gzip.open(HELD_OUT, "rt", encoding="utf-8") as f:
+def held_out_windows(tokenizer, n: int, width: int, path: Path | None = None) -> dict[str, list[list[int]]]:
+    """{language: up to `n` windows of `width` tokens}: the docstrings as "en", or each `lang` of `path`."""
+    ids: dict[str, list[int]] = {}
+    with (gzip.open(HELD_OUT, "rt", encoding="utf-8") if path is None else open(path, encoding="utf-8")) as f:
         for line in f:
-            ids += tokenizer.encode(json.loads(line)["text"]) + [tokenizer.eos_id]
-            if len(ids) >= n * width:
+            row = json.loads(line)
+            ids.setdefault(row.get("lang", "en") if path else "en", []).extend(
+                tokenizer.encode(row["text"]) + [tokenizer.eos_id])
+            if path is None and len(ids["en"]) >= n * width:
                 break
-    return [ids[i * width:(i + 1) * width] for i in range(n)]
+    return {lang: [t[i * width:(i + 1) * width] for i in range(min(n, len(t) // width))]
+            for lang, t in sorted(ids.items())}
 
 
 def nll_of(logits, window) -> float:
@@ -132,12 +138,15 @@ class LlmkitReader:
         pass
 
 
-def measure(reader, prompts, windows) -> dict:
+def measure(reader, prompts, windows: dict) -> dict:
     replies = [reader.greedy(p) for p in prompts]
-    nll = sum(nll_of(reader.logits(w), w) for w in windows)
-    tokens = sum(len(w) - 1 for w in windows)
+    ppl, tokens = {}, {}
+    for lang, group in windows.items():
+        nll = sum(nll_of(reader.logits(w), w) for w in group)
+        tokens[lang] = sum(len(w) - 1 for w in group)
+        ppl[lang] = math.exp(nll / tokens[lang])
     reader.close()
-    return {"replies": replies, "ppl": math.exp(nll / tokens), "ppl_tokens": tokens}
+    return {"replies": replies, "ppl": ppl, "ppl_tokens": tokens}
 
 
 def until_stop(ids, stop_ids):
@@ -164,6 +173,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--readers", default="transformers,llama.cpp")
+    ap.add_argument("--held-out", type=Path, help="JSONL of held-out `text` (+ `lang`); default the docstrings")
     args = ap.parse_args()
     if not args.files:
         return print("skip: needs RUN and its GGUF files (llmkit export --format gguf; e.g. of make smollm2's run)")
@@ -172,21 +182,23 @@ def main() -> None:
     fp32_bytes = (checkpoint_step_dir(Path(args.run)) / "model.safetensors").stat().st_size
     texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:20]]
     prompts = [encode_prompt(tokenizer, t, chat=True) for t in texts]
-    windows = held_out_windows(tokenizer, args.windows, args.window)
+    windows = held_out_windows(tokenizer, args.windows, args.window, args.held_out)
     stop = set(tokenizer.stop_ids)
     readers = {"transformers": TransformersReader, "llama.cpp": LlamaCppReader}
-    out = {"fp32_bytes": fp32_bytes, "sizes": {f.name: f.stat().st_size for f in args.files},
-           "ratio_to_fp32": {f.name: round(f.stat().st_size / fp32_bytes, 4) for f in args.files}}
+    label = {f: f"{f.parent.name}/{f.name}" for f in args.files}  # two q4_k_m files: with and without imatrix
+    out = {"fp32_bytes": fp32_bytes, "sizes": {label[f]: f.stat().st_size for f in args.files},
+           "ratio_to_fp32": {label[f]: round(f.stat().st_size / fp32_bytes, 4) for f in args.files}}
     reference = measure(LlmkitReader(model.eval()), prompts, windows)
     out["fp32"] = {"ppl": reference["ppl"], "ppl_tokens": reference["ppl_tokens"]}
     del model
     for name in args.readers.split(","):
         results = {}
         for f in args.files:
-            results[f.name] = measure(readers[name](f), prompts, windows)
-            print(f"{name} {f.name}: ppl {results[f.name]['ppl']:.4f}", file=sys.stderr, flush=True)
-        f16 = results[args.files[0].name]
-        out[name] = {f: {"ppl": r["ppl"], "ppl_vs_f16": r["ppl"] / f16["ppl"] - 1,
+            results[label[f]] = measure(readers[name](f), prompts, windows)
+            shown = ", ".join(f"{lang} {v:.4f}" for lang, v in results[label[f]]["ppl"].items())
+            print(f"{name} {label[f]}: ppl {shown}", file=sys.stderr, flush=True)
+        f16 = results[label[args.files[0]]]
+        out[name] = {f: {"ppl": r["ppl"], "ppl_vs_f16": {k: v / f16["ppl"][k] - 1 for k, v in r["ppl"].items()},
                          "vs_f16": compare(r["replies"], f16["replies"], stop),
                          "vs_fp32_run": compare(r["replies"], reference["replies"], stop)}
                      for f, r in results.items()}
