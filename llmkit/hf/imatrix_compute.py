@@ -228,5 +228,5 @@ def export_imatrix(workspace, value, step_dir: Path, out_dir: Path) -> tuple[str
               "tokens": int(chunks.numel()), "matrices": len(stats),
               "seconds": round(time.perf_counter() - started, 1)}
     print(f"imatrix: {len(stats)} matrices from {chunks.numel()} tokens of {dataset} ({len(chunks)} chunks of "
-          f"{settings.chunk}) -> {path}")
+          f"{settings.chunk}), {record['seconds']} s -> {IMATRIX_FILE} beside the model file")
     return str(path), record
