@@ -235,7 +235,8 @@ def write_architecture(writer, cfg, context: int, quant: str) -> None:
     writer.add_value_length(cfg.head_dim)
     writer.add_rope_dimension_count(cfg.rotary_dim)  # the whole head but in Qwen3.5
     writer.add_rope_freq_base(cfg.rope_theta)
-    write_rope_scaling(writer, cfg)  # linear and yarn as keys; llama3 is the rope_freqs tensor
+    if cfg.rope_scaling:  # linear and yarn as keys; llama3 is the rope_freqs tensor (plain RoPE: no import of torch)
+        write_rope_scaling(writer, cfg)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[quant]))
