@@ -173,6 +173,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--readers", default="transformers,llama.cpp")
+    ap.add_argument("--prompts", type=Path, default=PROMPTS, help="JSONL of chat `prompt`s (the first 20 are used)")
     ap.add_argument("--held-out", type=Path, help="JSONL of held-out `text` (+ `lang`); default the docstrings")
     args = ap.parse_args()
     if not args.files:
@@ -180,7 +181,7 @@ def main() -> None:
     torch.manual_seed(0)
     model, tokenizer = llmkit.load(args.run)
     fp32_bytes = (checkpoint_step_dir(Path(args.run)) / "model.safetensors").stat().st_size
-    texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:20]]
+    texts = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines()[:20]]
     prompts = [encode_prompt(tokenizer, t, chat=True) for t in texts]
     windows = held_out_windows(tokenizer, args.windows, args.window, args.held_out)
     stop = set(tokenizer.stop_ids)
