@@ -8,14 +8,14 @@ llama.cpp (its Python binding) and transformers, on an llmkit run (SmolLM2-135M)
 --rounded (speed, quality) adds bf16_rounded and int8_rounded: the same weights multiplying rows rounded as
   they are (bf16; q8_0, as llama.cpp), the kernels before the rows stayed (near) float32.
 speed: batch 1, one 64-token prompt (the held-out text of bench/gguf_quality.py, the same ids on every
-  side), 128 greedy new tokens without a stop: llmkit fp32 / bf16 / int8 against llama.cpp's f16 and q8_0
+  side), 128 greedy new tokens without a stop: llmkit fp32 / bf16 / f16 / int8 against llama.cpp's f16 and q8_0
   files of the same run. Each run is a fresh process that loads its model (llmkit converts its weights
   then, once), generates 8 tokens as a warm-up and times one generation: tokens/s over the whole call
   (prefill included) and the decode rate (the 127 steps after the first token, llmkit's prefill and
   first token timed on their own beforehand), and the tokens per CPU second of the process over that
   generation (at 1 thread the figure a loaded machine changes least). Repetitions alternate the order.
 quality: greedy tokens of `--prompts` chat prompts (recipes/smollm2/general_prompts.jsonl, batched)
-  through bf16 and int8 against fp32, a reply equal when its tokens up to its first stop token are (and
+  through bf16, f16 and int8 against fp32, a reply equal when its tokens up to its first stop token are (and
   strictly: all new tokens); where one differs, fp32's margin between its two likeliest tokens at the
   first difference (a near tie: under 0.5 logits); held-out perplexity of 16 windows x 256 tokens.
 batch: bench/generate.py's batches (16 chat prompts x <= 64 sampled tokens) through llmkit with
@@ -39,7 +39,7 @@ import time  # noqa: E402
 from bench.steps import child_main, load_warning, repeat, spawn, spread  # noqa: E402
 
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS = 64, 128, 8
-KINDS = ("fp32", "bf16", "int8")
+KINDS = ("fp32", "bf16", "f16", "int8")
 ROUNDED = ("bf16_rounded", "int8_rounded")  # the rows rounded as the weights (LLMKIT_LOWPREC_ROWS=rounded)
 HELD: list = []  # the open packing contexts of this process
 
@@ -209,7 +209,7 @@ def speed(a) -> None:
                   f"{spread([r['decode_per_s'] for r in rs])}  prefill s {spread([r['prefill_s'] for r in rs], '{:.3f}')}"
                   f"  tokens per CPU s {spread([r['per_cpu_s'] for r in rs])}"
                   f"  load+convert s {spread([r['ready_s'] for r in rs])}")
-        pairs = [("bf16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")]
+        pairs = [("bf16", "llama_f16"), ("f16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")]
         if a.rounded:
             pairs += [("bf16_rounded", "llama_f16"), ("int8_rounded", "llama_q8_0"), ("bf16", "bf16_rounded"),
                       ("int8", "int8_rounded")]

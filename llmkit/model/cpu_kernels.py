@@ -22,7 +22,7 @@ AVX-512, not x86-64) `available()` is False and callers keep oneDNN. A failed bu
 (the `.failed` file) so that not every process retries it. LLMKIT_CPU_KERNELS=0 turns both off.
 
 Low-precision weights (`cpu_kernels_lowprec.cpp`, `decode.weights`: `llmkit.model.decode_weights`):
-`Bf16PanelWeight` (AVX-512) and `Int8PanelWeight` (q8_0's blocks, AVX-512 VNNI) run where
+`Bf16PanelWeight` (AVX-512), `F16PanelWeight` (and F16C) and `Int8PanelWeight` (q8_0's blocks, AVX-512 VNNI) run where
 `low_precision_available` says this CPU has the instructions; LLMKIT_CPU_KERNELS=fp32 keeps the
 float32 kernels only, as a CPU without them would. Both multiply by rows kept (near) float32, so that
 greedy decoding keeps float32's tokens; LLMKIT_LOWPREC_ROWS=rounded picks the rows rounded as the
@@ -55,12 +55,11 @@ def available() -> bool:
 
 
 def low_precision_available(weights: str) -> bool:
-    """Whether products through `weights` ("bf16": AVX512-BF16, "int8": AVX-512 VNNI) run on this CPU;
+    """Whether products through `weights` ("bf16": AVX-512, "f16": and F16C, "int8": AVX-512 VNNI) run on this CPU;
     LLMKIT_CPU_KERNELS=fp32 says no (the float32 kernels only), as on a CPU without the instructions."""
     if os.environ.get("LLMKIT_CPU_KERNELS", "1") == "fp32" or not available():
         return False
-    lib = library()
-    return bool(lib.llmkit_bf16_supported() if weights == "bf16" else lib.llmkit_int8_supported())
+    return bool(getattr(library(), f"llmkit_{weights}_supported")())
 
 
 class PanelWeight:
@@ -114,6 +113,30 @@ class Bf16PanelWeight:
         """The weight [out, in] this multiplies by, as float32."""
         w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         library().llmkit_bf16_panel_unpack(self.panels.data_ptr(), self.out_features, self.in_features, w.data_ptr())
+        return w
+
+
+class F16PanelWeight:
+    """A weight [out_features, in_features] rounded to fp16 (nearest even; 3 more mantissa bits than
+    bf16, the same bytes) in panels of one input a vector: `product` widens each to float32 in
+    registers (vcvtph2ps) and multiplies the float32 rows with float32 FMA."""
+
+    __slots__ = ("panels", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor):
+        lib = library()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach().float().contiguous()
+        self.panels = torch.empty(lib.llmkit_f16_panel_values(*weight.shape), dtype=torch.int16)
+        lib.llmkit_f16_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _low_precision_product(self, library().llmkit_f16_panel_product, x, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight [out, in] this multiplies by, as float32."""
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        library().llmkit_f16_panel_unpack(self.panels.data_ptr(), self.out_features, self.in_features, w.data_ptr())
         return w
 
 
@@ -321,13 +344,13 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.llmkit_delta_step_takes.argtypes = [size]
     lib.llmkit_delta_step.argtypes = ([pointer, size] * 4 + [pointer, size] + [pointer] * 5 + [ctypes.c_float]
                                       + [size] * 5 + [pointer, pointer, threads])
-    for kind, unit in (("bf16", "values"), ("int8", "bytes")):
+    for kind, unit in (("bf16", "values"), ("f16", "values"), ("int8", "bytes")):
         getattr(lib, f"llmkit_{kind}_panel_{unit}").argtypes = [size, size]
         getattr(lib, f"llmkit_{kind}_panel_{unit}").restype = size
         getattr(lib, f"llmkit_{kind}_panel_pack").argtypes = [pointer, size, size, pointer, threads]
         getattr(lib, f"llmkit_{kind}_panel_unpack").argtypes = [pointer, size, size, pointer]
-    for product in ("bf16_panel_product", "bf16_panel_product_bf16_rows", "int8_panel_product",
-                    "int8_panel_product_q8_rows"):
+    for product in ("bf16_panel_product", "bf16_panel_product_bf16_rows", "f16_panel_product",
+                    "int8_panel_product", "int8_panel_product_q8_rows"):
         getattr(lib, f"llmkit_{product}").argtypes = [pointer, size, size, pointer, pointer, size, pointer, threads]
     lib.llmkit_int8_quantize_rows.argtypes = [pointer, size, size, pointer, threads]
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,

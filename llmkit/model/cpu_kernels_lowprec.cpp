@@ -27,6 +27,7 @@
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
 #define F32 __attribute__((target("avx512f,avx512bw")))
+#define F16 __attribute__((target("avx512f,avx512bw,f16c")))
 
 namespace {
 constexpr int LANES = 16;
@@ -100,6 +101,33 @@ F32 void bf16_rows_f32_pass(const float* x, int64_t K, const uint16_t* w, const 
       __m512 a = _mm512_set1_ps(x[m * K + 2 * k2]);
       __m512 b = _mm512_set1_ps(has_odd ? x[m * K + 2 * k2 + 1] : 0.0f);
       for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(odd[p], b, _mm512_fmadd_ps(even[p], a, acc[m][p]));
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
+}
+
+// fp16 weights: [panel][K][16] halves, one input of 16 columns a 32-byte load widened by vcvtph2ps, float32 FMA:
+// bf16's bytes with 3 more bits of each weight's mantissa (bf16's rounding parted SmolLM2's greedy tokens from
+// float32's at near ties)
+template <int M, int NP>
+F16 void f16_pass(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
+                  int64_t n_left) {
+  __m512 acc[M][NP];
+  for (int p = 0; p < NP; ++p) {
+    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[m][p] = b;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 wk[NP];
+    for (int p = 0; p < NP; ++p) {
+      const uint16_t* at = w + (p * K + k) * LANES;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
+      wk[p] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+    }
+    for (int m = 0; m < M; ++m) {
+      __m512 a = _mm512_set1_ps(x[m * K + k]);
+      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(wk[p], a, acc[m][p]);
     }
   }
   for (int p = 0; p < NP; ++p)
@@ -189,6 +217,10 @@ template <int NP>
 constexpr bf16_f32_fn BF16_F32_PASSES[BF16_ROWS + 1] = {
     nullptr, bf16_rows_f32_pass<1, NP>, bf16_rows_f32_pass<2, NP>, bf16_rows_f32_pass<3, NP>, bf16_rows_f32_pass<4, NP>,
     bf16_rows_f32_pass<5, NP>, bf16_rows_f32_pass<6, NP>, bf16_rows_f32_pass<7, NP>, bf16_rows_f32_pass<8, NP>};
+template <int NP>
+constexpr bf16_f32_fn F16_PASSES[BF16_ROWS + 1] = {nullptr, f16_pass<1, NP>, f16_pass<2, NP>, f16_pass<3, NP>,
+                                                   f16_pass<4, NP>, f16_pass<5, NP>, f16_pass<6, NP>,
+                                                   f16_pass<7, NP>, f16_pass<8, NP>};
 template <int NP, bool S>
 constexpr int8_fn INT8_PASSES[INT8_ROWS + 1] = {nullptr, int8_pass<1, NP, S>, int8_pass<2, NP, S>,
                                                 int8_pass<3, NP, S>, int8_pass<4, NP, S>};
@@ -331,6 +363,49 @@ BF16 void llmkit_bf16_panel_product_bf16_rows(const float* x, int64_t M, int64_t
       bf16_fn run = np == 3 ? BF16_PASSES<3>[rows] : np == 2 ? BF16_PASSES<2>[rows] : BF16_PASSES<1>[rows];
       run(xb.data() + m * K2, K2, w + p * K2 * 2 * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES,
           N, N - p * LANES);
+    }
+  }
+}
+
+int llmkit_f16_supported() {
+  __builtin_cpu_init();
+  return llmkit_bf16_supported() && __builtin_cpu_supports("f16c");
+}
+
+// fp16 values (uint16) of the packed weight [N, K]
+int64_t llmkit_f16_panel_values(int64_t N, int64_t K) { return (N + LANES - 1) / LANES * LANES * K; }
+
+// w [N, K] float32 row-major -> [ceil(N / 16)][K][16] fp16, nearest even (beyond fp16's range: its largest)
+F16 void llmkit_f16_panel_pack(const float* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  const int64_t panels = (N + LANES - 1) / LANES;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t k = 0; k < K; ++k)
+      for (int j = 0; j < LANES; ++j) {
+        const int64_t n = p * LANES + j;
+        const float v = n < N ? std::fmin(std::fmax(w[n * K + k], -65504.0f), 65504.0f) : 0.0f;
+        out[(p * K + k) * LANES + j] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+      }
+}
+
+// w [N, K] of the packed weight back as float32
+F16 void llmkit_f16_panel_unpack(const uint16_t* packed, int64_t N, int64_t K, float* w) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] = _cvtsh_ss(packed[((n / LANES) * K + k) * LANES + n % LANES]);
+}
+
+// x [M, K] and y [M, N] contiguous float32, w from llmkit_f16_panel_pack, bias [N] or null
+F16 void llmkit_f16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                                  int64_t N, float* y, int threads) {
+  const int64_t panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += BF16_ROWS) {
+      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
+      bf16_f32_fn run = np == 3 ? F16_PASSES<3>[rows] : np == 2 ? F16_PASSES<2>[rows] : F16_PASSES<1>[rows];
+      run(x + m * K, K, w + p * K * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N, N - p * LANES);
     }
   }
 }

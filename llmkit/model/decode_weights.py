@@ -1,15 +1,16 @@
-"""Decoding through low-precision copies of the weights on CPU (`--set decode.weights=bf16|int8`).
+"""Decoding through low-precision copies of the weights on CPU (`--set decode.weights=bf16|f16|int8`).
 
 A decoding step at batch 1 reads every weight matrix once for one row, so its time is that of
 streaming the weights: float32 is 4 bytes a weight, bf16 2, int8 in GGUF q8_0's blocks 1.06.
-`decoding_weights(model, "bf16" | "int8")` converts each packable linear layer once (per process:
+`decoding_weights(model, "bf16" | "f16" | "int8")` converts each packable linear layer once (per process:
 the copy is kept on the layer while its weight is unchanged) into the panels of
 `llmkit.model.cpu_kernels` (`Bf16PanelWeight`: AVX-512, the weights widened to float32 in
-registers; `Int8PanelWeight`: AVX-512 VNNI, the rows quantised per block of 32 on the fly in two
-8-bit parts), both multiplying the rows as (near) float32 so that only the weights' rounding moves
-a result away from fp32's, and every product of the model without a gradient inside the `with`
-(decoding steps, the prompt's prefill, eval's and the model judge's scoring) runs through them; the
-embedding lookup, norms, attention and the KV cache stay float32.
+registers; `F16PanelWeight`: the same with fp16's 3 more mantissa bits; `Int8PanelWeight`: AVX-512
+VNNI, the rows quantised per block of 32 on the fly in two 8-bit parts), all multiplying the rows as
+(near) float32 so that only the weights' rounding moves a result away from fp32's, and every
+product of the model without a gradient inside the `with` (decoding steps, the prompt's prefill,
+eval's and the model judge's scoring) runs through them; the embedding lookup, norms, attention and
+the KV cache stay float32.
 
 Where the CPU lacks the instructions, the model is not on CPU or not float32, or
 LLMKIT_CPU_KERNELS=fp32 forces it, the model decodes in float32 as without the setting (said once
@@ -25,15 +26,15 @@ from dataclasses import dataclass
 
 from llmkit.errors import ConfigError
 
-WEIGHTS = ("fp32", "bf16", "int8")
+WEIGHTS = ("fp32", "bf16", "f16", "int8")
 CONVERTED = "_llmkit_decode_weight"  # a layer's (kind, weight version, converted copy), kept between uses
 _said: set[str] = set()  # the fallbacks already reported in this process
 
 
 @dataclass
 class DecodeConfig:
-    weights: str = "fp32"  # fp32 | bf16 | int8: the weights CPU decoding multiplies by (bf16: rounded to
-    #                        nearest even; int8: q8_0's blocks of 32 with a scale each), converted once
+    weights: str = "fp32"  # fp32 | bf16 | f16 | int8: the weights CPU decoding multiplies by (bf16, f16: rounded
+    #                        to nearest even; int8: q8_0's blocks of 32 with a scale each), converted once
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
@@ -55,7 +56,7 @@ def effective_weights(model, weights: str) -> str:
     elif os.environ.get("LLMKIT_CPU_KERNELS") in ("0", "fp32"):
         why = f"LLMKIT_CPU_KERNELS={os.environ['LLMKIT_CPU_KERNELS']} is set"
     elif not cpu_kernels.low_precision_available(weights):
-        why = (f"this CPU lacks {'AVX-512' if weights == 'bf16' else 'AVX-512 VNNI'} "
+        why = (f"this CPU lacks {dict(bf16='AVX-512', f16='AVX-512 and F16C').get(weights, 'AVX-512 VNNI')} "
                "(or llmkit's CPU kernels could not be built here)")
     if why is None:
         return weights
@@ -114,6 +115,8 @@ def converted(owner, attribute: str, parameters: list, weights: str):
     if kept is not None and kept[0] == key:
         return kept[1]
     weight = torch.cat([p.detach() for p in parameters]) if len(parameters) > 1 else parameters[0].detach()
-    packed = (cpu_kernels.Bf16PanelWeight if weights == "bf16" else cpu_kernels.Int8PanelWeight)(weight)
+    kinds = {"bf16": cpu_kernels.Bf16PanelWeight, "f16": cpu_kernels.F16PanelWeight,
+             "int8": cpu_kernels.Int8PanelWeight}
+    packed = kinds[weights](weight)
     vars(owner)[attribute] = (key, packed)
     return packed

@@ -3,10 +3,10 @@ import torch
 import torch.nn.functional as F
 
 from llmkit.model import cpu_kernels
-from llmkit.model.cpu_kernels import Bf16PanelWeight, Int8PanelWeight, quantized_rows
+from llmkit.model.cpu_kernels import Bf16PanelWeight, F16PanelWeight, Int8PanelWeight, quantized_rows
 
 needs = {kind: pytest.mark.skipif(not cpu_kernels.low_precision_available(kind), reason=f"needs the {kind} kernels")
-         for kind in ("bf16", "int8")}
+         for kind in ("bf16", "f16", "int8")}
 SHAPES = [(5, 3), (16, 64), (50, 33), (48, 96), (40, 160)]
 
 
@@ -21,6 +21,17 @@ def test_a_bf16_product_is_the_float32_rows_times_the_rounded_weight(rows, out_f
     packed = Bf16PanelWeight(weight)
     assert torch.equal(packed.dequantized(), weight.bfloat16().float())  # nearest even, as torch rounds
     exact = F.linear(x.double(), weight.bfloat16().double(), bias.double())  # the rows as they are
+    torch.testing.assert_close(packed.product(x, bias).double(), exact, atol=1e-5, rtol=1e-5)
+
+
+@needs["f16"]
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("out_features,in_features", SHAPES)
+def test_an_f16_product_is_the_float32_rows_times_the_rounded_weight(rows, out_features, in_features):
+    weight, bias, x = torch.randn(out_features, in_features), torch.randn(out_features), torch.randn(rows, in_features)
+    packed = F16PanelWeight(weight)
+    assert torch.equal(packed.dequantized(), weight.half().float())  # nearest even, as torch rounds
+    exact = F.linear(x.double(), weight.half().double(), bias.double())
     torch.testing.assert_close(packed.product(x, bias).double(), exact, atol=1e-5, rtol=1e-5)
 
 
@@ -89,12 +100,12 @@ def block_amax(x: torch.Tensor) -> torch.Tensor:
     return amax.expand(-1, -1, 32).reshape(rows, -1)[:, :n]
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in ("bf16", "int8")])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in ("bf16", "f16", "int8")])
 @pytest.mark.parametrize("rounded", [False, True])
 def test_a_row_gets_the_same_low_precision_result_whatever_its_batch_and_the_thread_count(kind, rounded, monkeypatch):
     if rounded:
         monkeypatch.setenv("LLMKIT_LOWPREC_ROWS", "rounded")
-    packed = (Bf16PanelWeight if kind == "bf16" else Int8PanelWeight)(torch.randn(96, 70))
+    packed = dict(bf16=Bf16PanelWeight, f16=F16PanelWeight, int8=Int8PanelWeight)[kind](torch.randn(96, 70))
     x = torch.randn(16, 70)
     whole = packed.product(x)
     assert all(torch.equal(packed.product(x[i:i + 1])[0], whole[i]) for i in range(16))
@@ -108,4 +119,4 @@ def test_a_row_gets_the_same_low_precision_result_whatever_its_batch_and_the_thr
 
 def test_the_environment_variable_turns_the_low_precision_kernels_off(monkeypatch):
     monkeypatch.setenv("LLMKIT_CPU_KERNELS", "fp32")
-    assert not cpu_kernels.low_precision_available("bf16") and not cpu_kernels.low_precision_available("int8")
+    assert not any(cpu_kernels.low_precision_available(k) for k in ("bf16", "f16", "int8"))

@@ -7,14 +7,14 @@ from llmkit.core.config import resolve_config
 from llmkit.errors import ConfigError
 from llmkit.generation import GenerateConfig
 from llmkit.model import cpu_kernels
-from llmkit.model.cpu_kernels import Bf16PanelWeight, Int8PanelWeight
+from llmkit.model.cpu_kernels import Bf16PanelWeight, F16PanelWeight, Int8PanelWeight
 from llmkit.model.decode_weights import DecodeConfig, decoding_weights
 from llmkit.model.decoding import generate
 from llmkit.model.packed_linear import PACKED, PACKED_GROUPS
 from tests.model.test_transformer import build, tokens
 
 KINDS = [pytest.param(k, marks=pytest.mark.skipif(not cpu_kernels.low_precision_available(k),
-                                                  reason=f"needs the {k} kernels")) for k in ("bf16", "int8")]
+                                                  reason=f"needs the {k} kernels")) for k in ("bf16", "f16", "int8")]
 
 
 @pytest.fixture
@@ -30,7 +30,8 @@ def test_greedy_tokens_through_low_precision_weights_are_mostly_fp32s(kind, pack
     with decoding_weights(model, kind):
         low = generate(model, prompts, max_new_tokens=8, greedy=True)
         head = model.lm_head
-        assert isinstance(getattr(head, PACKED), Bf16PanelWeight if kind == "bf16" else Int8PanelWeight)
+        kinds = dict(bf16=Bf16PanelWeight, f16=F16PanelWeight, int8=Int8PanelWeight)
+        assert isinstance(getattr(head, PACKED), kinds[kind])
     assert sum(torch.equal(a, b) for a, b in zip(low, fp32)) >= 10
     assert not any(hasattr(m, PACKED) or "forward" in vars(m) for m in model.modules() if type(m) is nn.Linear)
     assert not any(getattr(m, PACKED_GROUPS, None) for m in model.modules())
@@ -50,7 +51,7 @@ def test_the_weights_are_converted_once_until_they_change(kind, pack_every_matri
         assert getattr(layer, PACKED) is not first
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8"])
+@pytest.mark.parametrize("kind", ["bf16", "f16", "int8"])
 def test_the_forced_fallback_decodes_in_fp32(kind, pack_every_matrix, monkeypatch, capsys):
     model, prompts = build(), tokens(3, 5)
     monkeypatch.setenv("LLMKIT_CPU_KERNELS", "fp32")
@@ -60,13 +61,13 @@ def test_the_forced_fallback_decodes_in_fp32(kind, pack_every_matrix, monkeypatc
     with decoding_weights(model, kind), torch.no_grad():
         assert torch.equal(generate(model, prompts, max_new_tokens=6, greedy=True), fp32)
         assert torch.equal(model(prompts), logits)
-        assert not any(isinstance(getattr(m, PACKED, None), (Bf16PanelWeight, Int8PanelWeight))
+        assert not any(isinstance(getattr(m, PACKED, None), (Bf16PanelWeight, F16PanelWeight, Int8PanelWeight))
                        for m in model.modules())
 
 
 def test_decode_weights_is_a_setting_of_generate():
     assert resolve_config(GenerateConfig, {"decode": {"weights": "int8"}}).decode.weights == "int8"
-    with pytest.raises(ConfigError, match="decode.weights must be one of fp32, bf16, int8"):
+    with pytest.raises(ConfigError, match="decode.weights must be one of fp32, bf16, f16, int8"):
         DecodeConfig(weights="q4")
 
 
