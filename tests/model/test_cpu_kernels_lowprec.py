@@ -120,3 +120,12 @@ def test_a_row_gets_the_same_low_precision_result_whatever_its_batch_and_the_thr
 def test_the_environment_variable_turns_the_low_precision_kernels_off(monkeypatch):
     monkeypatch.setenv("LLMKIT_CPU_KERNELS", "fp32")
     assert not any(cpu_kernels.low_precision_available(k) for k in ("bf16", "f16", "int8"))
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=needs[k]) for k in ("bf16", "f16")])
+def test_a_bf16_or_f16_product_is_the_fp32_kernels_with_the_weight_rounded_bit_for_bit(kind):
+    """Only the weights' rounding separates them from fp32: the same FMA chain over the float32 rows."""
+    weight, bias, x = torch.randn(80, 96), torch.randn(80), torch.randn(5, 96)
+    rounded = weight.bfloat16().float() if kind == "bf16" else weight.half().float()
+    packed = (Bf16PanelWeight if kind == "bf16" else F16PanelWeight)(weight)
+    assert torch.equal(packed.product(x, bias), cpu_kernels.PanelWeight(rounded).product(x, bias))
