@@ -1,24 +1,24 @@
-import pytest
+"""How the local generator reads a sampled token stream: where a sample ends and what it holds
+(Magpie's stop tokens: the end of turn, the end of text, a role marker), without a model."""
 
-from llmkit.model import cpu_kernels, packed_linear
-from llmkit.model.decode_weights import CONVERTED
-from llmkit.synth.engine import LocalGenerator
-from llmkit.synth.requests import Sampling
-from tests.train.posttrain_fixtures import tiny_model
-
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see tests/conftest.py
+from llmkit.synth.engine import LocalGenerator, special_ids
+from llmkit.synth.prompts import parse_instruction
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8"])
-def test_a_local_generator_decodes_and_scores_through_low_precision_weights(tok, kind, monkeypatch):
-    if not cpu_kernels.low_precision_available(kind):
-        pytest.skip(f"needs the {kind} kernels")
-    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # the tiny model's matrices are below the real bar
-    model = tiny_model(tok.vocab_size, seed=3)
-    chats = [[{"role": "user", "content": f"What is {i}+{i}?"}] for i in range(3)]
-    fp32 = LocalGenerator(model, tok, batch_size=2).yes_probability(chats)
-    gen = LocalGenerator(model, tok, batch_size=2, weights=kind)
-    assert gen.yes_probability(chats) == pytest.approx(fp32, abs=2e-3)
-    assert vars(model.lm_head).get(CONVERTED)  # the products went through the converted copy
-    done = gen.complete(chats, Sampling(temperature=0.0, top_p=1.0, top_k=None, max_new_tokens=4), seed=0)
-    assert len(done) == 3 and all(c.new_tokens >= 1 for c in done)
+def reader(tok) -> LocalGenerator:
+    gen = object.__new__(LocalGenerator)  # _completion reads only the tokenizer's ids
+    gen.tokenizer, gen.stop_ids, gen.special_ids, gen.tokens = tok, set(tok.stop_ids), special_ids(tok), 0
+    return gen
+
+
+def test_a_sample_that_ends_at_eos_or_the_end_of_turn_is_one_closed_user_turn(tok):
+    gen, words = reader(tok), tok.encode("What is two plus two?")
+    for stop in (tok.end_of_turn_id, tok.eos_id):  # Magpie stops at both (its stop_token_ids)
+        c = gen._completion(words + [stop] + tok.encode("more text"))
+        assert c.stopped and not c.special and c.new_tokens == len(words) + 1
+        assert c.text == tok.decode(words) and parse_instruction(c.text, c.stopped, c.special) is None
+    cut = gen._completion(words)  # no stop token: cut at max_new_tokens
+    assert parse_instruction(cut.text, cut.stopped, cut.special) == "no_end_of_turn"
+    role = next(iter(tok.role_ids.values()))
+    two = gen._completion(words + [role] + words + [tok.end_of_turn_id])  # a role marker: another turn
+    assert parse_instruction(two.text, two.stopped, two.special) == "more_than_one_turn"
