@@ -13,7 +13,8 @@ import llmkit
 from llmkit.stages import deferred
 
 PACKAGE = Path(llmkit.__file__).parent
-MAX_FUNCTION_IMPORTS = 42  # 40 until the decode kernels, the gate and replay deferred torch-loading modules
+MAX_FUNCTION_IMPORTS = 44  # 40 until the decode kernels, the gate and replay deferred torch-loading modules, 42 until
+# the meta-device load (checkpoints/loading.py builds the torch model without initialising it)
 # packages that cost seconds or gigabytes to import: a module loading one is worth deferring
 HEAVY = {"torch", "deepspeed", "numba", "transformers", "peft", "ray", "bitsandbytes", "lm_eval", "trl"}
 # light enough for a library, not for `llmkit --help`, which loads the CLI modules and their imports

@@ -27,7 +27,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.checkpoints.loading import load
+from llmkit.data.io import dataset_files, read_table
 from llmkit.errors import ConfigError, UserError
+from llmkit.hf.gguf_export import GGUF_ARCH, gguf_layout
+from llmkit.model.lm_scoring import text_documents
 
 IMATRIX_FILE = "imatrix.gguf"
 AUTO_DATASETS = ("filtered", "decontaminated", "dedup", "clean", "raw")  # the pipeline's text, last stage first
@@ -64,8 +68,6 @@ def imatrix_settings(value) -> ImatrixConfig:
 def calibration_dataset(workspace, data: str) -> Path:
     """The dataset folder `imatrix.data` names (`auto`: the workspace's latest text); a UserError
     naming what is missing."""
-    from llmkit.data.io import dataset_files
-
     if data == "auto":
         found = [workspace.path(n) for n in AUTO_DATASETS if dataset_files(workspace.path(n))]
         if not found:
@@ -84,9 +86,6 @@ def calibration_chunks(tokenizer, dataset: Path, cfg: ImatrixConfig):
     """[n_chunks, chunk] int64 token ids of the dataset's texts (see the module docstring)."""
     import numpy as np
     import torch
-
-    from llmkit.data.io import read_table
-    from llmkit.model.lm_scoring import text_documents
 
     table = read_table(dataset)
     if "text" not in table.column_names:
@@ -208,9 +207,6 @@ def export_imatrix(workspace, value, step_dir: Path, out_dir: Path) -> tuple[str
     """The importance matrix file an export quantises with: imatrix.file as given, or, with
     imatrix.data, `out_dir/imatrix.gguf` computed by the checkpoint's model (returned with what
     went into it, for the manifest). ("", None) where none is asked for."""
-    from llmkit.checkpoints.loading import load
-    from llmkit.hf.gguf_export import GGUF_ARCH, gguf_layout
-
     settings = imatrix_settings(value)
     if not settings.data:
         return settings.file, None
