@@ -8,7 +8,8 @@ Every word has four letters. With words of three or four letters (until 2026-12-
 ones were a space small enough to cover (17,576 words, 6,183 of them among SFT's answers): the
 reward model ranked held-out three-letter pairs right 0.82 of the time against 0.99 for four-letter
 ones, and SFT's skill appeared between steps 800 and 1,700 depending on the seed; with one length it
-appears by step 400–700 (three seeds, bench/results/2026-12-07-demo-seeds.md).
+appeared by step 300–800 in eight of nine runs (one two-thread run learnt it gradually, past step
+2,000: bench/results/2026-12-07-demo-seeds.md).
 Letters are spaced so that each is one token: BPE merges letter pairs of an unspaced word into pieces
 ("nniz" -> "n n iz"), and reversing pieces is a different, much harder task. Every record carries
 `answer`, `task` and `lang`, so a reward is exact match of the stripped response against `answer`.
