@@ -253,7 +253,9 @@ def gguf_tensors(model, arch: str):
 
     cfg = model.config
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.n_layers)
-    for name, tensor in model.state_dict().items():
+    # one order whatever holds the weights (a model's modules, or a checkpoint file's sorted keys),
+    # so a file's bytes do not depend on whether export loaded the model: layers by number
+    for name, tensor in sorted(model.state_dict().items(), key=lambda item: natural_key(item[0])):
         if cfg.tie_embeddings and name == "lm_head.weight":
             continue
         array, source = float_array(tensor), name
@@ -269,6 +271,11 @@ def gguf_tensors(model, arch: str):
         yield name, gguf_name, array
     if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
         yield None, gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", llama3_rope_factors(cfg)
+
+
+def natural_key(name: str) -> list:
+    """'model.layers.10.mlp' after 'model.layers.2.mlp': numbers compared as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split(".")]
 
 
 def float_array(tensor):

@@ -65,7 +65,7 @@ def test_a_q4_0_file_names_the_matrices_that_stay_f16_and_why(own_ws):
     assert r.exit_code == 0, r.output
     # rows of 48 values (every matrix reading the hidden state) cannot be cut into blocks of 32;
     # ffn_down reads the 64 intermediate values: quantised
-    assert "note: 13 of 15 matrices stay F16 in the q4_0 file (token_embd.weight, blk.0.attn_q.weight" in r.output
+    assert "note: 13 of 15 matrices stay F16 in the q4_0 file (token_embd.weight, blk.0.ffn_gate.weight" in r.output
     assert "not a multiple of 32 values" in r.output
     record = json.loads((own_ws / "export/gguf-q4_0/llmkit_export.json").read_text())
     assert record["tensor_types"] == {"F16": 13, "Q4_0": 2, "F32": 5}
