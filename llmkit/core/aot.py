@@ -11,7 +11,9 @@ compiler, a numba without pycc, a read-only package folder) the kernels run thro
 JIT with its cache, and a failed build is remembered so that not every process retries it.
 
 A kernel module imports from other llmkit modules only constants (numbers, strings, numpy
-arrays): the functions its kernels call live in it. The compiled functions release the GIL
+arrays) and the `@njit` functions of other kernel modules, which are compiled into it (their
+module's source, and what it imports, go into the hash): every other function its kernels call
+lives in it. The compiled functions release the GIL
 (as `nogil=True`): callers may run them in threads.
 """
 
@@ -74,18 +76,14 @@ def ahead_of_time(path: Path | None, compile, what: str) -> ModuleType | None:
 
 def compiled_path(kernels: str, signatures: dict[str, str]) -> Path | None:
     """Where the extension module of `kernels` compiled for `signatures` lives: named by a
-    hash of both, of the kernel source and of the constants it imports. None where the folder
-    is not writable."""
+    hash of both, of the kernel source and of what it imports. None where the folder is not
+    writable."""
     import numpy as np
 
     source_file = Path(importlib.util.find_spec(kernels).origin)
-    source = source_file.read_text(encoding="utf-8")
-    key = hashlib.sha256(source.encode())
+    key = hashlib.sha256(_source_digest(kernels))
     key.update(repr(sorted(signatures.items())).encode())
     key.update(np.__version__.encode())
-    for name, value in _imported_constants(source):
-        key.update(name.encode())
-        key.update(_constant_bytes(value))
     folder = writable_cache_folder(source_file.parent)
     if folder is None:
         return None
@@ -160,6 +158,16 @@ def _module_name(path: Path) -> str:
     return path.name.split(".")[0]
 
 
+def _source_digest(kernels: str) -> bytes:
+    """A hash of a kernel module's source and of the constants and kernel modules it imports."""
+    source = Path(importlib.util.find_spec(kernels).origin).read_text(encoding="utf-8")
+    key = hashlib.sha256(source.encode())
+    for name, value in _imported_constants(source):
+        key.update(name.encode())
+        key.update(_constant_bytes(value))
+    return key.digest()
+
+
 def _imported_constants(source: str):
     """(name, value) of everything the kernel source imports from llmkit modules."""
     for node in ast.walk(ast.parse(source)):
@@ -176,5 +184,7 @@ def _constant_bytes(value) -> bytes:
         return str(value.dtype).encode() + value.tobytes()
     if isinstance(value, (bool, int, float, str, bytes, np.generic)):
         return repr(value).encode()
-    raise TypeError(f"a kernel module imports only constants from llmkit modules, not "
-                    f"{value!r}: move the function into the kernel module")
+    if hasattr(value, "py_func") and value.py_func.__module__.startswith("llmkit."):  # a kernel module's @njit
+        return _source_digest(value.py_func.__module__)
+    raise TypeError(f"a kernel module imports only constants and other kernel modules' @njit functions from "
+                    f"llmkit modules, not {value!r}: move the function into the kernel module")

@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +102,19 @@ def test_a_kernel_module_may_import_only_constants_from_llmkit(kernel_module):
     kernel_module.write_text(KERNELS.replace("import WORDS", "import shingle_hashes"))
     with pytest.raises(TypeError, match="only constants"):
         aot.compiled_path("tinypkg.kernels", SIGNATURES)
+
+
+def test_a_kernel_module_may_call_another_kernel_modules_functions_whose_source_names_it(kernel_module,
+                                                                                      monkeypatch):
+    kernel_module.write_text(KERNELS.replace("import WORDS", "import WORDS\nfrom llmkit.hf._kquant_kernels import fdiv")
+                             .replace("return out", "return out + np.uint64(fdiv(np.float32(2), np.float32(1)))"))
+    values = np.arange(1, 1000, dtype=np.uint64)
+    compiled = aot.load("tinypkg.kernels", SIGNATURES, what="the test kernels")
+    assert compiled.__file__.endswith(".so")
+    assert compiled.total(values, np.uint64(7)) == aot.just_in_time("tinypkg.kernels").total(values, np.uint64(7))
+    digest = aot._source_digest
+    monkeypatch.setattr(aot, "_source_digest", lambda m: digest(m) + (b"edited" if m.endswith("_kquant_kernels") else b""))
+    assert aot.compiled_path("tinypkg.kernels", SIGNATURES) != Path(compiled.__file__)
 
 
 def _root():
