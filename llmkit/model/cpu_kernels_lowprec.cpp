@@ -73,61 +73,55 @@ BF16 void bf16_pass(const uint32_t* x, int64_t K2, const uint16_t* w, const floa
     for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
 }
 
-// The same panels multiplied by float32 rows: each pair's two bf16 weights widened to float32 in registers
-// (a bf16 is a float32's upper half: the even input shifted up 16 bits, the odd one masked) and multiplied
-// with float32 FMA. At few rows it streams the same bytes as the bf16 dot product and is as fast (SmolLM2's
-// products at 1 row: 30.0 against 29.6 ms CPU; at 16 rows faster, no rounding of the rows to do).
-template <int M, int NP>
-F32 void bf16_rows_f32_pass(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
-                            int64_t n_left) {
-  const int64_t K2 = (K + 1) / 2;
-  const __m512i upper = _mm512_set1_epi32(int(0xFFFF0000u));
-  __m512 acc[M][NP];
-  for (int p = 0; p < NP; ++p) {
-    __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
-    for (int m = 0; m < M; ++m) acc[m][p] = b;
+// Products of float32 rows through 16-bit weights widened to float32 in registers, with float32 FMA: at few rows
+// they stream the bytes of AVX512-BF16's dot product and are as fast (SmolLM2's products at 1 row: 30.0 against
+// 29.6 ms CPU; at 16 rows faster, no rounding of the rows to do). A load holds INPUTS inputs of a panel's 16
+// columns; `widen` makes them float32 vectors.
+//
+// bf16: [panel][K / 2][16][2], a pair of inputs (k, k+1) a 64-byte load; a bf16 is a float32's upper half: the
+// even input shifted up 16 bits, the odd one masked
+struct Bf16Pairs {
+  static constexpr int INPUTS = 2;
+  F32 static void widen(const uint16_t* at, __m512 w[INPUTS]) {
+    const __m512i v = _mm512_loadu_si512(at);
+    w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    w[1] = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
   }
-  for (int64_t k2 = 0; k2 < K2; ++k2) {
-    __m512 even[NP], odd[NP];
-    for (int p = 0; p < NP; ++p) {
-      const uint16_t* at = w + (p * K2 + k2) * 2 * LANES;
-      _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
-      __m512i v = _mm512_loadu_si512(at);
-      even[p] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      odd[p] = _mm512_castsi512_ps(_mm512_and_si512(v, upper));
-    }
-    const bool has_odd = 2 * k2 + 1 < K;  // an odd K's last pair: its upper weight is 0, its input absent
-    for (int m = 0; m < M; ++m) {
-      __m512 a = _mm512_set1_ps(x[m * K + 2 * k2]);
-      __m512 b = _mm512_set1_ps(has_odd ? x[m * K + 2 * k2 + 1] : 0.0f);
-      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(odd[p], b, _mm512_fmadd_ps(even[p], a, acc[m][p]));
-    }
-  }
-  for (int p = 0; p < NP; ++p)
-    for (int m = 0; m < M; ++m) _mm512_mask_storeu_ps(y + m * N + p * LANES, lanes_left(n_left - p * LANES), acc[m][p]);
-}
+};
 
-// fp16 weights: [panel][K][16] halves, one input of 16 columns a 32-byte load widened by vcvtph2ps, float32 FMA:
-// bf16's bytes with 3 more bits of each weight's mantissa (bf16's rounding parted SmolLM2's greedy tokens from
-// float32's at near ties)
-template <int M, int NP>
-F16 void f16_pass(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
-                  int64_t n_left) {
+// fp16: [panel][K][16], one input a 32-byte load widened by vcvtph2ps (AVX-512F's form): bf16's bytes with 3 more
+// bits of each weight's mantissa (bf16's rounding parted SmolLM2's greedy tokens from float32's at near ties)
+struct F16Singles {
+  static constexpr int INPUTS = 1;
+  F32 static void widen(const uint16_t* at, __m512 w[INPUTS]) {
+    w[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+  }
+};
+
+template <class Weights, int M, int NP>
+F32 void widened_pass(const float* x, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
+                      int64_t n_left) {
+  constexpr int INPUTS = Weights::INPUTS;
+  const int64_t loads = (K + INPUTS - 1) / INPUTS;
   __m512 acc[M][NP];
   for (int p = 0; p < NP; ++p) {
     __m512 b = bias ? _mm512_maskz_loadu_ps(lanes_left(n_left - p * LANES), bias + p * LANES) : _mm512_setzero_ps();
     for (int m = 0; m < M; ++m) acc[m][p] = b;
   }
-  for (int64_t k = 0; k < K; ++k) {
-    __m512 wk[NP];
+  for (int64_t l = 0; l < loads; ++l) {
+    __m512 wk[NP][INPUTS];
     for (int p = 0; p < NP; ++p) {
-      const uint16_t* at = w + (p * K + k) * LANES;
+      const uint16_t* at = w + (p * loads + l) * INPUTS * LANES;
       _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES, _MM_HINT_T1);
-      wk[p] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+      Weights::widen(at, wk[p]);
     }
+    const int64_t k = l * INPUTS;
+    const bool whole = k + INPUTS <= K;  // an odd K's last pair: its upper weight is 0, its input absent
     for (int m = 0; m < M; ++m) {
-      __m512 a = _mm512_set1_ps(x[m * K + k]);
-      for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_fmadd_ps(wk[p], a, acc[m][p]);
+      __m512 a[INPUTS];
+      for (int i = 0; i < INPUTS; ++i) a[i] = _mm512_set1_ps(i == 0 || whole ? x[m * K + k + i] : 0.0f);
+      for (int p = 0; p < NP; ++p)
+        for (int i = 0; i < INPUTS; ++i) acc[m][p] = _mm512_fmadd_ps(wk[p][i], a[i], acc[m][p]);
     }
   }
   for (int p = 0; p < NP; ++p)
@@ -206,21 +200,18 @@ constexpr int INT8_ROWS = 4;  // 4 x 3 integer and 4 x 3 float32 sums
 constexpr int INT8_SPLIT_ROWS = 2;  // 2 x 3 x 2 integer and 2 x 3 float32 sums (3 or 4 rows spill registers)
 
 using bf16_fn = void (*)(const uint32_t*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
-using bf16_f32_fn = void (*)(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+using widened_fn = void (*)(const float*, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
 using int8_fn = void (*)(const QuantRows&, int64_t, int64_t, const uint8_t*, const float*, float*, int64_t, int64_t);
 
 template <int NP>
 constexpr bf16_fn BF16_PASSES[BF16_ROWS + 1] = {nullptr, bf16_pass<1, NP>, bf16_pass<2, NP>, bf16_pass<3, NP>,
                                                 bf16_pass<4, NP>, bf16_pass<5, NP>, bf16_pass<6, NP>,
                                                 bf16_pass<7, NP>, bf16_pass<8, NP>};
-template <int NP>
-constexpr bf16_f32_fn BF16_F32_PASSES[BF16_ROWS + 1] = {
-    nullptr, bf16_rows_f32_pass<1, NP>, bf16_rows_f32_pass<2, NP>, bf16_rows_f32_pass<3, NP>, bf16_rows_f32_pass<4, NP>,
-    bf16_rows_f32_pass<5, NP>, bf16_rows_f32_pass<6, NP>, bf16_rows_f32_pass<7, NP>, bf16_rows_f32_pass<8, NP>};
-template <int NP>
-constexpr bf16_f32_fn F16_PASSES[BF16_ROWS + 1] = {nullptr, f16_pass<1, NP>, f16_pass<2, NP>, f16_pass<3, NP>,
-                                                   f16_pass<4, NP>, f16_pass<5, NP>, f16_pass<6, NP>,
-                                                   f16_pass<7, NP>, f16_pass<8, NP>};
+template <class Weights, int NP>
+constexpr widened_fn WIDENED_PASSES[BF16_ROWS + 1] = {
+    nullptr, widened_pass<Weights, 1, NP>, widened_pass<Weights, 2, NP>, widened_pass<Weights, 3, NP>,
+    widened_pass<Weights, 4, NP>, widened_pass<Weights, 5, NP>, widened_pass<Weights, 6, NP>,
+    widened_pass<Weights, 7, NP>, widened_pass<Weights, 8, NP>};
 template <int NP, bool S>
 constexpr int8_fn INT8_PASSES[INT8_ROWS + 1] = {nullptr, int8_pass<1, NP, S>, int8_pass<2, NP, S>,
                                                 int8_pass<3, NP, S>, int8_pass<4, NP, S>};
@@ -279,6 +270,27 @@ VNNI void int8_product(const float* x, int64_t M, int64_t K, const uint8_t* w, c
     }
   }
 }
+
+// x [M, K] and y [M, N] contiguous float32, w packed for Weights, bias [N] or null
+template <class Weights>
+F32 void widened_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias, int64_t N,
+                         float* y, int threads) {
+  const int64_t panel_values = (K + Weights::INPUTS - 1) / Weights::INPUTS * Weights::INPUTS * LANES;
+  const int64_t panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t p = g * PANELS;
+    int np = panels - p < PANELS ? int(panels - p) : PANELS;
+    for (int64_t m = 0; m < M; m += BF16_ROWS) {
+      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
+      widened_fn run = np == 3   ? WIDENED_PASSES<Weights, 3>[rows]
+                       : np == 2 ? WIDENED_PASSES<Weights, 2>[rows]
+                                 : WIDENED_PASSES<Weights, 1>[rows];
+      run(x + m * K, K, w + p * panel_values, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
+          N - p * LANES);
+    }
+  }
+}
 }  // namespace
 
 extern "C" {
@@ -329,18 +341,7 @@ void llmkit_bf16_panel_unpack(const uint16_t* packed, int64_t N, int64_t K, floa
 // x [M, K] and y [M, N] contiguous float32, w from llmkit_bf16_panel_pack, bias [N] or null: float32 rows
 F32 void llmkit_bf16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
                                    int64_t N, float* y, int threads) {
-  const int64_t K2 = (K + 1) / 2, panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    int64_t p = g * PANELS;
-    int np = panels - p < PANELS ? int(panels - p) : PANELS;
-    for (int64_t m = 0; m < M; m += BF16_ROWS) {
-      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
-      bf16_f32_fn run = np == 3 ? BF16_F32_PASSES<3>[rows] : np == 2 ? BF16_F32_PASSES<2>[rows] : BF16_F32_PASSES<1>[rows];
-      run(x + m * K, K, w + p * K2 * 2 * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N,
-          N - p * LANES);
-    }
-  }
+  widened_product<Bf16Pairs>(x, M, K, w, bias, N, y, threads);
 }
 
 // as llmkit_bf16_panel_product with the rows rounded to bf16 too (AVX512-BF16's dot product: kept to measure)
@@ -395,19 +396,9 @@ F16 void llmkit_f16_panel_unpack(const uint16_t* packed, int64_t N, int64_t K, f
 }
 
 // x [M, K] and y [M, N] contiguous float32, w from llmkit_f16_panel_pack, bias [N] or null
-F16 void llmkit_f16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+F32 void llmkit_f16_panel_product(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
                                   int64_t N, float* y, int threads) {
-  const int64_t panels = (N + LANES - 1) / LANES, groups = (panels + PANELS - 1) / PANELS;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    int64_t p = g * PANELS;
-    int np = panels - p < PANELS ? int(panels - p) : PANELS;
-    for (int64_t m = 0; m < M; m += BF16_ROWS) {
-      int rows = M - m < BF16_ROWS ? int(M - m) : BF16_ROWS;
-      bf16_f32_fn run = np == 3 ? F16_PASSES<3>[rows] : np == 2 ? F16_PASSES<2>[rows] : F16_PASSES<1>[rows];
-      run(x + m * K, K, w + p * K * LANES, bias ? bias + p * LANES : nullptr, y + m * N + p * LANES, N, N - p * LANES);
-    }
-  }
+  widened_product<F16Singles>(x, M, K, w, bias, N, y, threads);
 }
 
 // bytes of the packed int8 weight [N, K]
