@@ -31,27 +31,17 @@ def assert_within(actual: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor
     assert torch.all((actual.double() - exact).abs() <= bound)
 
 
-@needs["bf16"]
+@pytest.mark.parametrize("panel,dtype", [pytest.param(Bf16PanelWeight, torch.bfloat16, marks=needs["bf16"], id="bf16"),
+                                         pytest.param(F16PanelWeight, torch.float16, marks=needs["f16"], id="f16")])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("out_features,in_features", SHAPES)
-def test_a_bf16_product_is_the_float32_rows_times_the_rounded_weight(rows, out_features, in_features):
+def test_a_16_bit_product_is_the_float32_rows_times_the_rounded_weight(panel, dtype, rows, out_features, in_features):
     weight, bias, x = drawn((out_features, in_features), (out_features,), (rows, in_features))
-    packed = Bf16PanelWeight(weight)
-    assert torch.equal(packed.dequantized(), weight.bfloat16().float())  # nearest even, as torch rounds
-    exact = F.linear(x.double(), weight.bfloat16().double(), bias.double())  # the rows as they are
+    packed, rounded = panel(weight), weight.to(dtype)
+    assert torch.equal(packed.dequantized(), rounded.float())  # nearest even, as torch rounds
+    exact = F.linear(x.double(), rounded.double(), bias.double())  # the rows as they are
     # an FMA chain a column from the bias: a rounding an input (float64's own 2^29 times finer)
-    assert_within(packed.product(x, bias), exact, rounding_bound(x, weight.bfloat16(), bias, in_features))
-
-
-@needs["f16"]
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("out_features,in_features", SHAPES)
-def test_an_f16_product_is_the_float32_rows_times_the_rounded_weight(rows, out_features, in_features):
-    weight, bias, x = drawn((out_features, in_features), (out_features,), (rows, in_features))
-    packed = F16PanelWeight(weight)
-    assert torch.equal(packed.dequantized(), weight.half().float())  # nearest even, as torch rounds
-    exact = F.linear(x.double(), weight.half().double(), bias.double())
-    assert_within(packed.product(x, bias), exact, rounding_bound(x, weight.half(), bias, in_features))
+    assert_within(packed.product(x, bias), exact, rounding_bound(x, rounded, bias, in_features))
 
 
 @pytest.mark.skipif(not cpu_kernels.low_precision_available("bf16")
