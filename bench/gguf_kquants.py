@@ -10,7 +10,7 @@ command quantising nothing: what loading and writing cost); the median and the s
 average before and after. Both sides use every core (llama.cpp: nthread 0 = all; llmkit: its
 threads over row chunks).
 
-    python bench/gguf_kquants.py [--run WORKSPACE/RUN] [--quant q4_k_m] [--runs 3] [--imatrix FILE]
+    python bench/gguf_kquants.py [--run WORKSPACE/RUN] [--quant q4_k_m|q3_k_m|q2_k|…] [--runs 3] [--imatrix FILE]
 """
 
 from __future__ import annotations
@@ -85,8 +85,10 @@ def kernel_seconds() -> None:
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     rng = np.random.default_rng(0)
-    for name, ggml_type, shape, size, block in (("Q4_K", 12, (576, 1536), 144, 256), ("Q6_K", 14, (576, 1536), 210, 256),
-                                                ("Q5_0", 6, (576, 576), 22, 32), ("Q8_0", 8, (49152, 576), 34, 32)):
+    for name, ggml_type, shape, size, block in (("Q2_K", 10, (576, 1536), 84, 256), ("Q3_K", 11, (576, 1536), 110, 256),
+                                                ("Q4_K", 12, (576, 1536), 144, 256), ("Q6_K", 14, (576, 1536), 210, 256),
+                                                ("Q4_0", 2, (576, 576), 18, 32), ("Q5_0", 6, (576, 576), 22, 32),
+                                                ("Q8_0", 8, (49152, 576), 34, 32)):
         x = (rng.standard_normal(shape) * 0.02).astype(np.float16).astype(np.float32)
         for weights in (None, (rng.random(shape[1]) * 3).astype(np.float32)):
             quantize(x[:64], name, weights, threads=1)

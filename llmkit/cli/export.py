@@ -20,8 +20,8 @@ def export(
     format_: Annotated[Optional[str], typer.Option(
         "--format", help="Output format: hf (a transformers folder) or gguf (one file for llama.cpp).")] = None,
     quant: Annotated[Optional[str], typer.Option(
-        "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q4_k_s, q4_k_m, q5_k_s, q5_k_m, "
-                "q6_k (default f16; --set imatrix=FILE for an importance matrix).")] = None,
+        "--quant", help="GGUF weights: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q2_k, q3_k_s, q3_k_m, q3_k_l, "
+                "q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k (default f16; --set imatrix=FILE for an importance matrix).")] = None,
     check: Annotated[bool, typer.Option(
         "--check", help="GGUF: run the file through llama.cpp's chat path (replies stop, template, greedy "
                         "agreement; --set ship_check=true); exit 1 when it fails.")] = False,

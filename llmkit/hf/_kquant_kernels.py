@@ -1,5 +1,5 @@
 """The compiled kernels of llmkit.hf.gguf_kquants (numba): ggml's block quantisers Q4_K, Q5_K, Q6_K and the
-32-value Q5_0 / Q5_1 that llama.cpp falls back to, each in its two forms — the reference form (no importance
+32-value Q4_0 / Q5_0 / Q5_1 that llama.cpp falls back to, each in its two forms — the reference form (no importance
 matrix) and the weighted form (`quant_weights`, an importance matrix's column weights) — as llama.cpp's
 ggml-quants.c computes them, to the bit.
 
@@ -7,7 +7,8 @@ Every float is a float32 and every sum runs in C's order (ggml-base is built wit
 fast-math: no contraction, no reordering), so that the bytes equal llama.cpp's; an int meeting a float is
 cast with F() first, as C converts it. Each kernel takes the rows of one tensor (float32, C order), the column
 weights (float32; empty for none) and the output rows (uint8, the block bytes of one row each) and returns 0.
-llmkit.hf.gguf_kquants loads them compiled ahead of time (see llmkit.core.aot) and says what each stores."""
+llmkit.hf.gguf_kquants loads them compiled ahead of time (see llmkit.core.aot) and says what each stores;
+llmkit.hf._kquant_low_kernels (Q2_K, Q3_K) calls the scale searches here."""
 
 import math
 
@@ -119,10 +120,10 @@ def make_qx_quants(n, nmax, x, L, qw, W, T):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_first):
+def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_first, use_mad=False):
     """make_qkx2_quants (clamp_first False) and make_qkx3_quants (True, its guarded rounding of the trial
-    levels): scale and min of x on 0..nmax, the weighted squared error least over nstep + 1 trial scales.
-    Returns (scale, -min). Laux: float32 scratch, a trial's levels."""
+    levels): scale and min of x on 0..nmax, the weighted squared error (with use_mad, absolute error: Q2_K's
+    reference form) least over nstep + 1 trial scales. Returns (scale, -min). Laux: float32 scratch."""
     mn = mx = x[0]
     sum_w = weights[0]
     sum_x = sum_w * x[0]
@@ -145,7 +146,7 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_fir
     for i in range(n):
         L[i] = max(0, min(nmax, nearest_int(iscale * (x[i] - mn))))
         diff = scale * F(L[i]) + mn - x[i]
-        best_error += weights[i] * (diff * diff)
+        best_error += weights[i] * (abs(diff) if use_mad else diff * diff)
     for step in range(nstep + 1):
         iscale = fdiv(rmin + rdelta * F(step) + F(nmax), mx - mn)
         sum_l = sum_l2 = sum_xl = F(0.0)
@@ -170,7 +171,7 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, clamp_fir
             cur_error = F(0.0)
             for i in range(n):
                 diff = this_scale * Laux[i] + this_min - x[i]
-                cur_error += weights[i] * (diff * diff)
+                cur_error += weights[i] * (abs(diff) if use_mad else diff * diff)
             if cur_error < best_error:
                 for i in range(n):
                     L[i] = int(Laux[i])
@@ -362,13 +363,14 @@ def quantize_q6_k(x, qw, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def q5_rows(x, qw, out, affine):
-    """Rows of Q5_0 (affine False; 22 bytes a block: d, 4 bytes of fifth bits, 16 of nibbles) or Q5_1 (True;
-    24 bytes: d, m, then the same), weighted by qw: quantize_row_q5_{0,1}_impl (reference forms: _block32)."""
+def block32_weighted_rows(x, qw, out, kind):
+    """Rows of Q5_0 (kind 0; 22 bytes a block: d, 4 bytes of fifth bits, 16 of nibbles), Q5_1 (1; 24 bytes: d, m,
+    then the same) or Q4_0 (2; 18 bytes: d, 16 of nibbles), weighted by qw: quantize_row_q{5_0,5_1,4_0}_impl
+    (reference forms: _block32_kernels)."""
     L = np.zeros(32, np.uint8)
     Laux = np.zeros(32, np.float32)
     weight, Taux = np.zeros(32, np.float32), np.zeros(32, np.float32)
-    size = 24 if affine else 22
+    size = (22, 24, 18)[kind]
     for r in range(x.shape[0]):
         sum_x2 = F(0.0)  # the weighted forms scale by the whole row's mean square
         for j in range(x.shape[1]):
@@ -379,12 +381,16 @@ def q5_rows(x, qw, out, affine):
             o = out[r, size * b:size * (b + 1)]
             for j in range(32):
                 weight[j] = qw[32 * b + j] * np.sqrt(sigma2 + xb[j] * xb[j])
-            if affine:
+            if kind == 1:
                 d, neg_min = make_qkx_quants(32, 31, xb, weight, L, Laux, F(-0.9), F(0.05), 36, True)
                 store_fp16(o, 0, d)
                 store_fp16(o, 2, -neg_min)
             else:
-                store_fp16(o, 0, make_qx_quants(32, 16, xb, L, weight, Laux, Taux))
+                store_fp16(o, 0, make_qx_quants(32, 16 if kind == 0 else 8, xb, L, weight, Laux, Taux))
+            if kind == 2:
+                for j in range(16):
+                    o[2 + j] = L[j] | (L[j + 16] << 4)
+                continue
             at = size - 20
             qh = 0
             for j in range(16):

@@ -35,7 +35,7 @@ from llmkit.core.workspace import Artifact
 @dataclass
 class ExportConfig:
     format: str = "hf"  # "hf": a Hugging Face transformers folder; "gguf": one GGUF file for llama.cpp / Ollama
-    quant: str = "f16"  # gguf only: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k (matrices; norms and biases stay f32)
+    quant: str = "f16"  # gguf only: f16, bf16, q8_0, q4_0, q4_1, or a K-quant mix q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k (matrices; norms and biases stay f32)
     imatrix: ImatrixConfig | str = ""  # K-quants: an importance matrix file of llama.cpp's (its GGUF format or the legacy .dat), or the section: imatrix.file, or imatrix.data=DATASET to compute one (llmkit.hf.imatrix_compute)
     dtype: str = "auto"  # weights written as: auto (as stored in the checkpoint), float32, bfloat16, float16
     probe: bool = True  # load the export with transformers (when installed) and measure its parity
@@ -53,10 +53,10 @@ class ExportConfig:
             raise ConfigError(f"export format must be 'hf' or 'gguf', got {self.format!r}")
         if self.quant not in GGUF_QUANTS:
             raise ConfigError(f"export quant must be one of {', '.join(GGUF_QUANTS)}, got {self.quant!r} "
-                              "(llama.cpp's other types, q3_k, q2_k, the IQ ones: quantise the f16 file with "
+                              "(llama.cpp's other types, q2_k_s and the IQ ones: quantise the f16 file with "
                               "llama.cpp's llama-quantize)")
         imatrix = imatrix_settings(self.imatrix)
-        if (imatrix.file or imatrix.data) and not self.quant.startswith(("q4_k", "q5_k", "q6_k")):
+        if (imatrix.file or imatrix.data) and not self.quant.startswith(("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")):
             raise ConfigError(f"export imatrix applies to the K-quants (q4_k_m, …), not quant={self.quant}")
         if self.format == "gguf" and not self.merge:
             raise ConfigError("export merge=false keeps LoRA adapters apart in a transformers folder; a GGUF "

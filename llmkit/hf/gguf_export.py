@@ -12,7 +12,7 @@ matrix in blocks of 32, except that q4_x keeps the output matrix (the embedding 
 as llama.cpp's quantiser keeps it above 4 bits. A matrix whose rows are not a multiple of 32 values
 cannot be cut into blocks and stays f16: export names them (a note, and `f16_fallback_tensors` in
 llmkit_export.json).
-K-quant mixes (q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k) choose each tensor's type and quantise it, with
+K-quant mixes (q2_k, q3_k_s/m/l, q4_k_s/m, q5_k_s/m, q6_k) choose each tensor's type and quantise it, with
 an importance matrix where given, byte for byte as llama.cpp's quantiser does from the f16 file
 (llmkit.hf.gguf_quant_mix, llmkit.hf.gguf_kquants).
 Vectors (norms, biases) and Qwen3.5's convolution kernels stay f32 in every file, as llama.cpp
@@ -85,10 +85,10 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
                                imatrix=imatrix)
     matrices = [name for name, qtype in types.items() if qtype != "F32"]
     fallback = [name for name in matrices if types[name] == "F16"] if cfg.quant not in ("f16", "bf16") else []
-    if cfg.quant in MIXES and (k_fallback := [n for n in matrices if types[n] in ("Q5_0", "Q5_1")]):
+    if cfg.quant in MIXES and (k_fallback := [n for n in matrices if types[n] in ("Q4_0", "Q5_0", "Q5_1")]):
         print(f"note: {len(k_fallback)} matrices of the {cfg.quant} file ({', '.join(k_fallback[:4])}…) have rows "
               "that are not a multiple of 256 values, a K block: they fall back as llama.cpp's quantiser does "
-              "(Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)")
+              "(Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)")
     record = {"format": "gguf", "file": path.name, "quant": cfg.quant, "source": str(step_dir),
               "step": step_of(step_dir), "architecture": GGUF_ARCH[family], "family": family,
               "context_length": context, "parameters": model.num_parameters(), "bytes": path.stat().st_size,
@@ -192,7 +192,8 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
     rounded, types = {}, {}
     tensors = list(gguf_tensors(model, arch))
     if quant in MIXES:
-        mix = mix_types(quant, {gguf_name: array.shape for _, gguf_name, array in tensors}, cfg.n_layers)
+        mix = mix_types(quant, {gguf_name: array.shape for _, gguf_name, array in tensors}, cfg.n_layers,
+                        n_gqa=cfg.n_heads // cfg.n_kv_heads)
 
     def encode(gguf_name, array):  # one thread each: the kernels and numpy's casts release the GIL
         if quant in MIXES:

@@ -1,8 +1,9 @@
 """GGML block quantisation of one tensor, byte for byte as llama.cpp's `ggml_quantize_chunk`, in numba
 kernels compiled ahead of time (llmkit.core.aot): the K-quants Q4_K, Q5_K, Q6_K and the weighted
-forms of the 32-value Q5_0 / Q5_1 they fall back to (llmkit.hf._kquant_kernels), the reference
-forms of Q5_0, Q5_1 and Q8_0 (llmkit.hf._block32_kernels). (The gguf package's Q5_x differ from
-llama.cpp's in blocks of zeros and -0.0, so they are not used.)
+forms of the 32-value Q4_0 / Q5_0 / Q5_1 they fall back to (llmkit.hf._kquant_kernels), Q3_K and
+Q2_K (llmkit.hf._kquant_low_kernels), the reference forms of Q4_0, Q5_0, Q5_1 and Q8_0
+(llmkit.hf._block32_kernels). (The gguf package's Q5_x differ from llama.cpp's in blocks of zeros
+and -0.0, so they are not used.)
 
 With column weights (an importance matrix's row for the tensor) the K-quants and Q5_x take
 ggml's weighted path (`quantize_row_*_impl`); without, its reference path (`*_ref`), exactly as
@@ -18,20 +19,26 @@ from concurrent.futures import ThreadPoolExecutor
 from llmkit.core import aot
 
 KERNEL_TYPES = {  # GGML type -> (values per block, bytes per block, kernel, its last argument or None)
+    "Q2_K": (256, 84, "quantize_q2_k", None),
+    "Q3_K": (256, 110, "quantize_q3_k", None),
     "Q4_K": (256, 144, "affine_k_rows", 15),
     "Q5_K": (256, 176, "affine_k_rows", 31),
     "Q6_K": (256, 210, "quantize_q6_k", None),
-    "Q5_0": (32, 22, "q5_rows", 0),
-    "Q5_1": (32, 24, "q5_rows", 1),
+    "Q4_0": (32, 18, "block32_weighted_rows", 2),
+    "Q5_0": (32, 22, "block32_weighted_rows", 0),
+    "Q5_1": (32, 24, "block32_weighted_rows", 1),
 }
 SIGNATURES = {"affine_k_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)",
               "quantize_q6_k": "i8(f4[:, ::1], f4[::1], u1[:, ::1])",
-              "q5_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)"}
+              "block32_weighted_rows": "i8(f4[:, ::1], f4[::1], u1[:, ::1], i8)"}
+LOW_SIGNATURES = {"quantize_q3_k": "i8(f4[:, ::1], f4[::1], u1[:, ::1])",
+                  "quantize_q2_k": "i8(f4[:, ::1], f4[::1], u1[:, ::1])"}
 ROWS_PER_CHUNK = 64  # small enough that two threads share a 576-row matrix, large enough to amortise a call
 
-BLOCK32 = {"Q5_0": (22, 0), "Q5_1": (24, 1), "Q8_0": (34, 2)}  # reference forms: bytes per block, kind
+BLOCK32 = {"Q5_0": (22, 0), "Q5_1": (24, 1), "Q8_0": (34, 2), "Q4_0": (18, 3)}  # reference forms: bytes a block, kind
 BLOCK32_SIGNATURE = {"block32_rows": "i8(f4[:, ::1], u1[:, ::1], f4[::1], f4[::1], i8)"}
-MODULE_SIGNATURES = {"_kquant_kernels": SIGNATURES, "_block32_kernels": BLOCK32_SIGNATURE,
+MODULE_SIGNATURES = {"_kquant_kernels": SIGNATURES, "_kquant_low_kernels": LOW_SIGNATURES,
+                     "_block32_kernels": BLOCK32_SIGNATURE,
                      "_f16_kernels": {"f16_rounded_rows": "i8(f4[:, ::1], f4[:, ::1])"}}
 
 _KERNELS = {}
@@ -73,7 +80,7 @@ def quantize(array, qtype: str, weights=None, threads: int | None = None):
     block, _, name, argument = KERNEL_TYPES[qtype]
     if x.shape[1] % block:
         raise ValueError(f"rows of {x.shape[1]} values are not a multiple of {qtype}'s block of {block}")
-    compiled = getattr(kernels(), name)
+    compiled = getattr(kernels("_kquant_low_kernels" if name in LOW_SIGNATURES else "_kquant_kernels"), name)
     qw = np.zeros(0, np.float32) if weights is None else np.ascontiguousarray(weights, dtype=np.float32)
     if qw.size not in (0, x.shape[1]):
         raise ValueError(f"{qw.size} column weights for rows of {x.shape[1]} values")

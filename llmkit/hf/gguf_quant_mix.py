@@ -2,16 +2,20 @@
 (src/llama-quant.cpp: `llama_tensor_get_type` and `tensor_type_fallback`), and the importance
 matrix llama.cpp's `llama-quantize --imatrix` reads.
 
-A mix (`q4_k_m`, …) has a default type (Q4_K for q4_k_s/m, Q5_K for q5_k_s/m, Q6_K for q6_k) that
-every quantised matrix gets, except:
+A mix (`q4_k_m`, …) has a default type (Q2_K for q2_k, Q3_K for q3_k_s/m/l, Q4_K for q4_k_s/m, Q5_K
+for q5_k_s/m, Q6_K for q6_k) that every quantised matrix gets, except:
 - `output.weight` (the token embedding when the head is tied) is Q6_K — Q8_0 where its rows are not
   a multiple of 256 values;
 - `attn_v` and `ffn_down` of some layers get more bits: in q4_k_m and q5_k_m those where
   `use_more_bits(layer, layers)` (the first and last eighth and every third between) are Q6_K; in
-  q4_k_s the first four attn_v and the first eighth of ffn_down are Q5_K;
+  q4_k_s the first four attn_v and the first eighth of ffn_down are Q5_K; in q3_k_m the first two
+  attn_v and the first sixteenth of ffn_down are Q5_K, the other attn_v and ffn_down Q4_K; in q3_k_l
+  every attn_v and ffn_down is Q5_K; in q2_k every attn_v is Q3_K (Q4_K where 4 or more query
+  heads share a key head) and every ffn_down Q3_K;
+- `attn_output` is Q3_K in q2_k, Q4_K in q3_k_m, Q5_K in q3_k_l (q3_k_s changes nothing);
 - a matrix whose rows are not a multiple of the 256 values of a K block falls back as llama.cpp
-  falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (blocks of 32), and F16 where the rows are
-  not a multiple of 32 either (an output matrix of such rows, which llama.cpp refuses to quantise
+  falls back: Q2_K and Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (blocks of 32), and
+  F16 where the rows are not a multiple of 32 either (an output matrix of such rows, which llama.cpp refuses to quantise
   — it has no fallback for Q8_0 — stays F16 here).
 Vectors (norms, biases) stay F32. llama.cpp counts attn_v and ffn_down in its tensor order
 (by layer, then name), which for these models is the layer index.
@@ -32,6 +36,10 @@ from pathlib import Path
 from llmkit.errors import UserError
 
 MIXES = {  # --set quant= -> (llama.cpp's file type, the mix's default type)
+    "q2_k": ("MOSTLY_Q2_K", "Q2_K"),
+    "q3_k_s": ("MOSTLY_Q3_K_S", "Q3_K"),
+    "q3_k_m": ("MOSTLY_Q3_K_M", "Q3_K"),
+    "q3_k_l": ("MOSTLY_Q3_K_L", "Q3_K"),
     "q4_k_s": ("MOSTLY_Q4_K_S", "Q4_K"),
     "q4_k_m": ("MOSTLY_Q4_K_M", "Q4_K"),
     "q5_k_s": ("MOSTLY_Q5_K_S", "Q5_K"),
@@ -39,8 +47,9 @@ MIXES = {  # --set quant= -> (llama.cpp's file type, the mix's default type)
     "q6_k": ("MOSTLY_Q6_K", "Q6_K"),
 }
 QK_K = 256
-FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama.cpp's tensor_type_fallback
-BLOCK = {"Q4_K": QK_K, "Q5_K": QK_K, "Q6_K": QK_K, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32}
+FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # tensor_type_fallback
+BLOCK = {"Q2_K": QK_K, "Q3_K": QK_K, "Q4_K": QK_K, "Q5_K": QK_K, "Q6_K": QK_K,
+         "Q4_0": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32}
 NOT_QUANTISED = ("_norm.weight", "ssm_conv1d")  # llama.cpp's tensor_allows_quantization, for our names
 
 
@@ -55,8 +64,9 @@ def llama_cpp_order(name: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else -1, name)
 
 
-def mix_types(mix: str, tensors: dict[str, tuple[int, ...]], n_layers: int) -> dict[str, str]:
-    """The GGML type of each tensor (GGUF name -> numpy shape, rows last) in a `mix` file."""
+def mix_types(mix: str, tensors: dict[str, tuple[int, ...]], n_layers: int, n_gqa: int = 1) -> dict[str, str]:
+    """The GGML type of each tensor (GGUF name -> numpy shape, rows last) in a `mix` file; `n_gqa`: query
+    heads per key head (llama.cpp's n_gqa, which q2_k's attn_v follows)."""
     default = MIXES[mix][1]
     tied = "output.weight" not in tensors
     counters = {"attn_v": 0, "ffn_down": 0}
@@ -70,21 +80,41 @@ def mix_types(mix: str, tensors: dict[str, tuple[int, ...]], n_layers: int) -> d
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             new = "Q8_0" if shape[-1] % BLOCK[default] else "Q6_K"
         elif "attn_v.weight" in name:
-            i = counters["attn_v"]
-            if mix in ("q4_k_m", "q5_k_m") and use_more_bits(i, n_layers):
-                new = "Q6_K"
-            elif mix == "q4_k_s" and i < 4:
-                new = "Q5_K"
+            new = attn_v_type(mix, counters["attn_v"], n_layers, n_gqa) or default
             counters["attn_v"] += 1
         elif "ffn_down" in name:
-            i = counters["ffn_down"]
-            if mix in ("q4_k_m", "q5_k_m") and use_more_bits(i, n_layers):
-                new = "Q6_K"
-            elif mix == "q4_k_s" and i < n_layers // 8:
-                new = "Q5_K"
+            new = ffn_down_type(mix, counters["ffn_down"], n_layers) or default
             counters["ffn_down"] += 1
+        elif "attn_output.weight" in name:
+            new = {"q2_k": "Q3_K", "q3_k_m": "Q4_K", "q3_k_l": "Q5_K"}.get(mix, default)
         types[name] = fallback(new, shape[-1])
     return types
+
+
+def attn_v_type(mix: str, i: int, n_layers: int, n_gqa: int) -> str | None:
+    """llama_tensor_get_type's type for the i-th attn_v of a mix, or None for the mix's default."""
+    if mix == "q2_k":
+        return "Q4_K" if n_gqa >= 4 else "Q3_K"
+    if mix == "q3_k_m":
+        return "Q5_K" if i < 2 else "Q4_K"
+    if mix == "q3_k_l":
+        return "Q5_K"
+    if mix in ("q4_k_m", "q5_k_m") and use_more_bits(i, n_layers):
+        return "Q6_K"
+    return "Q5_K" if mix == "q4_k_s" and i < 4 else None
+
+
+def ffn_down_type(mix: str, i: int, n_layers: int) -> str | None:
+    """llama_tensor_get_type's type for the i-th ffn_down of a mix (not Falcon), or None for the default."""
+    if mix == "q2_k":
+        return "Q3_K"
+    if mix == "q3_k_m":
+        return "Q5_K" if i < n_layers // 16 else "Q4_K"
+    if mix == "q3_k_l":
+        return "Q5_K"
+    if mix in ("q4_k_m", "q5_k_m") and use_more_bits(i, n_layers):
+        return "Q6_K"
+    return "Q5_K" if mix == "q4_k_s" and i < n_layers // 8 else None
 
 
 def fallback(qtype: str, ncols: int) -> str:

@@ -53,6 +53,25 @@ def test_more_bits_go_where_llama_cpp_puts_them():
     assert set(mix_types("q6_k", llama_tensors(4, 256, 512, tied=False), 4).values()) == {"Q6_K", "F32"}
 
 
+def test_the_2_and_3_bit_mixes_raise_attn_v_ffn_down_and_attn_output_as_llama_cpp_does():
+    tensors = llama_tensors(16, 256, 512, tied=False)
+    medium = mix_types("q3_k_m", tensors, 16)
+    assert [medium[f"blk.{i}.attn_v.weight"] for i in range(4)] == ["Q5_K", "Q5_K", "Q4_K", "Q4_K"]
+    assert [medium[f"blk.{i}.ffn_down.weight"] for i in range(3)] == ["Q5_K", "Q4_K", "Q4_K"]  # 16 // 16 = 1
+    assert medium["blk.5.attn_output.weight"] == "Q4_K"
+    assert medium["blk.5.attn_q.weight"] == medium["blk.5.ffn_up.weight"] == medium["token_embd.weight"] == "Q3_K"
+    assert medium["output.weight"] == "Q6_K"
+    raised = ("attn_v", "ffn_down", "attn_output")
+    large = mix_types("q3_k_l", tensors, 16)
+    assert {large[f"blk.{i}.{p}.weight"] for i in range(16) for p in raised} == {"Q5_K"}
+    assert set(mix_types("q3_k_s", tensors, 16).values()) == {"Q3_K", "Q6_K", "F32"}
+    two = mix_types("q2_k", tensors, 16)
+    assert {two[f"blk.{i}.{p}.weight"] for i in range(16) for p in raised} == {"Q3_K"}
+    assert two["blk.3.attn_k.weight"] == two["token_embd.weight"] == "Q2_K" and two["output.weight"] == "Q6_K"
+    grouped = mix_types("q2_k", tensors, 16, n_gqa=4)  # 4 query heads a key head: attn_v gets Q4_K
+    assert {grouped[f"blk.{i}.attn_v.weight"] for i in range(16)} == {"Q4_K"}
+
+
 def test_rows_that_are_not_whole_k_blocks_fall_back_as_llama_cpp_does():
     types = mix_types("q4_k_m", llama_tensors(4, 576, 1536, tied=True), 4)  # SmolLM2-135M's widths
     assert types["blk.1.attn_q.weight"] == "Q5_0" and types["blk.1.ffn_down.weight"] == "Q4_K"  # 1536 = 6 x 256
@@ -60,6 +79,13 @@ def test_rows_that_are_not_whole_k_blocks_fall_back_as_llama_cpp_does():
     assert types["token_embd.weight"] == "Q8_0"  # the tied output, 576 wide
     assert mix_types("q5_k_s", llama_tensors(2, 576, 1536, tied=True), 2)["blk.1.attn_q.weight"] == "Q5_1"
     assert mix_types("q4_k_m", llama_tensors(2, 48, 64, tied=True), 2)["blk.1.attn_q.weight"] == "F16"
+    medium = mix_types("q3_k_m", llama_tensors(4, 576, 1536, tied=True), 4)  # Q3_K -> Q4_0
+    assert medium["blk.1.attn_q.weight"] == medium["blk.1.ffn_up.weight"] == "Q4_0"
+    assert medium["blk.0.attn_v.weight"] == "Q5_1" and medium["blk.2.ffn_down.weight"] == "Q4_K"
+    two = mix_types("q2_k", llama_tensors(2, 576, 1536, tied=True), 2)  # Q2_K and Q3_K -> Q4_0
+    assert two["blk.1.attn_q.weight"] == two["blk.1.attn_v.weight"] == two["blk.1.attn_output.weight"] == "Q4_0"
+    assert two["blk.1.ffn_down.weight"] == "Q3_K" and two["token_embd.weight"] == "Q8_0"
+    assert mix_types("q2_k", llama_tensors(2, 48, 64, tied=True), 2)["blk.1.attn_q.weight"] == "F16"
 
 
 def test_an_imatrix_reads_from_both_of_llama_cpps_formats(tmp_path):
@@ -94,7 +120,8 @@ SHAPES = {  # widths multiples of 256, untied; widths of 32s (fallbacks), tied
 }
 
 
-FAST = {("q4_k_m", False), ("q5_k_m", True)}  # of the larger model; the small one runs every case
+# the larger model's cases outside the slow ones; the small model runs every case
+FAST = {("q4_k_m", False), ("q5_k_m", True), ("q3_k_m", True), ("q2_k", False)}
 CASES = [pytest.param(shape, mix, imatrix, id=f"{shape}-{mix}-{'imatrix' if imatrix else 'plain'}",
                       marks=[pytest.mark.slow] if shape == "k-blocks" and (mix, imatrix) not in FAST else [])
          for shape in SHAPES for mix in MIXES for imatrix in (False, True)]
