@@ -12,6 +12,7 @@ from llmkit.checkpoints import step_folders as ckpt
 from llmkit.errors import ConfigError
 from llmkit.core.executor import RUN_OPTION
 from llmkit.checkpoints.lora import LoraConfig
+from llmkit.train.cpu_precision import trained_precision
 from llmkit.train.gate import GateConfig
 from llmkit.train.replay import ReplayConfig
 
@@ -122,10 +123,12 @@ class TrainConfig:
 
     @property
     def torch_dtype(self):
-        """The dtype the engine trains the weights in (DeepSpeed casts the model to it)."""
+        """The dtype the engine trains the weights in (DeepSpeed casts the model to it): fp32 for
+        bf16 on a CPU without the bf16 instructions (`cpu_precision.trained_precision`)."""
         import torch
 
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        return {"fp32": torch.float32, "bf16": torch.bfloat16,
+                "fp16": torch.float16}[trained_precision(self.precision)]
 
     def train_config(self) -> TrainConfig:
         """The engine's settings alone, from a trainer's config that extends them."""

@@ -35,6 +35,7 @@ from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.checkpointer import Checkpointer
+from llmkit.train.cpu_precision import trained_precision
 from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu, training_flops_per_token
 from llmkit.train.optim import deepspeed_config, make_optimizer
@@ -61,6 +62,7 @@ class FitResult:
     checkpoint: Path | None  # the newest complete step folder
     threads: dict  # the CPU threads it computed on (`CpuThreads.record`)
     cpu_kernels: str  # `cpu_kernel_path`: llmkit-avx512, torch or cuda
+    precision: str  # the precision it trained in: the config's, or fp32 for bf16 on a CPU without the instructions
 
 
 class Engine:
@@ -116,7 +118,7 @@ class Engine:
                 self.console.close()
         return FitResult(self.step, self.tokens_seen, self.skipped_steps, self.last_record,
                          ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None,
-                         self.threads.record(self.step), cpu_kernel_path(self.dist.device))
+                         self.threads.record(self.step), cpu_kernel_path(self.dist.device), self.cfg.precision)
 
     def _build(self) -> None:
         import deepspeed
@@ -125,6 +127,10 @@ class Engine:
         cfg, model = self.cfg, self.task.model
         if cfg.precision == "fp16" and not self.dist.device.startswith("cuda"):
             raise ConfigError("precision fp16 needs a GPU (DeepSpeed has no fp16 on CPU); use bf16 or fp32")
+        # bf16 on a CPU without the bf16 instructions would be several times slower: fp32 instead
+        precision = trained_precision(cfg.precision, on_gpu=self.dist.device.startswith("cuda"))
+        if precision != cfg.precision:
+            self.cfg = cfg = dataclasses.replace(cfg, precision=precision)
         if self.init_state_dict is not None and not any(map(ckpt.is_complete, ckpt.step_dirs(self.run_dir))):
             model.load_state_dict(self.init_state_dict, strict=True)
         if cfg.activation_checkpointing:

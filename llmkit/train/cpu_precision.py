@@ -1,0 +1,63 @@
+"""The precision a run trains in: `precision=bf16` on a CPU only where it multiplies bf16 in hardware.
+
+On CPU, a bf16 run's products go through oneDNN, which multiplies bf16 matrices with AVX512-BF16's
+dot products (`vdpbf16ps`) or AMX's tiles: on a Xeon with avx512_bf16 and no AMX, SmolLM2's
+576 x 1536 products take ~2.5x less time than fp32's, and a LoRA step ~1.4-3x (more rows, more
+gain: bench/results/2026-12-07-bf16-train.md). A CPU with neither widens every bf16 operand to
+fp32 in software around each product and runs a bf16 step several times slower than fp32, so
+there a `precision=bf16` run says so in one line, naming the missing flags, and trains in fp32;
+the run's manifest records the precision it trained in (`stats.precision`). GPUs are left to
+DeepSpeed as they are. LLMKIT_CPU_BF16=0 acts as a CPU without the instructions (as
+LLMKIT_CPU_KERNELS=fp32 does for decoding): the tests' fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the bf16 product instructions
+FORCE_FP32 = "LLMKIT_CPU_BF16"  # "0": act as a CPU without them
+_said: set[str] = set()
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's `flags` (x86 Linux), empty where the file or line is missing."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def missing_cpu_bf16(flags: frozenset[str] | None = None) -> str | None:
+    """Why this CPU cannot multiply bf16 in hardware (the flags it lacks, or the variable forcing
+    that), None when it can."""
+    if os.environ.get(FORCE_FP32) == "0":
+        return f"{FORCE_FP32}=0 is set"
+    flags = cpu_flags() if flags is None else flags
+    if any(flag in flags for flag in BF16_FLAGS):
+        return None
+    return f"this CPU lacks {' and '.join(BF16_FLAGS)}"
+
+
+def trained_precision(requested: str, on_gpu: bool | None = None) -> str:
+    """The precision a run asking for `requested` trains in: fp32 instead of bf16 on a CPU that
+    lacks the bf16 instructions (said once per process on stderr), else `requested`. `on_gpu`:
+    whether the run computes on a GPU (default: whether torch sees one, as the engine decides)."""
+    if requested != "bf16":
+        return requested
+    if on_gpu is None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    why = None if on_gpu else missing_cpu_bf16()
+    if why is None:
+        return requested
+    if why not in _said:
+        _said.add(why)
+        print(f"llmkit: precision=bf16: {why}, which a CPU needs to multiply bf16 faster than fp32; "
+              "training in fp32", file=sys.stderr)
+    return "fp32"
