@@ -78,9 +78,6 @@ def export_gguf(step_dir: Path, out_dir: Path, cfg) -> dict:
     path = out_dir / gguf_file_name(cfg.quant)
     reads_back = cfg.probe and transformers_reads(GGUF_ARCH[family])  # imports transformers: only to probe
     imatrix = read_imatrix(Path(cfg.imatrix)) if cfg.imatrix else None
-    if cfg.quant in MIXES and family == "qwen3_5_text":
-        raise UserError(f"{step_dir}: K-quants of the qwen35 layout are not written yet (llama.cpp counts its "
-                        "attn_qkv tensors among attn_v); export quant=f16 and run llama.cpp's llama-quantize")
     stored, types = write_gguf(path, model, family, context, vocab, cfg.quant, keep_rounded=cfg.probe and reads_back,
                                imatrix=imatrix)
     matrices = [name for name, qtype in types.items() if qtype != "F32"]
@@ -176,9 +173,6 @@ def write_gguf(path: Path, model, family: str, context: int, vocab, quant: str,
     in llmkit's names and layout, for measuring the reader apart from the rounding; each tensor's
     GGML type by its GGUF name). A K-quant mix (llmkit.hf.gguf_quant_mix) quantises the f16 values,
     as llama.cpp's quantiser does from the f16 file, with `imatrix`'s column weights where given."""
-    import gguf
-
-
     cfg = model.config
     arch = GGUF_ARCH[family]
     writer = vocabulary_writer(path, arch)

@@ -20,6 +20,13 @@ for q5_k_s/m, Q6_K for q6_k) that every quantised matrix gets, except:
 Vectors (norms, biases) stay F32. llama.cpp counts attn_v and ffn_down in its tensor order
 (by layer, then name), which for these models is the layer index.
 
+Qwen3.5's `qwen35` layout follows the same rules: llama.cpp counts a fused `attn_qkv` (a Gated
+DeltaNet layer's in_proj_qkv) as an attn_v, so with one attn_qkv or attn_v in every layer the i-th
+is still layer i's, and `use_more_bits` spreads over all layers, not only the full-attention ones
+(q4_k_m of 8 layers: the attn_qkv of layers 0 and 6, the attn_v of 3 and 7 get Q6_K). The other
+Gated DeltaNet matrices (attn_gate, ssm_alpha, ssm_beta, ssm_out) take the mix's default type;
+ssm_conv1d stays F32 and ssm_a, ssm_dt.bias and ssm_norm are vectors.
+
 The importance matrix holds, per matrix, a weight per column (the mean square of the
 activations that column meets): llama.cpp's GGUF format (`<tensor>.in_sum2` and
 `<tensor>.counts`: weight = in_sum2 / count, 1 where the count is 0) or the legacy `.dat` (the
@@ -51,6 +58,7 @@ FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_
 BLOCK = {"Q2_K": QK_K, "Q3_K": QK_K, "Q4_K": QK_K, "Q5_K": QK_K, "Q6_K": QK_K,
          "Q4_0": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32}
 NOT_QUANTISED = ("_norm.weight", "ssm_conv1d")  # llama.cpp's tensor_allows_quantization, for our names
+ATTN_V_LIKE = ("attn_qkv.weight", "attn_v.weight")  # llama.cpp's category_is_attn_v, for our names
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
@@ -79,7 +87,7 @@ def mix_types(mix: str, tensors: dict[str, tuple[int, ...]], n_layers: int, n_gq
         new = default
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             new = "Q8_0" if shape[-1] % BLOCK[default] else "Q6_K"
-        elif "attn_v.weight" in name:
+        elif any(part in name for part in ATTN_V_LIKE):
             new = attn_v_type(mix, counters["attn_v"], n_layers, n_gqa) or default
             counters["attn_v"] += 1
         elif "ffn_down" in name:

@@ -1,10 +1,10 @@
 """The K-quant mixes of `llmkit export --format gguf --quant q4_k_m` (…): each tensor's type as
 llama.cpp's quantiser chooses it (more bits for some attn_v / ffn_down layers, Q6_K output, the
-fallbacks of rows that are not whole 256-value blocks), the importance matrix in llama.cpp's two
-file formats, and the whole file: every tensor byte-identical to what llama.cpp's
-`llama_model_quantize` makes of llmkit's f16 file, with and without the same importance matrix
-(skipped where llama-cpp-python is absent), on a model whose widths are multiples of 256 and on
-one whose are not."""
+fallbacks of rows that are not whole 256-value blocks; Qwen3.5's Gated DeltaNet attn_qkv counted
+among attn_v), the importance matrix in llama.cpp's two file formats, and the whole file: every
+tensor byte-identical to what llama.cpp's `llama_model_quantize` makes of llmkit's f16 file, with
+and without the same importance matrix (skipped where llama-cpp-python is absent), on a llmkit
+model and a Qwen3.5 one whose widths are multiples of 256 and on one of each whose are not."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from llmkit.cli.app import build_app
 from llmkit.errors import UserError
 from llmkit.hf.gguf_quant_mix import MIXES, mix_types, read_imatrix, tensor_weights, use_more_bits
+from tests.hf.hybrid_fixtures import FULL, LINEAR, save_qwen35
 from tests.train.posttrain_fixtures import make_tokenizer, tiny_model, write_checkpoint_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,6 +52,43 @@ def test_more_bits_go_where_llama_cpp_puts_them():
     assert [i for i in range(16) if small[f"blk.{i}.ffn_down.weight"] == "Q5_K"] == [0, 1]
     assert small["token_embd.weight"] == "Q6_K"  # tied: the embedding is the output matrix
     assert set(mix_types("q6_k", llama_tensors(4, 256, 512, tied=False), 4).values()) == {"Q6_K", "F32"}
+
+
+def qwen35_tensors(n_layers: int, hidden: int, ffn: int) -> dict:
+    """A qwen35 file's tensors: three Gated DeltaNet layers (4 value heads of 64) to one full attention."""
+    names = {"token_embd.weight": (300, hidden), "output.weight": (300, hidden), "output_norm.weight": (hidden,)}
+    for i in range(n_layers):
+        if (i + 1) % 4:
+            parts = (("attn_qkv.weight", (512, hidden)), ("attn_gate.weight", (256, hidden)),
+                     ("ssm_alpha.weight", (4, hidden)), ("ssm_beta.weight", (4, hidden)), ("ssm_a", (4,)),
+                     ("ssm_conv1d.weight", (512, 4)), ("ssm_dt.bias", (4,)), ("ssm_norm.weight", (64,)),
+                     ("ssm_out.weight", (hidden, 256)))
+        else:
+            parts = (("attn_q.weight", (512, hidden)), ("attn_k.weight", (64, hidden)), ("attn_v.weight", (64, hidden)),
+                     ("attn_q_norm.weight", (64,)), ("attn_output.weight", (hidden, 256)))
+        parts += (("ffn_gate.weight", (ffn, hidden)), ("ffn_up.weight", (ffn, hidden)),
+                  ("ffn_down.weight", (hidden, ffn)), ("attn_norm.weight", (hidden,)))
+        names.update({f"blk.{i}.{part}": shape for part, shape in parts})
+    return names
+
+
+def test_qwen35s_attn_qkv_counts_among_attn_v_over_all_layers_as_llama_cpp_counts_it():
+    tensors = qwen35_tensors(8, 256, 512)
+
+    def attn_v_like(types):  # each layer's attn_qkv (Gated DeltaNet) or attn_v (full attention, layers 3, 7)
+        return [types.get(f"blk.{i}.attn_qkv.weight") or types[f"blk.{i}.attn_v.weight"] for i in range(8)]
+
+    assert attn_v_like(mix_types("q4_k_m", tensors, 8)) == ["Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K",
+                                                            "Q6_K"]  # use_more_bits(i, 8): 0, 3, 6, 7
+    assert attn_v_like(mix_types("q3_k_m", tensors, 8)) == ["Q5_K"] * 2 + ["Q4_K"] * 6
+    assert attn_v_like(mix_types("q4_k_s", tensors, 8)) == ["Q5_K"] * 4 + ["Q4_K"] * 4
+    assert set(attn_v_like(mix_types("q2_k", tensors, 8, n_gqa=4))) == {"Q4_K"}
+    types = mix_types("q4_k_m", tensors, 8)
+    assert [i for i in range(8) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == [0, 3, 6, 7]
+    assert {types[f"blk.0.{p}.weight"] for p in ("attn_gate", "ssm_alpha", "ssm_beta", "ssm_out")} == {"Q4_K"}
+    assert types["blk.0.ssm_conv1d.weight"] == types["blk.0.ssm_a"] == types["blk.0.ssm_norm.weight"] == "F32"
+    assert types["blk.3.attn_output.weight"] == types["blk.3.attn_k.weight"] == "Q4_K"
+    assert set(mix_types("q6_k", tensors, 8).values()) == {"Q6_K", "F32"}
 
 
 def test_the_2_and_3_bit_mixes_raise_attn_v_ffn_down_and_attn_output_as_llama_cpp_does():
@@ -118,21 +156,34 @@ SHAPES = {  # widths multiples of 256, untied; widths of 32s (fallbacks), tied
     "k-blocks": dict(hidden_size=256, intermediate_size=256, n_layers=8, n_heads=4, n_kv_heads=1, tie_embeddings=False),
     "fallbacks": dict(hidden_size=160, intermediate_size=288, n_layers=4, n_heads=2, n_kv_heads=1),
 }
+QWEN35_SHAPES = {  # transformers' Qwen3.5 settings over hybrid_fixtures' (3 Gated DeltaNet layers to 1 full attention)
+    # every matrix 256 wide, untied, 4 query heads a key head; 8 layers: attn_qkv and attn_v both get more bits
+    "qwen35-k-blocks": dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1,
+                            head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
+                            layer_types=[LINEAR, LINEAR, LINEAR, FULL] * 2, num_hidden_layers=8),
+    # attn_qkv, attn_gate, ssm_alpha/beta, ffn_up/gate 256 wide beside fallbacks: attn_output and ssm_out
+    # (64 wide: 4 heads of 16), ffn_down (288); tied
+    "qwen35-fallbacks": dict(hidden_size=256, intermediate_size=288, tie_word_embeddings=True),
+}
 
 
-# the larger model's cases outside the slow ones; the small model runs every case
+# the larger models' cases outside the slow ones; the small models run every case
 FAST = {("q4_k_m", False), ("q5_k_m", True), ("q3_k_m", True), ("q2_k", False)}
 CASES = [pytest.param(shape, mix, imatrix, id=f"{shape}-{mix}-{'imatrix' if imatrix else 'plain'}",
-                      marks=[pytest.mark.slow] if shape == "k-blocks" and (mix, imatrix) not in FAST else [])
-         for shape in SHAPES for mix in MIXES for imatrix in (False, True)]
+                      marks=[pytest.mark.slow] if shape.endswith("k-blocks") and (mix, imatrix) not in FAST else [])
+         for shape in [*SHAPES, *QWEN35_SHAPES] for mix in MIXES for imatrix in (False, True)]
 
 
 @pytest.fixture(scope="module")
 def run(request, tmp_path_factory):
     ws = tmp_path_factory.mktemp(request.param) / "ws"
-    tok = make_tokenizer(ws.parent / "tok")
-    write_checkpoint_run(ws, "run", tiny_model(tok.vocab_size, seed=4, max_seq_len=64, init_std=0.05,
-                                               **SHAPES[request.param]), tok)
+    if request.param in QWEN35_SHAPES:  # as tests/hf/test_gguf_qwen35.py builds its run: transformers' model, imported
+        invoke("import", "--from", save_qwen35(ws.parent / "hf", seed=4, **QWEN35_SHAPES[request.param]),
+               "--out", "run", "-w", ws)
+    else:
+        tok = make_tokenizer(ws.parent / "tok")
+        write_checkpoint_run(ws, "run", tiny_model(tok.vocab_size, seed=4, max_seq_len=64, init_std=0.05,
+                                                   **SHAPES[request.param]), tok)
     invoke("export", "--from", "run", "--format", "gguf", "--quant", "f16", "--to", ws.parent / "f16", "-w", ws,
            "--set", "probe=false")
     return ws, ws.parent / "f16" / "model-f16.gguf"
@@ -158,7 +209,7 @@ def llama_cpp_quantize(f16: Path, out: Path, mix: str, imatrix: dict | None = No
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's Python binding is not installed")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + MIXES[mix][0])
-    params.nthread = 2
+    params.nthread = 1  # the bytes do not depend on it; tests use one core
     if imatrix is not None:
         entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()  # NULL-named entry ends it
         for entry, (name, values) in zip(entries, imatrix.items()):
