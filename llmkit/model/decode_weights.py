@@ -70,8 +70,9 @@ def effective_weights(model, weights: str) -> str:
 def decoding_weights(model, weights: str):
     """Within the `with`, the model's packable linear layers (and product groups: a block's q/k/v,
     the MLP's gate/up) multiply by `weights` copies when no gradient flows; "fp32" (or a fallback,
-    `effective_weights`) leaves the model as it is. Layers packed already (a frozen LoRA base while
-    training) keep their packing."""
+    `effective_weights`) leaves the model as it is. Layers packed already keep their packing; those
+    packed for training (a frozen LoRA base) decode through a `weights` copy for the few rows of a
+    rollout, converted once since their weight never changes."""
     import torch
 
     from llmkit.model import packed_linear as pl
@@ -85,6 +86,8 @@ def decoding_weights(model, weights: str):
     layers = [m for m in model.modules() if pl.packable(m) and not hasattr(m, pl.PACKED) and id(m) not in grouped]
     groups = {key: members for key, members in groups.items()
               if key[1] not in vars(key[0]).get(pl.PACKED_GROUPS, {})}
+    # packed_linears gives them an fp32 panel copy (PACKED_FEW) for decoding unless one is there
+    training_packed = [m for m in model.modules() if hasattr(m, pl.PACKED_T) and not hasattr(m, pl.PACKED_FEW)]
     with torch.no_grad():
         for (module, name), members in groups.items():
             bias = None if members[0].bias is None else torch.cat([m.bias.detach() for m in members])
@@ -93,6 +96,8 @@ def decoding_weights(model, weights: str):
         for layer in layers:
             setattr(layer, pl.PACKED, converted(layer, CONVERTED, [layer.weight], weights))
             layer.forward = pl._packed_forward.__get__(layer)
+        for layer in training_packed:
+            setattr(layer, pl.PACKED_FEW, converted(layer, CONVERTED, [layer.weight], weights))
     try:
         yield
     finally:
@@ -101,11 +106,14 @@ def decoding_weights(model, weights: str):
         for layer in layers:
             delattr(layer, pl.PACKED)
             del layer.forward  # the class's forward again
+        for layer in training_packed:
+            delattr(layer, pl.PACKED_FEW)
 
 
 def converted(owner, attribute: str, parameters: list, weights: str):
     """The `weights` copy of the parameters (concatenated by rows), made once and kept on `owner`
-    while every parameter is the same tensor at the same version (a trainer's step makes a new copy)."""
+    while every parameter is the same tensor at the same version (an in-place edit makes a new
+    copy; a fused optimizer step does not: see `forget_trained_copies`)."""
     import torch
 
     from llmkit.model import cpu_kernels
@@ -120,3 +128,16 @@ def converted(owner, attribute: str, parameters: list, weights: str):
     packed = kinds[weights](weight)
     vars(owner)[attribute] = (key, packed)
     return packed
+
+
+def forget_trained_copies(model) -> None:
+    """Drop the converted copies of every module with a parameter that trains, so that the next
+    `decoding_weights` converts them anew: torch's fused AdamW (the engine's) writes a step's
+    weights in place without moving a parameter's version counter (torch 2.x), so `converted`
+    would hand out the copy of the weights before the step. Copies of frozen layers (a LoRA base)
+    are kept."""
+    for module in model.modules():
+        copies = [name for name in vars(module) if name.startswith(CONVERTED)]
+        if copies and any(p.requires_grad for p in module.parameters()):
+            for name in copies:
+                delattr(module, name)

@@ -37,6 +37,7 @@ import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.checkpoints.loading import starting_weights
+from llmkit.model.decode_weights import decoding_weights, effective_weights, forget_trained_copies
 from llmkit.model.transformer import Transformer
 from llmkit.rewards.plugins import reward_setup, trainer_state
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
@@ -103,6 +104,7 @@ class PpoTask(Task):
         self._rows_kept = 0
         self._rollout_kl_coef = self.kl_ctl.value  # β of the current rollout's rewards / KL loss
         self._rollout_metrics: dict = {}
+        self.rollout_weights = "fp32"  # the weights the last rollout sampled through (after any fallback)
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -149,11 +151,17 @@ class PpoTask(Task):
         return out
 
     def sample(self, policy: Transformer, prompts: list[Prompt]) -> Samples:
-        """One response per prompt from `policy`, sampled with the rollout settings."""
+        """One response per prompt from `policy`, sampled with the rollout settings, through the
+        weights of decode.weights (the sampling alone: what scores the samples stays fp32)."""
         sample = functools.partial(sample_tool_responses, setup=self.tools) if self.tools else sample_responses
-        return sample(policy, prompts, max_new_tokens=self.cfg.max_new_tokens,
-                                temperature=self.cfg.temperature, stop_ids=self.stop_ids, pad_id=self.pad_id,
-                                decode=self.decode, device=self.device or torch.device("cpu"))
+        self.rollout_weights = effective_weights(policy, self.cfg.decode.weights)
+        # a full fine-tune's weights change every step, so each rollout converts them again; a LoRA
+        # base never changes and is converted once (decoding_weights keeps the copy on the layer)
+        forget_trained_copies(policy)
+        with decoding_weights(policy, self.rollout_weights):
+            return sample(policy, prompts, max_new_tokens=self.cfg.max_new_tokens,
+                          temperature=self.cfg.temperature, stop_ids=self.stop_ids, pad_id=self.pad_id,
+                          decode=self.decode, device=self.device or torch.device("cpu"))
 
     @torch.no_grad()
     def make_rollout(self, module: ActorCritic) -> dict:
@@ -322,7 +330,7 @@ def ppo_task(policy: Transformer, cfg: PpoConfig, prompts: list[Prompt], scorer:
 
 
 def ppo_stats(result, task: PpoTask) -> dict:
-    return {"rollouts": task.rollouts_done,
+    return {"rollouts": task.rollouts_done, "rollout_weights": task.rollout_weights,
             "reward_start": window_mean(task.reward_history, first=True),
             "reward_end": window_mean(task.reward_history, first=False)}
 

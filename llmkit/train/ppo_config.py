@@ -4,10 +4,11 @@ which settings each algo reads, and the refusals of combinations that would sile
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from llmkit.errors import ConfigError
+from llmkit.model.decode_weights import DecodeConfig
 from llmkit.rewards.plugins import reward_names, reward_weights
 from llmkit.rewards.text import format_reward_of
 from llmkit.rewards.tools import tool_names
@@ -94,6 +95,10 @@ class PpoConfig(GenerativeConfig):
     tools: str | None = None  # grpo, rloo: tools the policy may call in a rollout (llmkit.train.tool_rollouts): calculator, FILE.py:FUNCTION[,FUNCTION]
     max_tool_turns: int = 3  # rounds of tool calls per rollout before the reply is the answer
     tool_timeout: float = 5.0  # seconds one tool call may run before it returns an error
+    # decode.weights=bf16|f16|int8: the rollouts' sampling multiplies by low-precision copies of the
+    # policy's weights on CPU (llmkit.model.decode_weights); the old and reference log-probs, the KL
+    # and the losses stay fp32, and so does the held-out evaluation
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     # the engine's settings where RL fine-tuning differs from the others: a small constant lr
     # (min_lr is post-training's 1e-5 too), no warmup
     lr: float = 1e-5  # learning rate (constant unless min_lr is set lower)

@@ -8,7 +8,7 @@ from llmkit.errors import ConfigError
 from llmkit.generation import GenerateConfig
 from llmkit.model import cpu_kernels
 from llmkit.model.cpu_kernels import Bf16PanelWeight, F16PanelWeight, Int8PanelWeight
-from llmkit.model.decode_weights import DecodeConfig, decoding_weights
+from llmkit.model.decode_weights import DecodeConfig, decoding_weights, forget_trained_copies
 from llmkit.model.decoding import generate
 from llmkit.model.packed_linear import PACKED, PACKED_GROUPS
 from tests.model.test_transformer import build, tokens
@@ -75,3 +75,35 @@ def test_decode_weights_is_a_setting_of_eval():
     from llmkit.eval.stage import EvalConfig
 
     assert resolve_config(EvalConfig, {"decode": {"weights": "bf16"}}).decode.weights == "bf16"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forgetting_the_trained_copies_converts_the_layers_that_train_again(kind, pack_every_matrix):
+    # torch's fused AdamW writes a step in place without moving the version counter `converted` reads
+    model = build()
+    trained, frozen = model.model.layers[0].self_attn.o_proj, model.model.layers[0].mlp.down_proj
+    frozen.requires_grad_(False)
+    with decoding_weights(model, kind):
+        first = getattr(trained, PACKED), getattr(frozen, PACKED)
+    forget_trained_copies(model)
+    with decoding_weights(model, kind):
+        assert getattr(trained, PACKED) is not first[0] and getattr(frozen, PACKED) is first[1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layers_packed_for_training_decode_through_a_copy_made_once(kind, pack_every_matrix):
+    """A LoRA run's frozen base, packed for training's products and gradients, decodes a rollout's
+    few rows through a `kind` copy, and keeps its training packing after the `with`."""
+    model, prompts = build(), tokens(3, 5)
+    model.requires_grad_(False)
+    with packed.packed_linears(model, frozen_only=True):
+        layer = model.model.layers[0].self_attn.o_proj
+        training = getattr(layer, PACKED), getattr(layer, packed.PACKED_T)
+        with decoding_weights(model, kind):
+            generate(model, prompts, max_new_tokens=3, greedy=True)
+            first = getattr(layer, packed.PACKED_FEW)
+        with decoding_weights(model, kind):
+            assert getattr(layer, packed.PACKED_FEW) is first
+        assert isinstance(first, (Bf16PanelWeight, F16PanelWeight, Int8PanelWeight))
+        assert not hasattr(layer, packed.PACKED_FEW)
+        assert (getattr(layer, PACKED), getattr(layer, packed.PACKED_T)) == training
