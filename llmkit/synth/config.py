@@ -14,6 +14,7 @@ from typing import Literal
 from llmkit.core.executor import RUN_OPTION
 from llmkit.data.driver import DataConfig
 from llmkit.errors import ConfigError
+from llmkit.model.decode_weights import DecodeConfig
 
 # kind -> (what it reads: None, "prompts" or "documents"; the dataset it writes)
 KINDS = {
@@ -73,6 +74,7 @@ class SynthConfig(DataConfig):
     batch_size: int = 16  # prompts generated together
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     server: ServerConfig = field(default_factory=ServerConfig)  # an OpenAI-compatible server instead of a local model
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode.weights=bf16|f16|int8: a local model's (and judge's) CPU products
 
     def __post_init__(self):
         if self.kind is not None and self.kind not in KINDS:

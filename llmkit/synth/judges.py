@@ -19,6 +19,7 @@ from llmkit.checkpoints.loading import load_reward_model, load_tokenizer
 from llmkit.errors import UserError
 from llmkit.eval.preference import reward_scores
 from llmkit.judge.model_judge import judge_pairs
+from llmkit.model.decode_weights import DecodeConfig
 from llmkit.synth.client import ServerGenerator
 from llmkit.synth.engine import LocalGenerator
 
@@ -37,6 +38,7 @@ class Models:
     device: str
     batch_size: int
     judge_combine: str = "agree"
+    weights: str = "fp32"  # decode.weights: what the local models' CPU products multiply by
 
 
 def open_generator(models: Models):
@@ -44,14 +46,14 @@ def open_generator(models: Models):
         s = models.server
         return ServerGenerator(s.url, models.server_model, timeout=s.timeout, retries=s.retries,
                                backoff=s.backoff, concurrency=s.concurrency)
-    return LocalGenerator.open(models.model, models.device, models.batch_size)
+    return LocalGenerator.open(models.model, models.device, models.batch_size, models.weights)
 
 
 def grounding_judge(models: Models, gen):
     """What asks qa's grounding question: the judge run, else the generator itself."""
     if models.judge is None:
         return gen
-    return LocalGenerator.open(models.judge, models.device, models.batch_size)
+    return LocalGenerator.open(models.judge, models.device, models.batch_size, models.weights)
 
 
 def pair_judge(models: Models, gen):
@@ -63,7 +65,7 @@ def pair_judge(models: Models, gen):
         raise UserError("synth --kind pairs against a server needs a local judge: --set judge=RUN "
                         "(an rm run, or a model that compares the replies)")
     judge = gen if models.judge is None else LocalGenerator.open(models.judge, models.device,
-                                                                 models.batch_size)
+                                                                 models.batch_size, models.weights)
     return ModelPairJudge(judge, models.judge_combine)
 
 
@@ -93,6 +95,7 @@ class ModelPairJudge:
 
     def margins(self, prompts: list, first: list[str], second: list[str]) -> list[float]:
         verdicts = judge_pairs(self.gen.model, self.gen.tokenizer, list(zip(prompts, first, second)),
-                                    batch_size=self.gen.batch_size, combine=self.combine)
+                               batch_size=self.gen.batch_size, combine=self.combine,
+                               decode=DecodeConfig(self.gen.weights))
         sign = {"a": 1.0, "b": -1.0, "tie": 0.0}
         return [sign[v.choice] * max(abs(v.p_a - v.p_b), 1e-6) for v in verdicts]

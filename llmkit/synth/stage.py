@@ -78,7 +78,7 @@ def plan_synth(ctx, cfg: SynthConfig, from_: str | None) -> Plan:
         raise UserError("synth --kind qa with grounding=likelihood reads a model's log-likelihoods, which "
                         "a server does not give: --set judge=RUN (a local model) or grounding=ask")
     models = Models(model, judge, judge_is_rm, cfg.server, cfg.server.model or from_ or "default",
-                    cfg.device, cfg.batch_size, cfg.judge_combine)
+                    cfg.device, cfg.batch_size, cfg.judge_combine, cfg.decode.weights)
     name = Path(from_).name if from_ else models.server_model
     if not cfg.reads:
         if ctx.inputs:

@@ -91,6 +91,8 @@ def test_magpie_instructions_count_every_sample_kept_or_removed_by_reason(ws):
     (["--from", "nothing", "--kind", "answers", "--in", "prompts"], "nothing"),
     (["--from", "tiny", "--kind", "pairs", "--in", "prompts", "--set", "temperature=0"], "temperature > 0"),
     (["--from", "tiny", "--kind", "answers", "--in", "prompts", "--set", "styles=poem"], "styles"),
+    (["--from", "tiny", "--kind", "answers", "--in", "prompts", "--set", "decode.weights=q4"],
+     "decode.weights must be one of fp32, bf16, f16, int8"),
 ])
 def test_a_mistake_in_the_command_exits_2_naming_it(ws, args, phrase):
     r = synth(ws, *args)
@@ -119,3 +121,29 @@ def test_pairs_judged_by_the_model_judge_make_a_preference_dataset(ws):
     assert stats["rows_in"] == 7 == stats["rows_out"] + stats["rows_removed"]
     rows = read_table(ws / "synth_pairs").to_pylist()
     assert all(r["chosen"] != r["rejected"] and r["margin"] > 0 for r in rows)
+
+
+def test_decode_weights_reach_the_local_generator_and_its_model_judge(ws, monkeypatch):
+    import llmkit.model.packed_linear as packed
+    import llmkit.synth.judges as judges
+    from llmkit.model import cpu_kernels
+    from llmkit.model.decode_weights import CONVERTED
+    from llmkit.synth.engine import _OPEN
+
+    if not cpu_kernels.low_precision_available("int8"):
+        pytest.skip("needs the int8 kernels")
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 1)  # the tiny model's matrices are below the real bar
+    judged = []
+
+    def judge_pairs(*args, **options):
+        judged.append(options["decode"].weights)
+        return real_judge_pairs(*args, **options)
+
+    real_judge_pairs = judges.judge_pairs
+    monkeypatch.setattr(judges, "judge_pairs", judge_pairs)
+    r = synth(ws, "--from", "tiny", "--kind", "pairs", "--in", "prompts", "--set", "decode.weights=int8",
+              "--set", "temperature=1.0", *FAST, "--allow-empty", "--out", "pairs_int8")
+    assert r.exit_code == 0, r.output
+    gen = next(g for (path, _), g in _OPEN.items() if path.endswith("tiny/step-00000001"))
+    assert gen.weights == "int8" and judged and set(judged) == {"int8"}
+    assert vars(gen.model.lm_head)[CONVERTED][0][0] == "int8"  # its products went through the int8 copy
