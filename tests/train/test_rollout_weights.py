@@ -32,7 +32,7 @@ def pack_every_matrix(monkeypatch):
     monkeypatch.setattr(packed, "MIN_ELEMENTS", 1)  # the tiny model's matrices are all below the real bar
 
 
-def spy_on_rollouts(monkeypatch, layer_of):
+def spy_on_rollouts(monkeypatch, layer_of, module=rollouts):
     """Record, at every rollout's generation, the weight `layer_of(policy)` decodes through, the
     weight it holds then, and whether the trainer packed it for training."""
     seen = []
@@ -43,8 +43,8 @@ def spy_on_rollouts(monkeypatch, layer_of):
         seen.append((decodes, layer.weight.detach().clone(), hasattr(layer, packed.PACKED_T)))
         return real(policy, *args, **kwargs)
 
-    real = rollouts.generate
-    monkeypatch.setattr(rollouts, "generate", generate)
+    real = module.generate
+    monkeypatch.setattr(module, "generate", generate)
     return seen
 
 
@@ -106,6 +106,17 @@ def test_bf16_rollouts_are_the_fp32_rollouts_of_the_weights_rounded_to_bf16(pack
     assert (task.rollout_weights, rounded.rollout_weights) == ("bf16", "fp32")
     assert torch.equal(low.input_ids, fp32.input_ids)
     assert low.response_mask.sum() > len(prompts)  # responses of several tokens were compared
+
+
+@needs("int8")
+def test_multi_turn_tool_rollouts_sample_through_the_copy_too(pack_every_matrix, monkeypatch):
+    import llmkit.train.tool_rollouts as tool_rollouts
+
+    seen = spy_on_rollouts(monkeypatch, lambda policy: policy.lm_head, module=tool_rollouts)
+    task, _ = tiny_setup("grpo", decode=DecodeConfig("int8"))
+    task.tools = tool_rollouts.ToolSetup({}, tokenizer=None, max_turns=1)  # a random policy calls no tool
+    task.sample(task.model.policy, task._next_prompts())
+    assert seen and all(isinstance(decodes, Int8PanelWeight) for decodes, *_ in seen)
 
 
 def test_the_fp32_default_converts_nothing(tmp_path, pack_every_matrix, monkeypatch):
