@@ -1,14 +1,16 @@
 """The precision a run trains in: `precision=bf16` on a CPU only where it multiplies bf16 in hardware.
 
 On CPU, a bf16 run's products go through oneDNN, which multiplies bf16 matrices with AVX512-BF16's
-dot products (`vdpbf16ps`) or AMX's tiles: on a Xeon with avx512_bf16 and no AMX, SmolLM2's
-576 x 1536 products take ~2.5x less time than fp32's, and a LoRA step ~1.4-3x (more rows, more
-gain: bench/results/2026-12-07-bf16-train.md). A CPU with neither widens every bf16 operand to
-fp32 in software around each product and runs a bf16 step several times slower than fp32, so
-there a `precision=bf16` run says so in one line, naming the missing flags, and trains in fp32;
-the run's manifest records the precision it trained in (`stats.precision`). GPUs are left to
-DeepSpeed as they are. LLMKIT_CPU_BF16=0 acts as a CPU without the instructions (as
-LLMKIT_CPU_KERNELS=fp32 does for decoding): the tests' fallback.
+dot products (`vdpbf16ps`) or AMX's tiles. On a Xeon with avx512_bf16 and no AMX, 1 thread, a
+144 x 576 by 576 x 1536 product (a SmolLM2 MLP's over a LoRA micro-batch's rows) takes 1.2 ms of CPU
+in bf16 against 2.6 in fp32; with oneDNN held to the instructions of CPUs without them
+(ONEDNN_MAX_CPU_ISA=AVX512_CORE or AVX2) it widens every bf16 operand to fp32 in software and
+takes 6.9 and 104 ms: 2.6x and 40x fp32's time (bench/bf16_matmul.py,
+bench/results/2026-12-07-bf16-train.md). So there a `precision=bf16` run
+says so in one line, naming the missing flags, and trains in fp32; the run's manifest records the
+precision it trained in (`stats.precision`). GPUs are left to DeepSpeed as they are.
+LLMKIT_CPU_BF16=0 acts as a CPU without the instructions (as LLMKIT_CPU_KERNELS=fp32 does for
+decoding): the tests' fallback.
 """
 
 from __future__ import annotations
