@@ -45,10 +45,18 @@ its `llmkit export` folder instead of the random tiny model (its own tokenizer a
 LoRA r `--lora-r` (16 there) on every linear layer of the blocks on both sides (llmkit
 `lora.target=all-linear`, TRL a peft `LoraConfig` on the same seven projections), α 32, no dropout.
 
+Low-precision rollouts (`--decode-weights bf16|f16|int8`): llmkit samples through copies of the
+policy in those weights (`--set decode.weights=…`; training, log-probs and KL stay fp32), TRL as
+ever in fp32. Each repetition then runs llmkit at fp32 too, same seed, so beside the speed-ups
+(over TRL and over llmkit fp32) the two llmkit runs' per-step reward and KL are printed side by
+side with their largest difference, and the manifest's `stats.rollout_weights` of each (a CPU
+without the instructions falls back to fp32, which must not pass for a low-precision figure).
+
     python bench/grpo.py [--prompts 4] [--group 4] [--new-tokens 32] [--epochs 2] [--beta 0.04]
                          [--rollouts 10] [--warmup 1] [--threads 1] [--reps 3]
     python bench/grpo.py --model WS/smollm2 --export HF_DIR --prompts 8 --group 4 --new-tokens 64 \
                          [--epochs 1 --beta 0] [--rollouts 3] [--warmup 1] [--threads 1] [--reps 3]
+                         [--decode-weights fp32|bf16|f16|int8]
 """
 
 from __future__ import annotations
@@ -103,8 +111,9 @@ def build_inputs(ws: Path, n_prompts: int, threads: int, a=None) -> Path:
     return ws / "hf"
 
 
-def llmkit_settings(a, steps: int) -> list[str]:
-    return ["algo=grpo", "reward=verify", "partial_credit=true", f"prompts_per_rollout={a.prompts}",
+def llmkit_settings(a, steps: int, weights: str) -> list[str]:
+    return ["algo=grpo", f"decode.weights={weights}", "reward=verify", "partial_credit=true",
+            f"prompts_per_rollout={a.prompts}",
             f"group_size={a.group}", f"micro_batch_size={a.prompts * a.group}", "grad_accum=1",
             f"ppo_epochs={a.epochs}", f"max_new_tokens={a.new_tokens}", f"kl_coef={a.beta}",
             "loss_type=dapo", "scale_rewards=group", "clip_range=0.2", "temperature=1.0",
@@ -116,16 +125,21 @@ def llmkit_settings(a, steps: int) -> list[str]:
               if a.lora_r else [])]
 
 
-def run_llmkit(ws: Path, a, steps: int, warmup_steps: int) -> dict:
+def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str) -> dict:
+    out = f"grpo_{weights}"
     args = ["ppo", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "prompts", "--out",
-            "grpo", "--force",
-            *[x for s in llmkit_settings(a, steps) for x in ("--set", s)]]
+            out, "--force",
+            *[x for s in llmkit_settings(a, steps, weights) for x in ("--set", s)]]
     ends = spawn(__file__, "llmkit", args, a.threads, ws)["ends"]
-    records = [json.loads(line) for line in (ws / "grpo" / "metrics.jsonl").open()]
+    records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
     rollouts = records[::a.epochs]  # the rollout metrics repeat on each of its steps
+    stats = json.loads((ws / out / "manifest.json").read_text())["stats"]
     return {**timings(ends, steps, warmup_steps, a.epochs),
             "completion_length": statistics.mean(r["response_length"] for r in rollouts),
-            "reward": [rollouts[0]["reward_mean"], rollouts[-1]["reward_mean"]]}
+            "reward": [rollouts[0]["reward_mean"], rollouts[-1]["reward_mean"]],
+            "step_reward": [r["reward_mean"] for r in records],
+            "step_kl": [r.get("kl") for r in records],  # absent at β 0 (no reference)
+            "rollout_weights": stats["rollout_weights"]}
 
 
 def trl_config(p: dict, out: str):
@@ -190,6 +204,26 @@ def run_trl(hf_dir: Path, a, n_prompts: int, steps: int, warmup_steps: int) -> d
 CHILDREN = {"llmkit": llmkit_step_ends, "trl": trl_child}
 
 
+def side_by_side(low: list, fp32: list) -> tuple[str, str]:
+    """Per-step values of the low-precision and the fp32 run as `low/fp32`, and their largest
+    difference ("n/a" where the runs log none, e.g. KL at β 0)."""
+    if any(v is None for v in low + fp32):
+        return "n/a", "n/a"
+    pairs = " ".join(f"{x:.3f}/{y:.3f}" for x, y in zip(low, fp32))
+    return pairs, f"{max(abs(x - y) for x, y in zip(low, fp32)):.4f}"
+
+
+def print_against_fp32(results: list[dict], weights: str) -> None:
+    """The low-precision runs' per-step reward and KL beside the fp32 runs' of the same seed."""
+    print(f"  per-step reward and KL, llmkit {weights} / fp32 (same seed); largest difference:")
+    for i, r in enumerate(results, 1):
+        low, fp32 = r["llmkit"], r["llmkit_fp32"]
+        reward, reward_diff = side_by_side(low["step_reward"], fp32["step_reward"])
+        kl, kl_diff = side_by_side(low["step_kl"], fp32["step_kl"])
+        print(f"  rep {i}: stats.rollout_weights {low['rollout_weights']} / {fp32['rollout_weights']}; "
+              f"reward {reward} (max diff {reward_diff}); KL {kl} (max diff {kl_diff})")
+
+
 def printed_run(name: str, r: dict) -> dict:
     """r, printed as soon as its run ends (a long bench on a loaded machine leaves a trace)."""
     import os
@@ -212,6 +246,8 @@ def main() -> None:
                         help="threads per run (1: a job elsewhere on a 2-core machine costs a run "
                              "its share of the CPU, not 10-20x as at 2)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
+    parser.add_argument("--decode-weights", default="fp32", choices=["fp32", "bf16", "f16", "int8"],
+                        help="llmkit's rollout weights (not fp32: llmkit also runs at fp32 to compare)")
     parser.add_argument("--model", help="an llmkit checkpoint run (SmolLM2 mode, e.g. WS/smollm2)")
     parser.add_argument("--export", help="--model's `llmkit export` folder")
     parser.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default: 16 with --model, else 0)")
@@ -237,16 +273,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
         hf_dir = build_inputs(ws, n_prompts, a.threads, a)
-        results, loads = repeat([("llmkit", lambda: printed_run("llmkit", run_llmkit(ws, a, steps, warmup_steps))),
-                                 ("trl", lambda: printed_run("trl", run_trl(hf_dir, a, n_prompts, steps, warmup_steps)))],
-                                a.reps)
+        weights = a.decode_weights
+        runs = [("llmkit", lambda: printed_run(f"llmkit {weights}", run_llmkit(ws, a, steps, warmup_steps, weights))),
+                ("trl", lambda: printed_run("trl", run_trl(hf_dir, a, n_prompts, steps, warmup_steps)))]
+        if weights != "fp32":
+            runs.insert(1, ("llmkit_fp32", lambda: printed_run(
+                "llmkit fp32", run_llmkit(ws, a, steps, warmup_steps, "fp32"))))
+        results, loads = repeat(runs, a.reps)
 
     batch = a.prompts * a.group
     model = f"{Path(a.model).name} (LoRA r {a.lora_r})" if a.model else "tiny model"
     print(f"GRPO, {model}, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
-          f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32, "
+          f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32 "
+          f"(llmkit's rollouts through {weights} weights), "
           f"{a.threads} CPU threads, {a.reps} repetitions")
-    print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps))}")
+    print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps, weights))}")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed settings
     trl = trl_config({"prompts": a.prompts, "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens,
                       "beta": a.beta, "steps": steps}, tempfile.gettempdir())
@@ -276,11 +317,16 @@ def main() -> None:
                   f"{r['llmkit']['update_step_s'] * 1e3:.0f}, TRL {r['trl']['generation_step_s'] * 1e3:.0f} / "
                   f"{r['trl']['update_step_s'] * 1e3:.0f}" for i, r in enumerate(results, 1)))
     print(f"  {'median [min-max] over the repetitions':<38} {'wall-clock':>22} {'median generation':>22}")
-    for name, key in (("llmkit ppo algo=grpo", "llmkit"), ("TRL GRPOTrainer", "trl")):
+    sides = [(f"llmkit ppo algo=grpo {weights}", "llmkit", None), ("TRL GRPOTrainer", "trl", "TRL")]
+    sides += [("llmkit ppo algo=grpo fp32", "llmkit_fp32", "llmkit fp32")] if weights != "fp32" else []
+    for name, key, _ in sides:
         print(f"  {name:<38} {spread([r[key]['rate'] for r in results], RATE):>22} "
               f"{spread([r[key]['median_rate'] for r in results], RATE):>22} steps/s")
-    ratio = {k: spread([r["llmkit"][k] / r["trl"][k] for r in results]) for k in ("rate", "median_rate")}
-    print(f"  {'llmkit / TRL':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
+    for _, key, peer in sides[1:]:
+        ratio = {k: spread([r["llmkit"][k] / r[key][k] for r in results]) for k in ("rate", "median_rate")}
+        print(f"  {f'llmkit {weights} / {peer}':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
+    if weights != "fp32":
+        print_against_fp32(results, weights)
     if warning := load_warning(loads, a.threads):
         print(warning)
 
