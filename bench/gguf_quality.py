@@ -154,10 +154,18 @@ def until_stop(ids, stop_ids):
     return ids if end is None else ids[:end + 1]
 
 
+def common_prefix(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def compare(replies, reference, stop_ids) -> dict:
+    """`mean_common_prefix`: the greedy tokens a reply shares with the reference before they part (a model
+    that never stops within 32 tokens parts at its first near-tie, so equality alone says little there)."""
     return {"equal": sum(until_stop(a, stop_ids) == until_stop(b, stop_ids) for a, b in zip(replies, reference)),
             "equal_32": sum(a == b for a, b in zip(replies, reference)), "prompts": len(reference),
-            "mean_reply_tokens": sum(len(until_stop(a, stop_ids)) for a in replies) / len(replies)}
+            "mean_reply_tokens": sum(len(until_stop(a, stop_ids)) for a in replies) / len(replies),
+            "mean_common_prefix": sum(common_prefix(until_stop(a, stop_ids), until_stop(b, stop_ids))
+                                      for a, b in zip(replies, reference)) / len(replies)}
 
 
 def main() -> None:
