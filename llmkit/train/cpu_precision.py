@@ -1,7 +1,7 @@
 """The precision a run trains in: `precision=bf16` on a CPU only where it multiplies bf16 in hardware.
 
 On CPU, a bf16 run's products go through oneDNN, which multiplies bf16 matrices with AVX512-BF16's
-dot products (`vdpbf16ps`) or AMX's tiles. On a Xeon with avx512_bf16 and no AMX, 1 thread, a
+dot products (`vdpbf16ps`) or AMX's tiles. On an AMD EPYC with avx512_bf16 and no AMX, 1 thread, a
 144 x 576 by 576 x 1536 product (a SmolLM2 MLP's over a LoRA micro-batch's rows) takes 1.2 ms of CPU
 in bf16 against 2.6 in fp32; with oneDNN held to the instructions of CPUs without them
 (ONEDNN_MAX_CPU_ISA=AVX512_CORE or AVX2) it widens every bf16 operand to fp32 in software and
