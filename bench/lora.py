@@ -8,7 +8,9 @@ conversation per sequence: no packing; one epoch: steps x batch rows). Same step
 sequence length, learning-rate schedule (cosine, warmup 2), AdamW (β 0.9 / 0.999, no decay);
 LoRA r=16, α=32, dropout 0.05 on every linear layer of the blocks on both sides; fp32 without
 activation checkpointing on both (TRL's configs default to bf16 autocast, even on a CPU, and to
-activation checkpointing: `--full` adds a TRL run with those defaults).
+activation checkpointing: `--full` adds a TRL run with those defaults). `--precision bf16` adds
+llmkit's LoRA run at `precision=bf16` (run `lora_bf16`; `--runs lora,lora_bf16` for those two alone),
+its steps/s over the fp32 run's and both runs' losses step by step.
 
 The same work: each batch pads its rows to its longest, so how rows are grouped into batches
 sets the positions a step computes. llmkit groups rows of similar length (LengthBucketSampler,
@@ -37,6 +39,7 @@ each a few-shot prompt (solved examples of the demo's rows, then one more questi
 answer included, fills 240-256 tokens, so every step computes about batch x seq_len positions.
 
     python bench/lora.py [--preset small] [--steps 20] [--batch 8] [--threads 1] [--reps 3] [--full]
+    python bench/lora.py --preset smol-135m --runs lora,lora_bf16 --precision bf16 --steps 60
     python bench/lora.py --model WS/smollm2 --export HF_DIR --seq-len 256 --steps 6 --warmup 2 [--threads 1]
 """
 
@@ -188,10 +191,11 @@ def build_inputs(ws: Path, preset: str, n_rows: int, threads: int, a=None) -> Pa
     return ws / "hf"
 
 
-def run_sft(ws: Path, a, out: str, lora: bool, random_batches: bool = False) -> dict:
+def run_sft(ws: Path, a, out: str, lora: bool, random_batches: bool = False, precision: str = "fp32") -> dict:
     settings = [f"max_steps={a.steps}", f"micro_batch_size={a.batch}", "lr=2e-4", "min_lr=0",
                 "warmup_steps=2", "betas=[0.9,0.999]", "weight_decay=0", "log_every=1", "eval_every=0",
-                "eval_records=0", "eval_fraction=0", f"seq_len={a.seq_len}", "packing=false"]
+                "eval_records=0", "eval_fraction=0", f"seq_len={a.seq_len}", "packing=false",
+                f"precision={precision}"]
     if lora:
         settings += [f"lora.r={R}", f"lora.alpha={ALPHA}", f"lora.dropout={DROPOUT}", "lora.target=all-linear"]
     args = ["sft", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "sft_rows", "--out",
@@ -201,7 +205,8 @@ def run_sft(ws: Path, a, out: str, lora: bool, random_batches: bool = False) -> 
     records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
     stats = json.loads((ws / out / "manifest.json").read_text())["stats"]
     return {**run, **timed(run, a), "trainable": stats.get("trainable_parameters"),
-            "trainable_share": stats.get("trainable_share"),
+            "trainable_share": stats.get("trainable_share"), "precision": stats.get("precision", precision),
+            "losses": [r["loss"] for r in records],
             "first_loss": records[0]["loss"], "last_loss": records[-1]["loss"]}
 
 
@@ -233,6 +238,7 @@ RUNS = [("lora", "llmkit sft LoRA, length-grouped batches", True),
         ("trl", "TRL SFTTrainer + peft, random batches, fp32", False)]
 EXTRAS = [("full", "llmkit sft full fine-tuning, length-grouped", True),
           ("trl_default", "TRL SFTTrainer + peft, defaults (random, bf16 autocast, grad. ckpt)", False)]
+LOW_PRECISION = [("lora_bf16", "llmkit sft LoRA, length-grouped batches, precision=bf16", True)]
 COMPARISONS = [("each side grouping by length", "lora", "trl_grouped"),
                ("random batches on both sides", "lora_random", "trl"),
                ("each side's defaults (TRL: random batches, bf16 autocast, gradient checkpointing)", "lora",
@@ -252,6 +258,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of every rate")
     parser.add_argument("--full", action="store_true",
                         help="also llmkit's full fine-tuning (memory) and TRL with its defaults")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: also llmkit's LoRA run at precision=bf16 (lora_bf16)")
     parser.add_argument("--runs", help="only these runs, e.g. lora,trl (rows of one length: grouping changes nothing)")
     parser.add_argument("--model", help="an llmkit checkpoint run (SmolLM2 mode, e.g. WS/smollm2)")
     parser.add_argument("--export", help="--model's `llmkit export` folder")
@@ -279,8 +287,10 @@ def main() -> None:
                 "trl_grouped": lambda: run_trl(hf_dir, a, group_by_length=True),
                 "trl": lambda: run_trl(hf_dir, a),
                 "full": lambda: run_sft(ws, a, "full", lora=False),
+                "lora_bf16": lambda: run_sft(ws, a, "lora_bf16", lora=True, precision="bf16"),
                 "trl_default": lambda: run_trl(hf_dir, a, defaults=True)}
-        chosen = [r for r in RUNS + (EXTRAS if a.full else []) if not a.runs or r[0] in a.runs.split(",")]
+        offered = RUNS + (EXTRAS if a.full else []) + (LOW_PRECISION if a.precision == "bf16" else [])
+        chosen = [r for r in offered if not a.runs or r[0] in a.runs.split(",")]
         results, loads = repeat([(key, lambda key=key: shown(key, runs[key]())) for key, _, _ in chosen],
                                 a.reps)
         vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
@@ -295,7 +305,7 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
 
     model = Path(a.model).name if a.model else f"preset {a.preset}"
     print(f"SFT, {model} ({total / 1e6:.1f}M parameters, vocab {vocab}), {a.batch} rows/step, "
-          f"seq_len {a.seq_len}, {a.steps} steps (one epoch), fp32, {a.threads} CPU threads, {a.reps} "
+          f"seq_len {a.seq_len}, {a.steps} steps (one epoch), fp32 unless named, {a.threads} CPU threads, {a.reps} "
           f"repetitions; LoRA r={R} alpha={ALPHA} on {','.join(TARGETS)}; steps/s of steps "
           f"{a.warmup + 1}-{a.steps}, each side timed from step end to step end")
     for i, (r, (before, after)) in enumerate(zip(results, loads), 1):
@@ -324,6 +334,8 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
         print(f"  llmkit LoRA steps/s / TRL's, {what}: {spread(ratios)}x (median step: {spread(median_ratios)}x; "
               f"per CPU-second: {spread(cpu_ratios)}x); "
               f"TRL computes {computed:.2f}x llmkit's padded tokens in the timed steps")
+    if "lora_bf16" in results[0] and "lora" in results[0]:
+        print(precision_comparison(results))
     if "full" in results[0]:
         full, ours = results[0]["full"], results[0]["lora"]
         frozen = total - ours["trainable"]
@@ -332,6 +344,19 @@ def report(a, chosen, results, loads, total: int, vocab: int) -> None:
               f"their gradients {12 * frozen / MB:,.0f} MB); steps/s {ours['rate'] / full['rate']:.2f}x")
     if warning := load_warning(loads, a.threads):
         print(warning)
+
+
+def precision_comparison(results: list[dict]) -> str:
+    """bf16's steps/s over fp32's (each repetition's pair) and the two loss curves of rep 1."""
+    ratios = [r["lora_bf16"]["rate"] / r["lora"]["rate"] for r in results]
+    fp32, bf16 = results[0]["lora"]["losses"], results[0]["lora_bf16"]["losses"]
+    worst = max(abs(b - f) / f for f, b in zip(fp32, bf16))
+    tail = min(10, len(fp32))
+    mean_f, mean_b = statistics.fmean(fp32[-tail:]), statistics.fmean(bf16[-tail:])
+    return (f"  llmkit LoRA precision=bf16 (trained in {results[0]['lora_bf16']['precision']}) steps/s / fp32's: "
+            f"{spread(ratios)}x; loss after {len(fp32)} steps (rep 1): fp32 {fp32[-1]:.4f}, bf16 {bf16[-1]:.4f} "
+            f"({(bf16[-1] - fp32[-1]) / fp32[-1]:+.2%}); mean of the last {tail} steps {mean_f:.4f} vs "
+            f"{mean_b:.4f} ({(mean_b - mean_f) / mean_f:+.2%}); largest step-wise gap {worst:.2%}")
 
 
 if __name__ == "__main__":
