@@ -108,8 +108,7 @@ def sft_stats(make_ctx, **settings) -> dict:
 def test_the_manifest_records_the_precision_trained_in(make_ctx, sft_ws, monkeypatch, forced):
     if forced:
         monkeypatch.setenv(FORCE_FP32, "0")
-    elif NO_BF16_HERE is not None:
-        pytest.skip(f"bf16 training on CPU: {NO_BF16_HERE}")
     sft_stats(make_ctx, precision="bf16")
     manifest = json.loads((sft_ws / "sft" / "manifest.json").read_text())
-    assert manifest["stats"]["precision"] == ("fp32" if forced else "bf16")
+    # a CPU without the bf16 instructions falls back as the forced run does
+    assert manifest["stats"]["precision"] == ("fp32" if forced or NO_BF16_HERE else "bf16")
