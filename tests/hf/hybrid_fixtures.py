@@ -41,7 +41,10 @@ def widened(model, std: float, seed: int):
     return model.float().eval()
 
 
-def memorized(hf, tokenizer, texts: list[str], steps: int = 40, lr: float = 1e-2, length: int = 36):
+LEARNT_TOKENS = 60  # of each text: a test's prompt and its reply stay inside them
+
+
+def memorized(hf, tokenizer, texts: list[str], steps: int = 100, lr: float = 1e-2, length: int = LEARNT_TOKENS):
     """`hf` trained (next-token loss, Adam) on the first `length` tokens of each of `texts`, all in one batch."""
     batch = torch.tensor([tokenizer.encode(t).ids[:length] for t in texts])
     optimizer = torch.optim.Adam(hf.parameters(), lr=lr)
