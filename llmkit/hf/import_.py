@@ -1,6 +1,7 @@
 """`llmkit import`: a local transformers folder of a family llmkit implements (Llama 3.x, SmolLM2,
 SmolLM3, Qwen2/2.5, Qwen3, Qwen3.5 and Qwen3.5-MoE (their language models), Qwen3-Next, Mistral,
-Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by transformers) -> a checkpoint run
+Mixtral; safetensors, sharded or not) or a GGUF file (dequantised by transformers, or for llama.cpp's
+qwen35 and smollm3 by llmkit.hf.gguf_layout_read) -> a checkpoint run
 with one complete step folder, `step-00000000/`, that carries the model's own tokenizer
 (`tokenizer.json` with its chat template, as AutoTokenizer reads the folder, or a sentencepiece
 `tokenizer.model`). Everything is read and checked before the run's folder is made, so a refused
@@ -16,6 +17,8 @@ from llmkit.checkpoints import step_folders as ckpt
 from llmkit.checkpoints.step_folders import read_weights, weights_problem
 from llmkit.errors import ConfigError, UserError
 from llmkit.hf.folder import DTYPES, HF_CONFIG, HF_TOKENIZER, SHARD_INDEX, read_json, write_json
+from llmkit.hf.gguf_layout_read import (LAYOUT_ARCHS, GGUFFile, gguf_architecture, layout_hf_config,
+                                        layout_state_dict, save_layout_tokenizer, transformers_gguf_architectures)
 from llmkit.hf.gguf_read import load_gguf_with_transformers
 from llmkit.hf.mapping import LEFT_OUT, from_hf_config, from_hf_state_dict
 from llmkit.hf.tokenizer import ModelTokenizer, model_tokenizer, write_model_tokenizer
@@ -90,12 +93,21 @@ def note_left_out(src: Path, weights: dict) -> None:
 
 def read_gguf(path: Path, scratch: Path) -> SourceModel:
     """The model of a GGUF file: transformers dequantises its weights (to float32) and rebuilds its
-    tokenizer (tokenizer.json + chat template), saved in `scratch`."""
+    tokenizer (tokenizer.json + chat template), saved in `scratch`; llmkit reads qwen35 and smollm3
+    files itself (read_gguf_layout)."""
     import importlib.util
 
     missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"{path}: reading GGUF needs {', '.join(missing)}: pip install 'llmkit[gguf]'")
+    arch = gguf_architecture(path)
+    if arch in LAYOUT_ARCHS:
+        return read_gguf_layout(path, scratch)
+    readable = transformers_gguf_architectures() - {"general", "tokenizer"}
+    if arch is not None and arch not in readable:
+        raise UserError(f"{path}: llama.cpp architecture {arch!r} is read neither by llmkit ({', '.join(LAYOUT_ARCHS)}) "
+                        f"nor by the installed transformers ({', '.join(sorted(readable))}); import the "
+                        "transformers folder the file was converted from")
 
     try:  # transformers, with what its GGUF reader leaves out put back
         model, hf_tokenizer, _ = load_gguf_with_transformers(path)
@@ -109,6 +121,17 @@ def read_gguf(path: Path, scratch: Path) -> SourceModel:
                        scratch)
 
 
+def read_gguf_layout(path: Path, scratch: Path) -> SourceModel:
+    """The model of a qwen35 or smollm3 GGUF file, which llmkit reads itself (llmkit.hf.gguf_layout_read);
+    its tokenizer saved in `scratch`."""
+    gguf_file = GGUFFile(path)
+    hf_config = layout_hf_config(gguf_file)
+    model_config = imported_model_config(hf_config, path)
+    state_dict = layout_state_dict(gguf_file, model_config, model_shapes(model_config))
+    save_layout_tokenizer(path, scratch)
+    return SourceModel(path, hf_config, model_config, state_dict, scratch)
+
+
 def imported_model_config(hf_config: dict, src: Path) -> ModelConfig:
     """The ModelConfig of a transformers config; a UserError naming what llmkit cannot read."""
 
@@ -120,13 +143,8 @@ def imported_model_config(hf_config: dict, src: Path) -> ModelConfig:
 
 def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> dict:
     """transformers' weights under llmkit's names; a UserError unless they fit the config."""
-    import torch
-
-    from llmkit.model.transformer import Transformer
-
     state_dict = from_hf_state_dict(weights, model_config)
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
+    shapes = model_shapes(model_config)
     missing = sorted(set(shapes) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(shapes))
     wrong = [f"{k} {tuple(state_dict[k].shape)} where {HF_CONFIG} gives {shapes[k]}" for k in shapes
@@ -135,6 +153,17 @@ def fitted_state_dict(weights: dict, model_config: ModelConfig, src: Path) -> di
         raise UserError(f"{src}: the weights do not fit {HF_CONFIG} (missing {missing[:3]}, unexpected "
                         f"{unexpected[:3]}, wrong shape {wrong[:3]})")
     return state_dict
+
+
+def model_shapes(model_config: ModelConfig) -> dict[str, tuple]:
+    """The shape of every tensor of llmkit's Transformer(model_config), by name (built on the meta
+    device: no memory)."""
+    import torch
+
+    from llmkit.model.transformer import Transformer
+
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
 
 
 def write_imported_run(model: SourceModel, tokenizer: ModelTokenizer, run_dir: Path, cfg: ImportConfig) -> dict:
