@@ -36,15 +36,12 @@ def invoke(*args, code=0):
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def exported(request, tmp_path_factory):
-    """(workspace, {quant: GGUF file}) of a tiny model of the family, imported as `run`."""
+    """(workspace, {"f16": its f16 GGUF file}) of a tiny model of the family, imported as `run`."""
     root = tmp_path_factory.mktemp(request.param)
     ws = root / "ws"
     invoke("import", "--from", FAMILIES[request.param](root / "hf"), "--out", "run", "-w", ws)
-    files = {}
-    for quant in ("f16", "q8_0"):
-        invoke("export", "--from", "run", "--format", "gguf", "--quant", quant, "--to", root / quant, "-w", ws)
-        files[quant] = root / quant / f"model-{quant}.gguf"
-    return ws, files
+    invoke("export", "--from", "run", "--format", "gguf", "--to", root / "f16", "-w", ws)
+    return ws, {"f16": root / "f16" / "model-f16.gguf"}
 
 
 def weights(ws: Path, run: str) -> dict:
@@ -94,29 +91,37 @@ def test_the_tokenizer_and_chat_template_come_back(exported):
             == original.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True))
 
 
-def q8_0_rounded(array: np.ndarray) -> np.ndarray:
-    return gguf.quants.dequantize(gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
-                                  gguf.GGMLQuantizationType.Q8_0).reshape(array.shape)
+def rounded_as(array: np.ndarray, qtype) -> np.ndarray:
+    """`array` rounded as gguf-py's quantiser (which export uses) stores it in `qtype`."""
+    return gguf.quants.dequantize(gguf.quants.quantize(array, qtype), qtype).reshape(array.shape)
 
 
-def test_a_q8_0_file_imports_to_the_model_with_each_row_rounded_as_q8_0_rounds_it(exported):
+@pytest.mark.parametrize("quant", ["bf16", "q8_0", "q4_0", "q4_1"])
+def test_a_quantised_file_imports_to_the_model_with_each_row_rounded_as_the_file_rounds_it(exported, quant):
     from llmkit.hf.gguf_layout_read import untiled_value_heads
     from llmkit.hf.gguf_qwen35 import tiled_value_heads
 
     ws, files = exported
-    invoke("import", "--from", files["q8_0"], "--out", "back-q8", "-w", ws)
-    original, back = weights(ws, "run"), weights(ws, "back-q8")
+    to = files["f16"].parent.parent / quant
+    invoke("export", "--from", "run", "--format", "gguf", "--quant", quant, "--to", to, "-w", ws)
+    reader = gguf.GGUFReader(str(to / f"model-{quant}.gguf"))
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    invoke("import", "--from", to / f"model-{quant}.gguf", "--out", f"back-{quant}", "-w", ws)
+    original, back = weights(ws, "run"), weights(ws, f"back-{quant}")
     cfg = llmkit.load(ws / "run")[0].config
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, reader.fields["general.architecture"].contents().upper()),
+                                     cfg.n_layers)
     for name, tensor in original.items():
-        if not is_matrix(name, tensor):
+        if not is_matrix(name, tensor) or cfg.tie_embeddings and name == "lm_head.weight":
             continue
-        array = tensor.numpy()
+        qtype, array = types[names.get_name(name, try_suffixes=(".weight",))], tensor.numpy()
         # blocks run along a row, and export reorders only rows (value heads, rotary pairs) but in out_proj
         if name.endswith("linear_attn.out_proj.weight"):
-            expected = untiled_value_heads(name, q8_0_rounded(tiled_value_heads(name, array, cfg)), cfg)
+            expected = untiled_value_heads(name, rounded_as(tiled_value_heads(name, array, cfg), qtype), cfg)
         else:
-            expected = q8_0_rounded(array)
-        assert np.array_equal(back[name].numpy(), expected), name
+            expected = rounded_as(array, qtype)
+        assert np.array_equal(back[name].numpy(), expected), (name, qtype.name)
+    assert set(types.values()) >= {gguf.GGMLQuantizationType[quant.upper()]}
 
 
 def without(src: Path, dst: Path, keys=(), tensors=(), replaced: dict | None = None) -> Path:
