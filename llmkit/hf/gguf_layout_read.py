@@ -14,7 +14,8 @@ lays these files out the same way) made undone:
   in another shape is a UserError naming both;
 - the tokenizer: transformers builds it from the file's vocabulary, merges, special tokens and chat
   template without a config (the tokenizer does not depend on the architecture), with what
-  llmkit.hf.gguf_read puts back for every GGUF file.
+  llmkit.hf.gguf_read puts back for every GGUF file, less the `[PAD<id>]` tokens that pad the
+  vocabulary to the embedding's rows.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from llmkit.errors import UserError
 from llmkit.hf.gguf_export import LLAMA_CPP_NOPE_STEP, ROTARY_PERMUTED, unpermute_rotary_rows
 from llmkit.hf.gguf_qwen35 import reorder
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, drop_space_prefix, drop_tokens_beyond, read_gguf_metadata
+from llmkit.hf.gguf_tokenizer import UNUSED
 
 LAYOUT_ARCHS = {"qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM")}
 
@@ -233,15 +235,33 @@ def untiled_value_heads(name: str, values, cfg):
     return values
 
 
-def save_layout_tokenizer(path: Path, scratch: Path) -> None:
+def save_layout_tokenizer(f: GGUFFile, scratch: Path) -> None:
     """The file's tokenizer (tokenizer.json with its chat template, tokenizer_config.json) in `scratch`.
     transformers' AutoTokenizer first rebuilds the model's config from the file, which it cannot for
     these architectures; its tokenizer class builds the same tokenizer from the vocabulary alone."""
     import transformers
 
-    path = Path(path)
-    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
-    metadata = read_gguf_metadata(path)
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(f.path.parent), gguf_file=f.path.name)
+    metadata = read_gguf_metadata(f.path)
     drop_space_prefix(metadata, tokenizer)
     drop_tokens_beyond(metadata.get("tokenizer.ggml.tokens", 0), tokenizer)
+    drop_padding_tokens(f, tokenizer)
     tokenizer.save_pretrained(scratch)
+
+
+def drop_padding_tokens(f: GGUFFile, tokenizer) -> None:
+    """Remove the unused `[PAD<id>]` tokens that pad a vocabulary to the embedding's rows (llmkit's
+    export and llama.cpp's converter write them: llama.cpp needs a token a row), so that the tokenizer
+    has the tokens of the one exported; the model's embedding keeps its rows."""
+    import re
+
+    from tokenizers import Tokenizer
+
+    tokens, types = f.get("tokenizer.ggml.tokens", []), f.get("tokenizer.ggml.token_type", [])
+    padding = {t for t, kind in zip(tokens, types) if kind == UNUSED and re.fullmatch(r"\[PAD\d+\]", t)}
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"].get("vocab")
+    if not padding or not isinstance(vocab, dict):
+        return
+    spec["model"]["vocab"] = {t: i for t, i in vocab.items() if t not in padding}
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))

@@ -128,7 +128,7 @@ def read_gguf_layout(path: Path, scratch: Path) -> SourceModel:
     hf_config = layout_hf_config(gguf_file)
     model_config = imported_model_config(hf_config, path)
     state_dict = layout_state_dict(gguf_file, model_config, model_shapes(model_config))
-    save_layout_tokenizer(path, scratch)
+    save_layout_tokenizer(gguf_file, scratch)
     return SourceModel(path, hf_config, model_config, state_dict, scratch)
 
 

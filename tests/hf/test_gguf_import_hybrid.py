@@ -17,6 +17,10 @@ from typer.testing import CliRunner
 
 import llmkit
 from llmkit.cli.app import build_app
+from llmkit.hf.gguf_export import encode_mix_tensor
+from llmkit.hf.gguf_layout_read import untiled_value_heads
+from llmkit.hf.gguf_qwen35 import tiled_value_heads
+from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY
 from tests.hf.hybrid_fixtures import save_qwen35, save_smollm3
 
 gguf = pytest.importorskip("gguf")
@@ -83,6 +87,7 @@ def test_the_tokenizer_and_chat_template_come_back(exported):
     invoke("import", "--from", files["f16"], "--out", "back-tok", "-w", ws)
     original, back = (transformers.AutoTokenizer.from_pretrained(ws / run / "step-00000000" / "tokenizer")
                       for run in ("run", "back-tok"))
+    assert back.get_vocab() == original.get_vocab()  # the [PAD<id>] tokens padding the file's vocabulary left out
     for text in MIXED:
         assert back.encode(text) == original.encode(text), text
         assert back.decode(back.encode(text)) == text
@@ -98,9 +103,6 @@ def rounded_as(array: np.ndarray, qtype) -> np.ndarray:
 
 @pytest.mark.parametrize("quant", ["bf16", "q8_0", "q4_0", "q4_1"])
 def test_a_quantised_file_imports_to_the_model_with_each_row_rounded_as_the_file_rounds_it(exported, quant):
-    from llmkit.hf.gguf_layout_read import untiled_value_heads
-    from llmkit.hf.gguf_qwen35 import tiled_value_heads
-
     ws, files = exported
     to = files["f16"].parent.parent / quant
     invoke("export", "--from", "run", "--format", "gguf", "--quant", quant, "--to", to, "-w", ws)
@@ -124,19 +126,25 @@ def test_a_quantised_file_imports_to_the_model_with_each_row_rounded_as_the_file
     assert set(types.values()) >= {gguf.GGMLQuantizationType[quant.upper()]}
 
 
-def without(src: Path, dst: Path, keys=(), tensors=(), replaced: dict | None = None) -> Path:
-    """`src` rewritten with gguf-py, less `keys` and `tensors`, with `replaced` tensors' values."""
+def rewritten(src: Path, dst: Path, drop_keys=(), drop_tensors=(), keys: dict | None = None,
+              tensors: dict | None = None) -> Path:
+    """`src` rewritten with gguf-py, less `drop_keys` and `drop_tensors`; `keys` ({key: (value, type)})
+    and `tensors` ({name: array}) set or added."""
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    keys, tensors = keys or {}, tensors or {}
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in keys:
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys or key in keys:
             continue
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    for key, (value, vtype) in keys.items():
+        writer.add_key_value(key, value, vtype)
     for t in reader.tensors:
-        if t.name not in tensors:
-            data = (replaced or {}).get(t.name, np.array(t.data))
-            writer.add_tensor(t.name, data, raw_dtype=None if t.name in (replaced or {}) else t.tensor_type)
+        if t.name not in drop_tensors and t.name not in tensors:
+            writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -146,9 +154,7 @@ def without(src: Path, dst: Path, keys=(), tensors=(), replaced: dict | None = N
 
 def test_the_config_read_from_llama_cpps_keys_equals_the_one_llmkit_wrote(exported, tmp_path):
     ws, files = exported
-    from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY
-
-    plain = without(files["f16"], tmp_path / "plain.gguf", keys=(LLMKIT_HF_CONFIG_KEY,))
+    plain = rewritten(files["f16"], tmp_path / "plain.gguf", drop_keys=(LLMKIT_HF_CONFIG_KEY,))
     assert LLMKIT_HF_CONFIG_KEY not in gguf.GGUFReader(str(plain)).fields
     invoke("import", "--from", files["f16"], "--out", "keyed", "-w", ws)
     invoke("import", "--from", plain, "--out", "plain", "-w", ws)
@@ -158,17 +164,36 @@ def test_the_config_read_from_llama_cpps_keys_equals_the_one_llmkit_wrote(export
     assert all(torch.equal(keyed[k], read_plain[k]) for k in keyed)
 
 
-def test_a_missing_or_misshaped_tensor_exits_2_naming_it_and_leaves_nothing(exported, tmp_path):
+def test_a_multi_token_prediction_block_is_left_out_with_a_note(exported, tmp_path):
+    """llama.cpp's converter writes Qwen3.5's MTP block as one more layer (block_count) and says so
+    (nextn_predict_layers); llmkit's model has no place for it."""
+    ws, files = exported
+    arch = gguf.GGUFReader(str(files["f16"])).fields["general.architecture"].contents()
+    u32 = gguf.GGUFValueType.UINT32
+    mtp = rewritten(files["f16"], tmp_path / "mtp.gguf", drop_keys=(LLMKIT_HF_CONFIG_KEY,),
+                    keys={f"{arch}.block_count": (5, u32), f"{arch}.nextn_predict_layers": (1, u32)},
+                    tensors={"blk.4.nextn.eh_proj.weight": np.ones((64, 128), np.float16)})
+    output = invoke("import", "--from", mtp, "--out", "mtp", "-w", ws)
+    assert f"note: {mtp}: 1 tensors llmkit's model has no place for left out (blk.4.nextn.eh_proj.weight)" in output
+    configs = [json.loads((ws / run / "step-00000000" / "config.json").read_text()) for run in ("run", "mtp")]
+    assert configs[0] == configs[1]
+
+
+def test_a_missing_or_misshaped_tensor_or_key_exits_2_naming_it_and_leaves_nothing(exported, tmp_path):
     ws, files = exported
     name = "blk.1.ffn_up.weight"
-    missing = without(files["f16"], tmp_path / "missing.gguf", tensors=(name,))
+    missing = rewritten(files["f16"], tmp_path / "missing.gguf", drop_tensors=(name,))
     refused = invoke("import", "--from", missing, "--out", "no", "-w", ws, code=2)
     assert f"{missing} has no tensor {name} (model.layers.1.mlp.up_proj.weight" in refused
     assert not (ws / "no").exists()
-    short = without(files["f16"], tmp_path / "short.gguf", replaced={name: np.zeros((64, 96), np.float16)})
+    short = rewritten(files["f16"], tmp_path / "short.gguf", tensors={name: np.zeros((64, 96), np.float16)})
     refused = invoke("import", "--from", short, "--out", "no", "-w", ws, code=2)
     assert f"{short}: tensor {name} is [64, 96] where the file's keys give [128, 64]" in refused
     assert not (ws / "no").exists()
+    arch = gguf.GGUFReader(str(files["f16"])).fields["general.architecture"].contents()
+    keyless = rewritten(files["f16"], tmp_path / "keyless.gguf", drop_keys=(LLMKIT_HF_CONFIG_KEY, f"{arch}.block_count"))
+    refused = invoke("import", "--from", keyless, "--out", "no", "-w", ws, code=2)
+    assert f"{keyless} lacks the key {arch}.block_count" in refused and not (ws / "no").exists()
 
 
 def test_an_architecture_neither_llmkit_nor_transformers_reads_exits_2_naming_it(tmp_path):
@@ -188,10 +213,6 @@ def test_an_architecture_neither_llmkit_nor_transformers_reads_exits_2_naming_it
 
 def test_a_k_quant_file_imports_to_the_model_with_each_row_rounded_as_the_mix_rounds_it(tmp_path):
     """q4_k_m on a Qwen3.5 whose rows are 256 wide (K blocks) and 64 or 288 (fallbacks), tied."""
-    from llmkit.hf.gguf_export import encode_mix_tensor
-    from llmkit.hf.gguf_layout_read import untiled_value_heads
-    from llmkit.hf.gguf_qwen35 import tiled_value_heads
-
     ws = tmp_path / "ws"
     invoke("import", "--from", save_qwen35(tmp_path / "hf", hidden_size=256, intermediate_size=288,
                                            tie_word_embeddings=True), "--out", "run", "-w", ws)
