@@ -66,7 +66,7 @@ def exported(request, tmp_path_factory):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4 * ORIGINAL,
         rope_parameters={"rope_theta": 10000.0, **scaling}, tie_word_embeddings=False)
     hf = transformers.AutoModelForCausalLM.from_config(config).float()
-    memorized(hf, tokenizer, texts, steps=80, lr=5e-3, length=PROMPT + NEW_TOKENS).save_pretrained(folder)
+    memorized(hf, tokenizer, texts, steps=160, lr=5e-3, length=PROMPT + NEW_TOKENS).save_pretrained(folder)
     invoke("import", "--from", folder, "--out", "run", "-w", ws)
     invoke("export", "--from", "run", "--format", "gguf", "--quant", "f16", "--to", root / "gguf", "-w", ws)
     record = json.loads((root / "gguf" / EXPORT_RECORD).read_text())
