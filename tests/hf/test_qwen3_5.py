@@ -176,6 +176,22 @@ def test_greedy_tokens_equal_transformers_generate_on_prompts_of_different_lengt
     assert ours.tolist() == theirs.tolist(), name
 
 
+def test_sampling_with_a_seed_repeats_its_tokens(qwen35):
+    """The same seed draws the same 32 tokens for each of a batch of prompts of different lengths,
+    also after a call with another seed (no state left behind in the model); another seed draws others."""
+    _, _, folder = qwen35
+    model = llmkit_model(folder)
+    x = torch.stack([ids(1, 12)[0], torch.cat([torch.zeros(7, dtype=torch.long), ids(1, 5, seed=5)[0]])])
+    mask = (torch.arange(12) >= torch.tensor([[0], [7]])).long()
+
+    def sampled(seed):
+        return generate(model, x, 32, temperature=1.0, attention_mask=mask,
+                        generator=torch.Generator().manual_seed(seed))[:, 12:].tolist()
+
+    first, other, again = sampled(0), sampled(1), sampled(0)
+    assert first == again and first != other
+
+
 def greedy_without_cache(hf, x, mask, n):
     """n greedy tokens from transformers' forward over the whole sequence at every step."""
     new = []
