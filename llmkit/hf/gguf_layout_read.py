@@ -26,7 +26,7 @@ from pathlib import Path
 
 from llmkit.errors import UserError
 from llmkit.hf.gguf_export import LLAMA_CPP_NOPE_STEP, ROTARY_PERMUTED, unpermute_rotary_rows
-from llmkit.hf.gguf_qwen35 import reorder
+from llmkit.hf.gguf_qwen35 import tiled_value_heads
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY, drop_space_prefix, drop_tokens_beyond, read_gguf_metadata
 from llmkit.hf.gguf_tokenizer import UNUSED
 
@@ -210,29 +210,8 @@ def transformers_layout(name: str, gguf_name: str, values, arch: str, cfg):
             values = values.reshape(values.shape[0], 1, values.shape[-1])
         elif name.endswith(".A_log"):  # stored as -exp(A_log); in float64, so the log adds no rounding of its own
             values = np.log(-values.astype(np.float64)).astype(np.float32)
-        values = untiled_value_heads(name, values, cfg)
+        values = tiled_value_heads(name, values, cfg, untile=True)
     return np.ascontiguousarray(values)
-
-
-def untiled_value_heads(name: str, values, cfg):
-    """The inverse of gguf_qwen35.tiled_value_heads: value heads from llama.cpp's tiled order
-    (k0v0, k1v0, …) back to grouped by key head (k0v0, k0v1, …) on every value-head axis."""
-    import numpy as np
-
-    n_k, n_v = cfg.linear_n_key_heads, cfg.linear_n_value_heads
-    if n_k == n_v:
-        return values
-    per_k, key_dim, v_dim = n_v // n_k, n_k * cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    # reorder(…, n_k, per_k, d) moves [n_k, per_k, d] to [per_k, n_k, d]: swapping the counts moves it back
-    if name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):  # only the value rows/channels
-        return np.concatenate([values[:2 * key_dim], reorder(values[2 * key_dim:], 0, per_k, n_k, v_dim)])
-    if name.endswith(".in_proj_z.weight"):
-        return reorder(values, 0, per_k, n_k, v_dim)
-    if name.endswith((".in_proj_a.weight", ".in_proj_b.weight", ".A_log", ".dt_bias")):
-        return reorder(values, 0, per_k, n_k, 1)
-    if name.endswith(".out_proj.weight"):
-        return reorder(values, 1, per_k, n_k, v_dim)
-    return values
 
 
 def save_layout_tokenizer(f: GGUFFile, scratch: Path) -> None:

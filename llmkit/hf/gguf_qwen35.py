@@ -82,24 +82,25 @@ def qwen35_tensor(name: str, array, cfg):
     return name, array
 
 
-def tiled_value_heads(name: str, array, cfg):
+def tiled_value_heads(name: str, array, cfg, untile: bool = False):
     """The converter's `_LinearAttentionVReorderBase`: with r value heads per key head, transformers
     groups them by key head (k0v0 … k0v(r-1), k1v0 …), llama.cpp tiles them (k0v0, k1v0, …, k0v1, …);
-    reorder every value-head axis."""
+    reorder every value-head axis (`untile`: back from llama.cpp's order, what import reads)."""
     n_k, n_v = cfg.linear_n_key_heads, cfg.linear_n_value_heads
     if n_k == n_v:
         return array
     per_k, key_dim, v_dim = n_v // n_k, cfg.linear_n_key_heads * cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    outer, inner = (per_k, n_k) if untile else (n_k, per_k)  # [outer, inner, d] -> [inner, outer, d]
     if name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):  # only the value rows/channels
         import numpy as np
 
-        return np.concatenate([array[:2 * key_dim], reorder(array[2 * key_dim:], 0, n_k, per_k, v_dim)])
+        return np.concatenate([array[:2 * key_dim], reorder(array[2 * key_dim:], 0, outer, inner, v_dim)])
     if name.endswith(".in_proj_z.weight"):
-        return reorder(array, 0, n_k, per_k, v_dim)
+        return reorder(array, 0, outer, inner, v_dim)
     if name.endswith((".in_proj_a.weight", ".in_proj_b.weight", ".A_log", ".dt_bias")):
-        return reorder(array, 0, n_k, per_k, 1)
+        return reorder(array, 0, outer, inner, 1)
     if name.endswith(".out_proj.weight"):
-        return reorder(array, 1, n_k, per_k, v_dim)
+        return reorder(array, 1, outer, inner, v_dim)
     return array
 
 

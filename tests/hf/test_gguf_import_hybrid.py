@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 import llmkit
 from llmkit.cli.app import build_app
 from llmkit.hf.gguf_export import encode_mix_tensor
-from llmkit.hf.gguf_layout_read import untiled_value_heads
 from llmkit.hf.gguf_qwen35 import tiled_value_heads
 from llmkit.hf.gguf_read import LLMKIT_HF_CONFIG_KEY
 from tests.hf.hybrid_fixtures import save_qwen35, save_smollm3
@@ -119,7 +118,7 @@ def test_a_quantised_file_imports_to_the_model_with_each_row_rounded_as_the_file
         qtype, array = types[names.get_name(name, try_suffixes=(".weight",))], tensor.numpy()
         # blocks run along a row, and export reorders only rows (value heads, rotary pairs) but in out_proj
         if name.endswith("linear_attn.out_proj.weight"):
-            expected = untiled_value_heads(name, rounded_as(tiled_value_heads(name, array, cfg), qtype), cfg)
+            expected = tiled_value_heads(name, rounded_as(tiled_value_heads(name, array, cfg), qtype), cfg, untile=True)
         else:
             expected = rounded_as(array, qtype)
         assert np.array_equal(back[name].numpy(), expected), (name, qtype.name)
@@ -232,6 +231,6 @@ def test_a_k_quant_file_imports_to_the_model_with_each_row_rounded_as_the_mix_ro
         array = tiled_value_heads(name, tensor.numpy(), model.config) if tiled else tensor.numpy()
         data, _ = encode_mix_tensor(array, qtype.name, None, threads=1)
         expected = gguf.quants.dequantize(data, qtype).reshape(array.shape)
-        expected = untiled_value_heads(name, expected, model.config) if tiled else expected
+        expected = tiled_value_heads(name, expected, model.config, untile=True) if tiled else expected
         assert np.array_equal(back[name].numpy(), expected), (name, qtype.name)
     assert torch.equal(back["lm_head.weight"], back["model.embed_tokens.weight"])
