@@ -4,6 +4,7 @@ llama.cpp (its Python binding) and transformers, on an llmkit run (SmolLM2-135M)
     python bench/decode_lowprec.py speed   --model RUN --gguf-f16 F --gguf-q8 Q [--threads 1,2] [--reps 3]
     python bench/decode_lowprec.py quality --model RUN [--prompts 20] [--new-tokens 128]
     python bench/decode_lowprec.py batch   --model RUN --export HF_DIR [--weights int8] [--batches 2]
+    python bench/decode_lowprec.py command --model RUN --export HF_DIR [--weights int8] [--batches 2]
 
 --rounded (speed, quality) adds bf16_rounded and int8_rounded: the same weights multiplying rows rounded as
   they are (bf16; q8_0, as llama.cpp), the kernels before the rows stayed (near) float32.
@@ -20,6 +21,12 @@ quality: greedy tokens of `--prompts` chat prompts (recipes/smollm2/general_prom
   first difference (a near tie: under 0.5 logits); held-out perplexity of 16 windows x 256 tokens.
 batch: bench/generate.py's batches (16 chat prompts x <= 64 sampled tokens) through llmkit with
   `--weights` against transformers' `generate` (dynamic cache), fp32.
+command: the same prompts (`--batches` x 16) as whole commands, each timed from spawn to exit
+  (interpreter start, imports, loading, converting, tokenising, writing included): `llmkit generate
+  --prompts FILE --set batch_size=16 max_new_tokens=64 decode.weights=W` (temperature 1) against the
+  script a transformers user writes (AutoTokenizer, AutoModelForCausalLM in fp32, the chat template,
+  `generate` sampling at temperature 1 over the whole vocabulary, 16 prompts a batch, decode); each side's
+  new tokens up to its stop token are counted and printed beside its seconds.
 """
 
 from __future__ import annotations
@@ -184,7 +191,31 @@ def batch_child(p: dict) -> dict:
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "greedy": greedy_out}
 
 
-CHILDREN = {"speed": speed_child, "quality": quality_child, "batch": batch_child}
+def hf_command_child(p: dict) -> dict:
+    """What a transformers user runs: the folder's tokenizer and model, the chat template, sampled
+    `generate` 16 prompts at a time, decode; the new tokens counted up to each row's stop token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(p["export"], padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(p["export"], dtype=torch.float32).eval()
+    prompts = [json.loads(line)["prompt"] for line in Path(p["prompts"]).read_text(encoding="utf-8").splitlines()]
+    completions, tokens = [], 0
+    for start in range(0, len(prompts), 16):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                               add_generation_prompt=True) for t in prompts[start:start + 16]]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        torch.manual_seed(start)
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=p["new_tokens"], do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, eos_token_id=p["stop_id"], pad_token_id=tokenizer.pad_token_id)
+        new = [until_stop(row, {p["stop_id"]}) for row in out[:, batch["input_ids"].shape[1]:].tolist()]
+        tokens += sum(map(len, new))
+        completions += tokenizer.batch_decode(new, skip_special_tokens=True)
+    return {"tokens": tokens, "completions": len(completions)}
+
+
+CHILDREN = {"speed": speed_child, "quality": quality_child, "batch": batch_child, "hf_command": hf_command_child}
 
 
 def speed(a) -> None:
@@ -277,9 +308,65 @@ def batch(a) -> None:
         print(warning)
 
 
+def command(a) -> None:
+    import subprocess
+    import tempfile
+
+    from bench.generate import PROMPTS, latest_step
+    from llmkit.checkpoints.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(latest_step(Path(a.model)))
+    work = Path(tempfile.mkdtemp(prefix="llmkit-command-bench-"))
+    prompts = work / "prompts.jsonl"
+    lines = PROMPTS.read_text(encoding="utf-8").splitlines()[:16 * a.batches]
+    prompts.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "BENCH_THREADS": str(a.threads)}
+
+    def timed(args: list[str], output: Path | None) -> dict:
+        started = time.perf_counter()
+        done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if done.returncode:
+            sys.exit(f"{args[:4]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+        if output is None:  # the transformers script's result, its last line
+            return {"seconds": seconds, **json.loads(done.stdout.strip().splitlines()[-1])}
+        records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+        return {"seconds": seconds, "tokens": sum(r["new_tokens"] for r in records), "completions": len(records)}
+
+    def llmkit_side(weights: str) -> dict:
+        out = work / f"llmkit-{weights}.jsonl"
+        return shown_command(f"llmkit_{weights}", timed(
+            [sys.executable, "-m", "llmkit", "generate", "--from", str(Path(a.model).resolve()), "--prompts", str(prompts),
+             "--output", str(out), "--set", "batch_size=16", "max_new_tokens=64", "temperature=1.0", "chat=true",
+             f"decode.weights={weights}"], out))
+
+    hf_payload = {"export": str(Path(a.export).resolve()), "prompts": str(prompts), "new_tokens": 64,
+                  "stop_id": tokenizer.end_of_turn_id}
+    runs = [(f"llmkit_{w}", lambda w=w: llmkit_side(w)) for w in a.weights.split(",")]
+    runs.append(("hf", lambda: shown_command("hf", timed(
+        [sys.executable, __file__, "--child", "hf_command", json.dumps(hf_payload)], None))))
+    results, loads = repeat(runs, a.reps)
+    print(f"whole commands, {16 * a.batches} chat prompts (batches of 16) x <= 64 sampled tokens, {a.threads} "
+          f"thread(s), {a.reps} runs; loads {', '.join(f'{b:.2f}->{e:.2f}' for b, e in loads)}")
+    for name in results[0]:
+        print(f"  {name:<12} seconds {spread([r[name]['seconds'] for r in results])}  new tokens "
+              f"{spread([r[name]['tokens'] for r in results], '{:.0f}')}")
+    for name in results[0]:
+        if name != "hf":
+            print(f"  transformers seconds / {name} seconds: "
+                  f"{spread([r['hf']['seconds'] / r[name]['seconds'] for r in results])}x")
+    if warning := load_warning(loads, a.threads):
+        print(warning)
+
+
+def shown_command(name: str, r: dict) -> dict:
+    print(f"    {name}: {r['seconds']:.2f} s, {r['tokens']} new tokens; load {os.getloadavg()[0]:.2f}", flush=True)
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("what", nargs="?", help="speed | quality | batch")
+    parser.add_argument("what", nargs="?", help="speed | quality | batch | command")
     parser.add_argument("--model", help="an llmkit checkpoint run (e.g. WS/smollm2)")
     parser.add_argument("--gguf-f16")
     parser.add_argument("--gguf-q8")
@@ -296,11 +383,11 @@ def main() -> None:
     a = parser.parse_args()
     if a.child:
         return child_main(CHILDREN, a.child, a.what)  # the payload, the one positional given
-    if not a.model or a.what not in ("speed", "quality", "batch"):
-        return print("skip: needs speed|quality|batch and --model RUN (e.g. make smollm2)")
+    if not a.model or a.what not in ("speed", "quality", "batch", "command"):
+        return print("skip: needs speed|quality|batch|command and --model RUN (e.g. make smollm2)")
     if a.what != "speed":
         a.threads = int(a.threads.split(",")[0])
-    {"speed": speed, "quality": quality, "batch": batch}[a.what](a)
+    {"speed": speed, "quality": quality, "batch": batch, "command": command}[a.what](a)
 
 
 if __name__ == "__main__":
