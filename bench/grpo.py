@@ -40,6 +40,18 @@ repetition. One thread per run by default: on a 2-core machine shared with other
 2 threads that meets one slows 10-20x (each parallel region waits for a descheduled thread),
 at 1 thread by its share of the CPU at most; the tiny model gains ~1.3x from a second thread.
 
+Code reward (`--reward code`; the default `--reward similarity` is the above): the prompts are
+32 small Python tasks made here (`CODE_TASKS`: "Write a Python function add(a, b) that returns
+their sum", 2-3 asserts each), the reward the pass rate of the reply's code on the row's tests,
+run in llmkit's sandbox (`llmkit.rewards.code.code_reward`: a `python -I` child per completion,
+four at a time, with its rlimits, namespaces and audit hook), so its cost is in both sides' time.
+One function object on both sides: llmkit's `reward=code` resolves to `code_reward` itself, and TRL
+is given that same function as its reward function (TRL's signature: prompts, completions,
+completion_ids, **the dataset's columns); the tests travel as each side's `tests` column (a string
+of asserts, as ingest keeps it). Each child counts the completions the sandbox scored and sums
+their scores (a counter wrapped around `code_outcomes`, which `code_reward` calls), printed per
+side, so a side that skipped scoring would show.
+
 SmolLM2 mode (`--model WS/smollm2 --export HF_DIR`): the imported SmolLM2-135M-Instruct run and
 its `llmkit export` folder instead of the random tiny model (its own tokenizer and chat template),
 LoRA r `--lora-r` (16 there) on every linear layer of the blocks on both sides (llmkit
@@ -56,7 +68,7 @@ without the instructions falls back to fp32, which must not pass for a low-preci
                          [--rollouts 10] [--warmup 1] [--threads 1] [--reps 3]
     python bench/grpo.py --model WS/smollm2 --export HF_DIR --prompts 8 --group 4 --new-tokens 64 \
                          [--epochs 1 --beta 0] [--rollouts 3] [--warmup 1] [--threads 1] [--reps 3]
-                         [--decode-weights fp32|bf16|f16|int8]
+                         [--decode-weights fp32|bf16|f16|int8] [--reward similarity|code]
 """
 
 from __future__ import annotations
@@ -83,6 +95,48 @@ PROMPTS = REPO / "recipes/demo/data/tasks/prompts_train.jsonl"
 LR = 1e-5
 LORA_ALPHA = 32
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# --reward code: (signature, what it returns, tests as a string of asserts) - deterministic, the
+# same rows on both sides
+CODE_TASKS = [
+    ("add(a, b)", "the sum of a and b", "assert add(1, 2) == 3\nassert add(-4, 4) == 0\nassert add(10, 5) == 15"),
+    ("sub(a, b)", "a minus b", "assert sub(5, 3) == 2\nassert sub(0, 7) == -7"),
+    ("mul(a, b)", "the product of a and b", "assert mul(3, 4) == 12\nassert mul(-2, 5) == -10\nassert mul(0, 9) == 0"),
+    ("square(x)", "x squared", "assert square(3) == 9\nassert square(-5) == 25"),
+    ("cube(x)", "x cubed", "assert cube(2) == 8\nassert cube(-3) == -27"),
+    ("is_even(n)", "True if n is even, else False", "assert is_even(4) is True\nassert is_even(7) is False\nassert is_even(0) is True"),
+    ("is_odd(n)", "True if n is odd, else False", "assert is_odd(3) is True\nassert is_odd(10) is False"),
+    ("maximum(a, b)", "the larger of a and b", "assert maximum(3, 8) == 8\nassert maximum(-1, -6) == -1"),
+    ("minimum(a, b)", "the smaller of a and b", "assert minimum(3, 8) == 3\nassert minimum(-1, -6) == -6"),
+    ("absolute(x)", "the absolute value of x", "assert absolute(-7) == 7\nassert absolute(4) == 4\nassert absolute(0) == 0"),
+    ("reverse_string(s)", "the string s reversed", "assert reverse_string('abc') == 'cba'\nassert reverse_string('') == ''"),
+    ("list_sum(xs)", "the sum of the numbers in the list xs", "assert list_sum([1, 2, 3]) == 6\nassert list_sum([]) == 0"),
+    ("list_max(xs)", "the largest number in the non-empty list xs", "assert list_max([3, 9, 2]) == 9\nassert list_max([-5, -2]) == -2"),
+    ("count_vowels(s)", "the number of vowels (a, e, i, o, u) in the lowercase string s",
+     "assert count_vowels('hello') == 2\nassert count_vowels('sky') == 0\nassert count_vowels('aeiou') == 5"),
+    ("factorial(n)", "n factorial", "assert factorial(0) == 1\nassert factorial(5) == 120"),
+    ("fibonacci(n)", "the n-th Fibonacci number, with fibonacci(0) == 0 and fibonacci(1) == 1",
+     "assert fibonacci(0) == 0\nassert fibonacci(1) == 1\nassert fibonacci(10) == 55"),
+    ("is_palindrome(s)", "True if the string s reads the same backwards",
+     "assert is_palindrome('racecar') is True\nassert is_palindrome('abc') is False"),
+    ("average(xs)", "the mean of the non-empty list of numbers xs", "assert average([1, 2, 3]) == 2\nassert average([4]) == 4"),
+    ("to_upper(s)", "the string s in upper case", "assert to_upper('abc') == 'ABC'\nassert to_upper('Hi!') == 'HI!'"),
+    ("count_char(s, c)", "how many times the character c occurs in the string s",
+     "assert count_char('banana', 'a') == 3\nassert count_char('xyz', 'a') == 0"),
+    ("first(xs)", "the first item of the non-empty list xs", "assert first([7, 8]) == 7\nassert first(['a']) == 'a'"),
+    ("last(xs)", "the last item of the non-empty list xs", "assert last([7, 8]) == 8\nassert last(['a']) == 'a'"),
+    ("double_all(xs)", "a list of every number of xs doubled", "assert double_all([1, 2, 3]) == [2, 4, 6]\nassert double_all([]) == []"),
+    ("evens(xs)", "the even numbers of the list xs, in order", "assert evens([1, 2, 3, 4]) == [2, 4]\nassert evens([1, 3]) == []"),
+    ("word_count(s)", "the number of words in the string s, split on whitespace",
+     "assert word_count('hello big world') == 3\nassert word_count('') == 0"),
+    ("celsius_to_fahrenheit(c)", "the temperature c in degrees Fahrenheit",
+     "assert celsius_to_fahrenheit(0) == 32\nassert celsius_to_fahrenheit(100) == 212"),
+    ("is_positive(x)", "True if x is greater than zero", "assert is_positive(3) is True\nassert is_positive(-2) is False\nassert is_positive(0) is False"),
+    ("power(base, exp)", "base raised to the power exp", "assert power(2, 10) == 1024\nassert power(5, 0) == 1"),
+    ("gcd(a, b)", "the greatest common divisor of the positive integers a and b", "assert gcd(12, 18) == 6\nassert gcd(7, 5) == 1"),
+    ("is_prime(n)", "True if n is a prime number", "assert is_prime(7) is True\nassert is_prime(9) is False\nassert is_prime(2) is True"),
+    ("repeat(s, n)", "the string s repeated n times", "assert repeat('ab', 3) == 'ababab'\nassert repeat('x', 0) == ''"),
+    ("length(xs)", "the number of items in the list xs", "assert length([1, 2, 3]) == 3\nassert length([]) == 0"),
+]
 
 
 def timings(ends: list[float], steps: int, warmup_steps: int, epochs: int) -> dict:
@@ -96,14 +150,32 @@ def timings(ends: list[float], steps: int, warmup_steps: int, epochs: int) -> di
             "update_step_s": statistics.median(rest) if rest else None}
 
 
-def build_inputs(ws: Path, n_prompts: int, threads: int, a=None) -> Path:
+def code_rows(n: int) -> list[dict]:
+    """n prompt rows of CODE_TASKS (in order, cycled past 32), each with its asserts as `tests`."""
+    rows = []
+    for i in range(n):
+        signature, returns, tests = CODE_TASKS[i % len(CODE_TASKS)]
+        rows.append({"prompt": f"Write a Python function {signature} that returns {returns}. "
+                               "Reply with the code in a ```python block.", "tests": tests})
+    return rows
+
+
+def prompt_rows(reward: str, n: int) -> list[dict]:
+    """The first n prompt rows both sides train on: the demo's reversal tasks (`similarity`,
+    with their `answer`) or the Python tasks (`code`, with their `tests`)."""
+    if reward == "code":
+        return code_rows(n)
+    return [json.loads(line) for line in PROMPTS.read_text(encoding="utf-8").splitlines()[:n]]
+
+
+def build_inputs(ws: Path, n_prompts: int, threads: int, a) -> Path:
     """The prompts as a dataset, a tokenizer trained on them, a random `tiny` model as a
     checkpoint run `base`, and its transformers export (SmolLM2 mode: the prompts alone)."""
-    lines = PROMPTS.read_text(encoding="utf-8").splitlines()[:n_prompts]
+    rows = prompt_rows(a.reward, n_prompts)
     data = ws.parent / "prompts.jsonl"
-    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     llmkit(ws, "ingest", str(data), "--kind", "prompt", "--out", "prompts", threads=threads)
-    if a is not None and a.model:
+    if a.model:
         return Path(a.export).resolve()
     llmkit(ws, "tokenizer", "--in", "prompts", "--set", "vocab_size=320", threads=threads)
     write_random_run(ws, "base")
@@ -112,7 +184,8 @@ def build_inputs(ws: Path, n_prompts: int, threads: int, a=None) -> Path:
 
 
 def llmkit_settings(a, steps: int, weights: str) -> list[str]:
-    return ["algo=grpo", f"decode.weights={weights}", "reward=verify", "partial_credit=true",
+    reward = ["reward=code"] if a.reward == "code" else ["reward=verify", "partial_credit=true"]
+    return ["algo=grpo", f"decode.weights={weights}", *reward,
             f"prompts_per_rollout={a.prompts}",
             f"group_size={a.group}", f"micro_batch_size={a.prompts * a.group}", "grad_accum=1",
             f"ppo_epochs={a.epochs}", f"max_new_tokens={a.new_tokens}", f"kl_coef={a.beta}",
@@ -125,12 +198,36 @@ def llmkit_settings(a, steps: int, weights: str) -> list[str]:
               if a.lora_r else [])]
 
 
+def count_sandbox_runs() -> dict:
+    """{"completions": how many completions the code reward's sandbox scored in this process,
+    "score": their summed scores}: a counter around `llmkit.rewards.code.code_outcomes`, which
+    `code_reward` looks up at each call (the reward function itself is left as it is)."""
+    from llmkit.rewards import code
+
+    counts, outcomes = {"completions": 0, "score": 0.0}, code.code_outcomes
+
+    def counted(*args, **kwargs):
+        results = outcomes(*args, **kwargs)
+        counts["completions"] += len(results)
+        counts["score"] += sum(o.score for o in results)
+        return results
+
+    code.code_outcomes = counted
+    return counts
+
+
+def llmkit_child(args: list[str]) -> dict:
+    sandbox = count_sandbox_runs()
+    return {**llmkit_step_ends(args), "sandbox": sandbox}
+
+
 def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str) -> dict:
     out = f"grpo_{weights}"
     args = ["ppo", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "prompts", "--out",
             out, "--force",
             *[x for s in llmkit_settings(a, steps, weights) for x in ("--set", s)]]
-    ends = spawn(__file__, "llmkit", args, a.threads, ws)["ends"]
+    result = spawn(__file__, "llmkit", args, a.threads, ws)
+    ends = result["ends"]
     records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
     rollouts = records[::a.epochs]  # the rollout metrics repeat on each of its steps
     stats = json.loads((ws / out / "manifest.json").read_text())["stats"]
@@ -139,7 +236,7 @@ def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str) -> dict
             "reward": [rollouts[0]["reward_mean"], rollouts[-1]["reward_mean"]],
             "step_reward": [r["reward_mean"] for r in records],
             "step_kl": [r.get("kl") for r in records],  # absent at β 0 (no reference)
-            "rollout_weights": stats["rollout_weights"]}
+            "rollout_weights": stats["rollout_weights"], "sandbox": result["sandbox"]}
 
 
 def trl_config(p: dict, out: str):
@@ -163,15 +260,18 @@ def trl_child(p: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
+    from llmkit.rewards.code import code_reward
     from llmkit.rewards.verify import answer_similarity
 
     def similarity(completions, answer, **kwargs):
         return [answer_similarity(c[-1]["content"] if isinstance(c, list) else c, str(a))
                 for c, a in zip(completions, answer)]
 
-    rows = [json.loads(line) for line in PROMPTS.read_text(encoding="utf-8").splitlines()[:p["n_prompts"]]]
+    sandbox = count_sandbox_runs()
+    rows = prompt_rows(p["reward"], p["n_prompts"])
+    column = "tests" if p["reward"] == "code" else "answer"  # the reward's column, as TRL passes it
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
-                                 "answer": [r["answer"] for r in rows]})
+                                 column: [r[column] for r in rows]})
     model = AutoModelForCausalLM.from_pretrained(p["hf_dir"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(p["hf_dir"])
     timer = step_end_timer()
@@ -182,7 +282,8 @@ def trl_child(p: dict) -> dict:
         peft_config = peft.LoraConfig(r=p["lora_r"], lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                                       target_modules=TARGETS, task_type="CAUSAL_LM")
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(model=model, reward_funcs=similarity, args=trl_config(p, out),
+        reward = code_reward if p["reward"] == "code" else similarity  # code: llmkit's reward=code itself
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(p, out),
                               train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
                               peft_config=peft_config)
         trainer.remove_callback(PrinterCallback)
@@ -190,18 +291,18 @@ def trl_child(p: dict) -> dict:
     generations = [h for h in trainer.state.log_history if "reward" in h]  # logged once per generation
     return {"ends": timer.ends, "reference_model": trainer.ref_model is not None,
             "completion_length": statistics.mean(h["completions/mean_length"] for h in generations),
-            "reward": [generations[0]["reward"], generations[-1]["reward"]]}
+            "reward": [generations[0]["reward"], generations[-1]["reward"]], "sandbox": sandbox}
 
 
 def run_trl(hf_dir: Path, a, n_prompts: int, steps: int, warmup_steps: int) -> dict:
     payload = {"hf_dir": str(hf_dir), "n_prompts": n_prompts, "steps": steps, "prompts": a.prompts,
                "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens, "beta": a.beta,
-               "lora_r": a.lora_r}
+               "lora_r": a.lora_r, "reward": a.reward}
     result = spawn(__file__, "trl", payload, a.threads)
     return {**result, **timings(result.pop("ends"), steps, warmup_steps, a.epochs)}
 
 
-CHILDREN = {"llmkit": llmkit_step_ends, "trl": trl_child}
+CHILDREN = {"llmkit": llmkit_child, "trl": trl_child}
 
 
 def side_by_side(low: list, fp32: list) -> tuple[str, str]:
@@ -222,6 +323,16 @@ def print_against_fp32(results: list[dict], weights: str) -> None:
         kl, kl_diff = side_by_side(low["step_kl"], fp32["step_kl"])
         print(f"  rep {i}: stats.rollout_weights {low['rollout_weights']} / {fp32['rollout_weights']}; "
               f"reward {reward} (max diff {reward_diff}); KL {kl} (max diff {kl_diff})")
+
+
+def print_sandbox_counts(results: list[dict], steps: int) -> None:
+    """Per repetition and side: the completions the code reward's sandbox scored (every
+    generation's, warm-up included) and their mean score."""
+    print(f"  code reward, completions the sandbox scored over the {steps} steps and their mean score:")
+    for i, r in enumerate(results, 1):
+        sides = "; ".join(f"{name} {s['completions']} (mean {s['score'] / max(1, s['completions']):.3f})"
+                          for name, s in ((k, v["sandbox"]) for k, v in r.items()))
+        print(f"  rep {i}: {sides}")
 
 
 def printed_run(name: str, r: dict) -> dict:
@@ -248,6 +359,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
     parser.add_argument("--decode-weights", default="fp32", choices=["fp32", "bf16", "f16", "int8"],
                         help="llmkit's rollout weights (not fp32: llmkit also runs at fp32 to compare)")
+    parser.add_argument("--reward", default="similarity", choices=["similarity", "code"],
+                        help="similarity: the reversal prompts' edit similarity; code: Python tasks "
+                             "scored by llmkit's sandboxed code reward on both sides")
     parser.add_argument("--model", help="an llmkit checkpoint run (SmolLM2 mode, e.g. WS/smollm2)")
     parser.add_argument("--export", help="--model's `llmkit export` folder")
     parser.add_argument("--lora-r", type=int, default=None, help="LoRA rank (default: 16 with --model, else 0)")
@@ -283,7 +397,7 @@ def main() -> None:
 
     batch = a.prompts * a.group
     model = f"{Path(a.model).name} (LoRA r {a.lora_r})" if a.model else "tiny model"
-    print(f"GRPO, {model}, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
+    print(f"GRPO, {model}, reward {a.reward}, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
           f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32 "
           f"(llmkit's rollouts through {weights} weights), "
           f"{a.threads} CPU threads, {a.reps} repetitions")
@@ -327,6 +441,8 @@ def main() -> None:
         print(f"  {f'llmkit {weights} / {peer}':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
     if weights != "fp32":
         print_against_fp32(results, weights)
+    if a.reward == "code":
+        print_sandbox_counts(results, steps)
     if warning := load_warning(loads, a.threads):
         print(warning)
 
