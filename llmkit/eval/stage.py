@@ -255,10 +255,12 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 # -- the stage ---------------------------------------------------------------------------------
 
 def headline(results: dict) -> dict:
-    """The numbers worth a glance, flat: `ppl/tokens:val`, `choice/mmlu/acc`, …"""
+    """The numbers worth a glance, flat: `ppl/tokens:val`, `ppl/zh_heldout/bits_per_byte`, `choice/mmlu/acc`, …"""
     flat = {}
     for name, r in results.get("ppl", {}).items():
         flat[f"ppl/{name}"] = r["ppl"]
+        if "bits_per_byte" in r:  # texts: a loss two tokenizers can be compared by (ablate reads it)
+            flat[f"ppl/{name}/bits_per_byte"] = r["bits_per_byte"]
     for name, r in results.get("choice", {}).items():
         flat[f"choice/{name}/acc"] = r["acc"]
         flat[f"choice/{name}/acc_norm"] = r["acc_norm"]

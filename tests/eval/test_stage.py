@@ -101,3 +101,10 @@ def test_incomplete_settings_exit_2_naming_what_is_missing(ws, sets, message):
     root, _, _ = ws
     r = llmkit("eval", "-w", root, "--from", "pretrain", *[a for s in sets for a in ("--set", s)])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_the_headline_carries_bits_per_byte_of_texts_so_ablate_can_compare_tokenizers():
+    from llmkit.eval.stage import headline
+
+    flat = headline({"ppl": {"tokens:val": {"ppl": 9.0}, "zh_heldout": {"ppl": 40.0, "bits_per_byte": 3.5}}})
+    assert flat == {"ppl/tokens:val": 9.0, "ppl/zh_heldout": 40.0, "ppl/zh_heldout/bits_per_byte": 3.5}
