@@ -18,6 +18,9 @@ from llmkit.model.quant import import_bitsandbytes
 BITSANDBYTES_OPTIMIZERS = {"adamw8bit": "AdamW8bit", "paged_adamw": "PagedAdamW",
                            "paged_adamw8bit": "PagedAdamW8bit"}
 assert set(BITSANDBYTES_OPTIMIZERS) | {"adamw"} == set(OPTIMIZERS)
+# a parameter carrying this attribute (True) is not decayed, matrix or not: decay would move rows
+# that are meant to stay as they are (llmkit.train.new_rows_only)
+NO_DECAY = "llmkit_no_weight_decay"
 
 
 def check_optimizer_runs(cfg: TrainConfig, on_gpu: bool) -> None:
@@ -75,15 +78,16 @@ def guarded_adamw(base=None):
 
 
 def make_optimizer(model, cfg: TrainConfig, on_gpu: bool, guarded: bool):
-    """AdamW (`cfg.optim`) over the trainable parameters, matrices decayed and the rest not:
+    """AdamW (`cfg.optim`) over the trainable parameters, matrices decayed and the rest (and NO_DECAY) not:
     DeepSpeed's CPU Adam when the optimizer is offloaded from a GPU, else torch's fused one or
     bitsandbytes' (the guarded kind when DeepSpeed neither clips nor checks for overflow)."""
     import torch
 
     check_optimizer_runs(cfg, on_gpu)
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    decayed = [p.dim() >= 2 and not getattr(p, NO_DECAY, False) for p in params]
+    groups = [{"params": [p for p, d in zip(params, decayed) if d], "weight_decay": cfg.weight_decay},
+              {"params": [p for p, d in zip(params, decayed) if not d], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=1e-8)
     if cfg.offload_optimizer and on_gpu:

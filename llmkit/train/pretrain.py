@@ -23,6 +23,7 @@ from llmkit.tokenizers.sentencepiece import same_tokenizer, tokenizer_file
 from llmkit.train.config import TrainConfig
 from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.checkpoints.loading import load_model
+from llmkit.train.new_rows_only import TRAIN_ONLY, train_new_rows_only
 from llmkit.train.planning import check_seq_len, dense_attention_mask, lora_split, model_shape, show, world_size
 from llmkit.train.stage import Fit, fit_stage, run_start
 from llmkit.train.task import Task
@@ -97,6 +98,7 @@ class PretrainConfig(TrainConfig):
     label_smoothing: float = 0.0  # cross-entropy label smoothing (validation loss is unsmoothed)
     eval_every: int = 100  # validation on the val split every N steps (and at the end); 0 = never
     doc_masking: bool = False  # attention (and positions) stay inside each document packed into a sequence; off: a sequence attends across them
+    train_only: str = "all"  # all | new_rows: only the embedding rows `llmkit extend-vocab` added train, the rest frozen bit for bit (stage 1 of the Chinese-LLaMA recipe; llmkit.train.new_rows_only)
 
     def __post_init__(self):
         super().__post_init__()
@@ -104,6 +106,11 @@ class PretrainConfig(TrainConfig):
             raise ConfigError(f"seq_len must be >= 1, got {self.seq_len}")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.train_only not in TRAIN_ONLY:
+            raise ConfigError(f"train_only must be one of {', '.join(TRAIN_ONLY)}, got {self.train_only!r}")
+        if self.train_only == "new_rows" and self.lora.enabled:
+            raise ConfigError("train_only=new_rows with LoRA: a LoRA run on an extended model trains the new "
+                              "rows beside its adapters already; drop one of them")
         if self.mixture_temperature < 0:
             raise ConfigError(f"mixture_temperature must be >= 0, got {self.mixture_temperature}")
         for i, stage in enumerate(self.mixture_stages or []):
@@ -218,6 +225,8 @@ def pretrain_start(cfg: PretrainConfig, vocab_size: int, from_step, tokenizer_di
         extend_context(model, context_extension(cfg.model))
     else:
         model = Transformer(cfg.model.build(vocab_size))
+    if cfg.train_only == "new_rows":
+        train_new_rows_only(model, from_step)
     if model.config.vocab_size < vocab_size:
         raise ConfigError(f"the model's vocab_size ({model.config.vocab_size}) is smaller than the "
                           f"tokenizer's ({vocab_size}); drop model.vocab_size or raise it")
