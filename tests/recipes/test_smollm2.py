@@ -86,3 +86,20 @@ def test_the_summary_shows_general_ability_of_base_sft_and_dpo(tmp_path):
     assert general["smollm2"]["all"]["contains"] == (0.75 * 4 + 0.5 * 2) / 6
     assert general["dpo"]["all"] == {"contains": 0.25 * 4 / 6, "examples": 6}
     assert summary["longer_words"]["sft"]["all"] == {"exact_match": 0.5, "examples": 2}
+
+
+def test_the_vocabulary_ablation_trains_every_variant_on_the_same_steps_of_sequences():
+    from llmkit.ablate.experiment import read_experiment
+
+    exp = read_experiment(RECIPE / "ablate_vocab.yaml")
+    rows, cpt, _ = exp.steps
+    steps = {v: exp.settings(v, cpt)["max_steps"] for v in exp.names}
+    assert steps["baseline"] == steps["extended"] == exp.settings("two_stage", rows)["max_steps"] + steps["two_stage"]
+    assert len({exp.settings(v, s)["micro_batch_size"] for v in exp.names for s in (rows, cpt)}) == 1
+    # the extended model's sequences hold as many bytes as the original's (cpt-zh's ratio, 0.52)
+    assert exp.settings("extended", cpt)["seq_len"] == exp.settings("two_stage", cpt)["seq_len"] == \
+        exp.settings("two_stage", rows)["seq_len"] == round(0.52 * exp.settings("baseline", cpt)["seq_len"])
+    assert exp.settings("two_stage", rows)["train_only"] == "new_rows"
+    assert "{rows}" in exp.args("two_stage", cpt)
+    assert "{rows}" not in exp.args("baseline", cpt) + exp.args("extended", cpt)  # they start from the imports
+    assert exp.metrics == [("eval", "ppl/zh_heldout/bits_per_byte")] and len(exp.seeds) >= 2
