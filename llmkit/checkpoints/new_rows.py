@@ -43,7 +43,8 @@ def trainable_token_indices(model, ids: list[int]) -> dict | None:
     (transformers ties a tied head itself); None without ids."""
     if not ids:
         return None
-    untied = any(head is not None and head.weight is not embedding.weight for _, embedding, _, head in _decoders(model))
+    untied = any(head is not None and head.weight is not embedding.weight
+                 for _, embedding, _, head in embeddings_and_heads(model))
     return {EMBEDDING: list(ids), **({HEAD: list(ids)} if untied else {})}
 
 
@@ -55,7 +56,7 @@ def add_new_rows(model, indices: dict | None, inference_mode: bool = False) -> N
     from peft.utils import TrainableTokensWrapper
 
     ids = indices[EMBEDDING]
-    for embedding_name, embedding, head_name, head in list(_decoders(model)):
+    for embedding_name, embedding, head_name, head in list(embeddings_and_heads(model)):
         wrapper = _wrap(model, embedding_name, TrainableTokensWrapper, ids, None, inference_mode)
         if head is not None:
             tied = head.weight is embedding.weight
@@ -71,7 +72,7 @@ def _wrap(model, name: str, wrapper_cls, ids, tied_adapter, inference_mode: bool
     return wrapper
 
 
-def _decoders(model):
+def embeddings_and_heads(model):
     """(embedding name, embedding, head name or None, head or None) of each decoder in `model` (a
     Transformer, or a module holding some: a policy and its value trunk)."""
     import torch.nn as nn

@@ -15,7 +15,7 @@ shrinks every row of a decayed matrix, gradient or not, so these matrices are le
 
 from __future__ import annotations
 
-from llmkit.checkpoints.new_rows import _decoders, new_token_ids
+from llmkit.checkpoints.new_rows import embeddings_and_heads, new_token_ids
 from llmkit.errors import ConfigError
 from llmkit.train.optim import NO_DECAY
 
@@ -30,7 +30,7 @@ def train_new_rows_only(model, from_step) -> list[int]:
                 "extension.json)" if from_step is not None else "the run starts from no model (--from)"
         raise ConfigError(f"train_only=new_rows trains the rows `llmkit extend-vocab` added, but {where}; "
                           "start --from an extended model, or use train_only=all")
-    matrices = {id(m.weight): m.weight for _, embedding, _, head in _decoders(model)
+    matrices = {id(m.weight): m.weight for _, embedding, _, head in embeddings_and_heads(model)
                 for m in (embedding, head) if m is not None}  # a tied head is the embedding: once
     for p in model.parameters():
         p.requires_grad_(False)
