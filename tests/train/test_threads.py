@@ -291,7 +291,8 @@ def test_a_busy_process_started_mid_run_on_its_cores_leaves_the_run_on_fewer_thr
         tmp_path, monkeypatch, torch_threads):
     """Real time, a real competitor: a busy loop at the run's own priority pinned to its cores
     from half a second (and 10 steps) in on. Whatever else loads this machine, the run ends on fewer threads than it started
-    with and its steps take about what they took before the loop (not a stall's many times)."""
+    with and its steps take about what they took before the loop on that many threads (not a
+    stall's many times)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "busy_cores", lambda cpus: 0.0)  # start on every core
     cores = threads.usable_cores()
@@ -325,5 +326,8 @@ def test_a_busy_process_started_mid_run_on_its_cores_leaves_the_run_on_fewer_thr
     assert "fewer" in seen, f"still on {records[-1]['threads']} threads 7.5 s after a busy loop started"
     assert result.threads["start"] == cores and records[-1]["threads"] < cores
     before = [r["step_s"] for r in records[1:seen["busy_step"] - 1]]
-    after = [r["step_s"] for r in records if r["step"] > seen["busy_step"] and r["threads"] < cores][-20:]
-    assert statistics.median(after) < 3 * statistics.median(before)
+    after = [r for r in records if r["step"] > seen["busy_step"] and r["threads"] < cores][-20:]
+    # fewer threads cost their share (cores / threads) and the suite's other work adds its own
+    # noise; a stall (threads waiting at every barrier for one the busy loop holds) costs many times
+    fair = cores / statistics.median(r["threads"] for r in after)
+    assert statistics.median(r["step_s"] for r in after) < 2.5 * fair * statistics.median(before)
