@@ -35,8 +35,8 @@ def run_script(*runs, launcher=()):
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     if launcher and TEARDOWN_ABORT in done.stderr:
         # a process of the group aborted as it ended (a C++ thread of the gloo stack still joinable);
-        # seen once in CI, never in 30 runs here, and not llmkit's to fix. The rerun resumes each
-        # run from its last checkpoint, so the metrics compared are still the first attempt's.
+        # seen once in CI, never in 30 runs here, and not llmkit's to fix. A run the first attempt
+        # finished resumes at its end and trains nothing: its metrics stay the first attempt's.
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     return done
 
