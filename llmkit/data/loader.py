@@ -60,6 +60,14 @@ class _Stream:
         return 0 if self.tokens == 0 else max(1, (self.tokens - 1) // seq_len)
 
 
+def split_tokens(tokens_dir: Path, split: str):
+    """Every token of a split (its documents in order, each ending with </s>) as one array."""
+    import numpy as np
+
+    arrays = _open_split(Path(tokens_dir), split)[1]
+    return np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+
+
 def _open_split(tokens_dir: Path, split: str):
     """Memory-mapped shards of a split, and per document: shard, offset, length, source code;
     and the source names (sorted) that the codes index."""

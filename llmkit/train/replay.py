@@ -6,8 +6,10 @@ the start model could do (catastrophic forgetting).
   rows (self-distillation: no outside data) drawn as `ratio` of the run's micro-batches. SFT trains
   on them with its own loss; DPO, KTO and distill with the mean NLL of the reply tokens (RPO's
   term) on those micro-batches.
-- Continued pretraining (`pretrain --from … --set replay.text=DATASET`): the dataset's `text`,
-  tokenised with the run's tokenizer and cut into `seq_len` windows, is that share of the batches.
+- General text (`pretrain --from … --set replay.text=DATASET`, and `sft`): a text dataset's
+  `text` tokenised with the run's tokenizer, or a tokens artifact's train split (never its val
+  documents), cut into `seq_len` windows, is that share of the batches. SFT takes the loss on
+  every token of them (InstructGPT's pretraining mix), so a fine-tuned model keeps modelling text.
 
 The replies are a workspace artifact, `replay-<model>` (manifest: the model's step folder and
 fingerprint, the prompts' fingerprint, the sampling settings). Each reply is keyed by its prompt:
@@ -31,18 +33,19 @@ from llmkit.core.workspace import Artifact
 from llmkit.checkpoints.loading import load, load_tokenizer, starting_weights
 from llmkit.checkpoints.lora_files import PINNED_BASE, weights_fingerprint
 from llmkit.data.chat import BatchStream, collate_sft, encode_sft_rows, prompt_messages, sft_rows
-from llmkit.tokenizers.sentencepiece import open_tokenizer
+from llmkit.tokenizers.sentencepiece import open_tokenizer, same_tokenizer
 from llmkit.train.task import ITEMS_PER_MICRO_BATCH
 
 REPLIES = "replies.jsonl"
 DONE = "done.jsonl"  # in the builder's work folder: the replies generated so far (resume)
 REPLAY_STAGES = ("sft", "dpo", "kto", "distill", "pretrain")  # stages whose model returns logits
+TEXT_STAGES = ("pretrain", "sft")  # stages whose own loss trains on every labelled token
 
 
 @dataclass
 class ReplayConfig:
     prompts: str | None = None  # post-training: dataset or file of prompts (`prompt` or `messages`) the start model answers; its replies join the batches
-    text: str | None = None  # continued pretraining: dataset or file of general text (`text`) that joins the batches
+    text: str | None = None  # pretrain/sft: general text that joins the batches: a dataset or file with `text`, or a tokens artifact (its train split)
     ratio: float = 0.2  # share of the micro-batches drawn from the replay data, in (0, 1)
     model: str | None = None  # the run that answers the prompts; None = the run's start
     max_new_tokens: int = 48  # reply length limit
@@ -82,10 +85,12 @@ def replay_input(ctx, stage: str, cfg):
     key, spec = ("replay.text", rc.text) if rc.text is not None else ("replay.prompts", rc.prompts)
     if stage == "pretrain" and key == "replay.prompts":
         raise ConfigError("replay.prompts: pretraining replays general text; use replay.text=DATASET")
-    if stage != "pretrain" and key == "replay.text":
+    if stage not in TEXT_STAGES and key == "replay.text":
         raise ConfigError(f"replay.text: `llmkit {stage}` replays the start model's replies; "
                           "use replay.prompts=DATASET")
     art = eval_input(ctx.workspace, spec)
+    if key == "replay.text" and art.stage == "tokenize":
+        return art  # its tokenizer is checked against the run's once the run's start is known
     rows = read_rows(art, 1)
     if not rows:
         raise UserError(f"{key}={spec}: no rows")
@@ -224,38 +229,51 @@ def _generate(model, tokenizer, conversations: list[list[dict]], rc: ReplayConfi
 
 # -- the batches -----------------------------------------------------------------------------
 
-def text_windows(tokenizer, art, seq_len: int) -> list[list[int]]:
-    """The `text` of `art` tokenised, documents joined by the document end, cut into windows of
-    seq_len + 1 tokens (the last shorter one dropped)."""
+def text_windows(tokenizer, art, width: int):
+    """Windows of `width` tokens (an array, one per row) of `art`: a text dataset's `text`
+    tokenised, documents joined by the document end; or a tokens artifact's train split as it is
+    (its documents end with </s> already). The last shorter window is dropped."""
+    import numpy as np
 
-    end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
-    flat = [t for r in read_rows(art) if r.get("text") for t in [*tokenizer.encode(r["text"]), *end]]
-    windows = [flat[i:i + seq_len + 1] for i in range(0, len(flat) - seq_len, seq_len + 1)]
-    if not windows:
-        raise UserError(f"replay.text={art.path}: fewer than seq_len + 1 = {seq_len + 1} tokens of text")
-    return windows
+    if art.stage == "tokenize":
+        from llmkit.data.loader import split_tokens
+
+        flat = split_tokens(art.path, "train")
+    else:
+        end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+        flat = np.asarray([t for r in read_rows(art) if r.get("text")
+                           for t in [*tokenizer.encode(r["text"]), *end]], np.int64)
+    n = len(flat) // width
+    if n == 0:
+        raise UserError(f"replay.text={art.path}: fewer than {width} tokens of text (a window)")
+    return flat[:n * width].reshape(n, width)
 
 
 class WindowStream:
-    """Pretraining batches ({input_ids, labels}, numpy) of token windows, reshuffled each pass;
-    its position (`state_dict`) resumes exactly."""
+    """Batches of token windows, reshuffled each pass: in pretraining's format ({input_ids,
+    labels} shifted by one: windows of seq_len + 1) or, `shifted=False`, in SFT's (labels =
+    input_ids, every token labelled). Its position (`state_dict`) resumes exactly."""
 
-    def __init__(self, windows: list[list[int]], micro_batch_size: int, seed: int, rank: int, world: int):
+    def __init__(self, windows, micro_batch_size: int, seed: int, rank: int, world: int,
+                 shifted: bool = True):
         import numpy as np
 
-        self.rows = np.asarray(windows[rank::world] or windows, dtype=np.int64)
-        self.batch = min(micro_batch_size, len(self.rows))
+        self.windows, self.shifted = windows, shifted
+        index = np.arange(len(windows))
+        self.index = index[rank::world] if len(windows) >= world else index
+        self.batch = min(micro_batch_size, len(self.index))
         self.seed, self.epoch, self.pos = seed, 0, 0
 
     def __iter__(self):
         import numpy as np
 
         while True:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.rows))
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.index))
             while self.pos + self.batch <= len(order):
-                rows = self.rows[order[self.pos:self.pos + self.batch]]
+                rows = np.asarray(self.windows[self.index[order[self.pos:self.pos + self.batch]]], np.int64)
                 self.pos += self.batch
-                yield {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
+                yield ({"input_ids": rows[:, :-1], "labels": rows[:, 1:]} if self.shifted
+                       else {"input_ids": rows, "labels": rows.copy()})
             self.epoch, self.pos = self.epoch + 1, 0
 
     def state_dict(self) -> dict:
@@ -282,9 +300,9 @@ class ReplayTask:
     from (seed, j), is a replay one: the share is r at every point of the run (one block at most
     away), no logged step falls always on replay or never (as a fixed period would with
     log_every), and a resumed run draws what the stopped one would have (the count and both
-    streams' positions are in `state_dict`). A replay batch in the task's own format (SFT rows for
-    sft, token windows for pretrain) takes the task's loss; for the other stages it takes the mean
-    NLL of its reply tokens. Everything else is the task's."""
+    streams' positions are in `state_dict`). A replay batch in the task's own format (SFT rows or
+    text windows for sft, token windows for pretrain) takes the task's loss; for the other
+    stages it takes the mean NLL of its reply tokens. Everything else is the task's."""
 
     def __init__(self, task, replay_data, ratio: float, own_format: bool, pad_id: int | None = None,
                  seed: int = 0):
@@ -358,16 +376,32 @@ class ReplayTask:
             self.replay_data.load_state_dict(state["replay_data"])
 
 
+def require_tokenizer_of_the_run(tokens_art, workspace, tokenizer_dir: Path) -> None:
+    """A tokens artifact replays only into a run of the tokenizer that made it: another
+    vocabulary's ids would train on garbage, silently."""
+    from llmkit.train.pretrain import tokenizer_of
+
+    _, theirs = tokenizer_of(tokens_art, workspace)
+    if not same_tokenizer(theirs, tokenizer_dir):
+        raise ConfigError(f"replay.text={tokens_art.path}: tokenized with {theirs}, but the run trains "
+                          f"with another tokenizer ({tokenizer_dir}); tokenize the text with the run's "
+                          "tokenizer, or give it as a text dataset")
+
+
 def replay_source(ctx, stage: str, cfg, fit, art):
     """`wrap(task, dist) -> ReplayTask` over the replay data of `art` (replay.prompts' replies,
     generated or reused here, before the run folder is touched; or replay.text's windows)."""
 
     rc = cfg.replay
     if rc.text is not None:
-        windows = text_windows(open_tokenizer(fit.tokenizer_dir), art, cfg.seq_len)
+        if art.stage == "tokenize":
+            require_tokenizer_of_the_run(art, ctx.workspace, fit.tokenizer_dir)
+        shifted = stage == "pretrain"  # SFT shifts its labels itself
+        windows = text_windows(open_tokenizer(fit.tokenizer_dir), art, cfg.seq_len + shifted)
         fit.stats["replay"] = {"windows": len(windows), "ratio": rc.ratio}
         return lambda task, dist: ReplayTask(
-            task, WindowStream(windows, cfg.micro_batch_size, cfg.seed + 1, dist.rank, dist.world_size),
+            task, WindowStream(windows, cfg.micro_batch_size, cfg.seed + 1, dist.rank, dist.world_size,
+                               shifted=shifted),
             rc.ratio, own_format=True, seed=cfg.seed)
 
     tokenizer = load_tokenizer(fit.start)

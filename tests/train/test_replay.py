@@ -102,7 +102,6 @@ def test_generation_resumes_after_a_kill(setup, make_ctx, tmp_path, monkeypatch)
     ({"replay.ratio": 0}, "replay.ratio must be in (0, 1)"),
     ({"replay.ratio": 1.5}, "replay.ratio must be in (0, 1)"),
     ({"replay.prompts": "missing.jsonl"}, "missing.jsonl: no such file"),
-    ({"replay.text": "TEXT"}, "replay.text: `llmkit sft` replays"),
 ])
 def test_bad_replay_settings_write_nothing(setup, make_ctx, tmp_path, override, message):
     override = {k: (str(tmp_path / "general.jsonl") if v == "TEXT" else v) for k, v in override.items()}
@@ -165,8 +164,8 @@ def test_text_windows_stream_resumes(tok, tmp_path):
     from llmkit.core.workspace import Workspace
 
     path = write_jsonl(tmp_path / "text.jsonl", [{"text": "a b c d e f g h " * 8} for _ in range(4)])
-    windows = replay_module.text_windows(tok, eval_input(Workspace(tmp_path), str(path)), 16)
-    assert windows and all(len(w) == 17 for w in windows)
+    windows = replay_module.text_windows(tok, eval_input(Workspace(tmp_path), str(path)), 17)
+    assert len(windows) and all(len(w) == 17 for w in windows)
     stream = WindowStream(windows, 2, seed=0, rank=0, world=1)
     it = iter(stream)
     first = [next(it) for _ in range(3)]
@@ -185,6 +184,9 @@ def test_replay_is_refused_where_the_stage_cannot_take_it(make_ctx):
     cfg = TrainConfig(replay=replay_module.ReplayConfig(prompts="x.jsonl"))
     with pytest.raises(ConfigError, match="`llmkit rm` does not take replay"):
         replay_module.replay_input(make_ctx(), "rm", cfg)
+    cfg = TrainConfig(replay=replay_module.ReplayConfig(text="x.jsonl"))
+    with pytest.raises(ConfigError, match="replay.text: `llmkit dpo` replays the start model's replies"):
+        replay_module.replay_input(make_ctx(), "dpo", cfg)
 
 
 def test_a_preference_stage_takes_the_replies_nll(tok):
@@ -226,3 +228,45 @@ def test_continued_pretraining_replays_general_text(tmp_path):
     out = pretrain(ws, "max_steps=4", f"replay.prompts={general}", extra=["--from", "pretrain", "--out", "x"],
                    expect=2).output
     assert "pretraining replays general text; use replay.text" in out
+
+
+def test_sft_replays_text_with_the_loss_on_every_token(setup, make_ctx, tmp_path, tok):
+    """InstructGPT's pretraining mix: text windows join the SFT batches at the ratio, each one's
+    loss the mean NLL of every next token (not only a reply's)."""
+    import torch
+    from llmkit.core.workspace import Workspace
+    from llmkit.train.sft import SftTask
+
+    general = write_jsonl(tmp_path / "general_text.jsonl", [{"text": f"the cat {i} sat on the mat. " * 12}
+                                                            for i in range(4)])
+    b = run(make_ctx, **{"replay.text": str(general), "replay.ratio": 0.25})
+    m = json.loads((b.final / "manifest.json").read_text())
+    assert m["stats"]["replay"]["windows"] > 0 and str(general) in {i["path"] for i in m["inputs"]}
+    records = [json.loads(x) for x in (b.final / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "replay_loss" in r] == [2, 7]  # as the replies' schedule
+
+    windows = replay_module.text_windows(tok, replay_module.eval_input(Workspace(tmp_path), str(general)), 16)
+    batch = next(iter(WindowStream(windows, 2, seed=0, rank=0, world=1, shifted=False)))
+    ids = torch.as_tensor(batch["input_ids"])
+    assert ids.shape == (2, 16) and (batch["labels"] == batch["input_ids"]).all()
+    model = tiny_model(tok.vocab_size)
+    loss, _ = SftTask(model, None, None, 16, tok.pad_id).loss(model, {"input_ids": ids, "labels": ids})
+    logps = torch.log_softmax(model(ids)[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])
+    assert float(loss) == pytest.approx(float(-logps.mean()), rel=1e-5)
+
+
+def test_a_tokens_artifact_replays_its_train_split_of_its_own_tokenizer(tmp_path, tok):
+    from llmkit.core.workspace import Workspace
+    from llmkit.data.loader import split_tokens
+    from tests.train.test_pretrain import token_workspace
+
+    ws = Workspace(token_workspace(tmp_path))
+    art = ws.artifact("tokens")
+    train, val = split_tokens(art.path, "train"), split_tokens(art.path, "val")
+    assert len(val) > 0  # the val documents exist, and are not replayed
+    windows = replay_module.text_windows(None, art, 33)
+    assert windows.shape == (len(train) // 33, 33)
+    assert (windows.reshape(-1) == train[:windows.size]).all()
+    replay_module.require_tokenizer_of_the_run(art, ws, ws.root / "tokenizer")
+    with pytest.raises(ConfigError, match=r"replay.text=.*tokens: tokenized with .* another tokenizer"):
+        replay_module.require_tokenizer_of_the_run(art, ws, tok.path)
