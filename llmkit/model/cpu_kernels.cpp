@@ -13,6 +13,7 @@
 // tells the caller whether this CPU may run them. Threads are OpenMP's, as many as the caller
 // passes (torch's count), over groups of panels.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <immintrin.h>
@@ -350,6 +351,84 @@ AVX512 void llmkit_delta_step(const float* qkv, int64_t qkv_stride, const float*
       __m512 normed = _mm512_mul_ps(_mm512_loadu_ps(norm_w + j * LANES), _mm512_mul_ps(acc[j], inverse));
       _mm512_storeu_ps(out + task * Dv + j * LANES, _mm512_mul_ps(normed, silu(_mm512_loadu_ps(zr + j * LANES))));
     }
+  }
+}
+}
+
+// One decoding step (one new token a row) through every layer of a plain decoder (llmkit/model/decode_step.py:
+// attention with full RoPE and a SwiGLU MLP, RMSNorm before each), the kernels above called in the order and on
+// the values the Python step gives them, so the hidden states are its own bit for bit: one call for the step
+// instead of ~15 Python calls a layer (each a ctypes call or a tensor made), ~2 ms of SmolLM2's step at batch 1.
+// A product is whichever panel kernel the layer's weight takes (float32, bf16, f16, int8): they share one
+// signature but for the type of the weights, which the call passes as an address.
+using product_fn = void (*)(const float* x, int64_t M, int64_t K, const void* w, const float* bias, int64_t N,
+                            float* y, int threads);
+
+struct DecodeLayer {  // one layer's addresses, in this order (decode_step.py fills them as int64 slots)
+  const float* norm1;
+  const float* norm2;
+  product_fn qkv;
+  const void* qkv_w;
+  const float* qkv_bias;
+  product_fn o;
+  const void* o_w;
+  const float* o_bias;
+  product_fn gate_up;
+  const void* gate_up_w;
+  const float* gate_up_bias;
+  product_fn down;
+  const void* down_w;
+  float* k_cache;  // [B, Hkv, max_len, D]
+  float* v_cache;
+};
+
+namespace {
+void add_rows(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] + y[i];
+}
+}  // namespace
+
+extern "C" {
+
+// the floats of scratch llmkit_decode_layers needs for B rows
+int64_t llmkit_decode_scratch(int64_t B, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t ffn) {
+  return B * (2 * hidden + (H + 2 * Hkv) * D + 2 * H * D + 3 * ffn);
+}
+
+// x [B, hidden] (the embeddings of the new tokens) -> the last layer's output, in place. eps [n_layers][2]; the
+// new token's keys and values are written at slot `past` of each cache; cos, sin [B or 1, D] (row stride
+// cos_stride, 0 for one table), key_mask [B, past + 1] (1 = may attend) or null; scale the attention's.
+AVX512 void llmkit_decode_layers(const DecodeLayer* layers, const float* eps, int64_t n_layers, float* x, int64_t B,
+                                 int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t ffn, int64_t past,
+                                 int64_t max_len, const float* cos, const float* sin, int64_t cos_stride,
+                                 const uint8_t* key_mask, float scale, float* scratch, int threads) {
+  const int64_t width = (H + 2 * Hkv) * D;  // a row of the q/k/v product: q, then k, then v
+  float *h = scratch, *qkv = h + B * hidden, *q = qkv + B * width, *attended = q + B * H * D;
+  float *added = attended + B * H * D, *gate_up = added + B * hidden, *act = gate_up + B * 2 * ffn;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const DecodeLayer& l = layers[i];
+    llmkit_rms_norm(x, l.norm1, B, hidden, eps[2 * i], h, threads);
+    l.qkv(h, B, hidden, l.qkv_w, l.qkv_bias, width, qkv, threads);
+    llmkit_rotate(qkv, B, 1, H, D, width, width, D, cos, sin, cos_stride, 0, threads);
+    llmkit_rotate(qkv + H * D, B, 1, Hkv, D, width, width, D, cos, sin, cos_stride, 0, threads);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = qkv + b * width;
+      std::copy(row, row + H * D, q + b * H * D);
+      for (int64_t g = 0; g < Hkv; ++g) {
+        int64_t slot = ((b * Hkv + g) * max_len + past) * D;
+        std::copy(row + (H + g) * D, row + (H + g + 1) * D, l.k_cache + slot);
+        std::copy(row + (H + Hkv + g) * D, row + (H + Hkv + g + 1) * D, l.v_cache + slot);
+      }
+    }
+    llmkit_decode_attention(q, l.k_cache, l.v_cache, Hkv * max_len * D, max_len * D, key_mask, B, H, Hkv, past + 1,
+                            D, scale, attended, threads);
+    l.o(attended, B, H * D, l.o_w, l.o_bias, hidden, added, threads);
+    add_rows(x, added, B * hidden);
+    llmkit_rms_norm(x, l.norm2, B, hidden, eps[2 * i + 1], h, threads);
+    l.gate_up(h, B, hidden, l.gate_up_w, l.gate_up_bias, 2 * ffn, gate_up, threads);
+    llmkit_silu_times(gate_up, gate_up + ffn, B, ffn, 2 * ffn, act, threads);
+    l.down(act, B, ffn, l.down_w, nullptr, hidden, added, threads);
+    add_rows(x, added, B * hidden);
   }
 }
 }

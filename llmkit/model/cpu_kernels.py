@@ -65,10 +65,11 @@ def low_precision_available(weights: str) -> bool:
 class PanelWeight:
     """A float32 weight [out_features, in_features] laid out for `product` (one more copy of it)."""
 
-    __slots__ = ("panels", "out_features", "in_features")
+    __slots__ = ("panels", "out_features", "in_features", "kernel")
 
     def __init__(self, weight: torch.Tensor):
         lib = library()
+        self.kernel = lib.llmkit_panel_product
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().contiguous()
         self.panels = torch.empty(lib.llmkit_panel_floats(*weight.shape), dtype=torch.float32)
@@ -81,8 +82,8 @@ class PanelWeight:
         rows = x.reshape(-1, self.in_features).contiguous()
         y = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
         bias = None if bias is None else bias.detach().contiguous()  # held: the kernel reads its memory
-        library().llmkit_panel_product(rows.data_ptr(), rows.shape[0], self.in_features, self.panels.data_ptr(),
-                                       address(bias), self.out_features, y.data_ptr(), torch.get_num_threads())
+        self.kernel(rows.data_ptr(), rows.shape[0], self.in_features, self.panels.data_ptr(), address(bias),
+                    self.out_features, y.data_ptr(), torch.get_num_threads())
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -121,17 +122,18 @@ class F16PanelWeight:
     bf16, the same bytes) in panels of one input a vector: `product` widens each to float32 in
     registers (vcvtph2ps) and multiplies the float32 rows with float32 FMA."""
 
-    __slots__ = ("panels", "out_features", "in_features")
+    __slots__ = ("panels", "out_features", "in_features", "kernel")
 
     def __init__(self, weight: torch.Tensor):
         lib = library()
+        self.kernel = lib.llmkit_f16_panel_product
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float().contiguous()
         self.panels = torch.empty(lib.llmkit_f16_panel_values(*weight.shape), dtype=torch.int16)
         lib.llmkit_f16_panel_pack(weight.data_ptr(), *weight.shape, self.panels.data_ptr(), torch.get_num_threads())
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return _low_precision_product(self, library().llmkit_f16_panel_product, x, bias)
+        return _low_precision_product(self, self.kernel, x, bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [out, in] this multiplies by, as float32."""
@@ -355,3 +357,6 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.llmkit_int8_quantize_rows.argtypes = [pointer, size, size, pointer, threads]
     lib.llmkit_decode_attention.argtypes = [pointer, pointer, pointer, size, size, pointer, size, size, size, size,
                                             size, ctypes.c_float, pointer, threads]
+    lib.llmkit_decode_scratch.argtypes, lib.llmkit_decode_scratch.restype = [size] * 6, size
+    lib.llmkit_decode_layers.argtypes = ([pointer, pointer, size, pointer] + [size] * 8 + [pointer, pointer, size, pointer,
+                                         ctypes.c_float, pointer, threads])

@@ -1,17 +1,19 @@
 """One decoding step of a plain decoder on CPU, straight through llmkit's kernels.
 
-At batch 1 a SmolLM2 step's products through int8 weights take ~12 ms of CPU; the modules' calls
+At batch 1 a SmolLM2 step's products through int8 weights take ~9 ms of CPU; the modules' calls
 around them (30 blocks of `nn.Module.__call__`, the grouped products' checks, splits and views)
-took as long again. `step_hidden` runs the same kernels on the same tensors in the same order as
-`Transformer.hidden_states` does for one new token (RMSNorm, the q/k/v product, rotary, the KV
-cache, one-token attention, o, RMSNorm, gate/up, SwiGLU, down), so its hidden states are those of
-the modules bit for bit, with one Python call per kernel. It takes a model whose every layer is
-attention with full RoPE (no sliding window, no q/k norm, no output gate), a SwiGLU MLP and RMSNorm,
-packed for decoding (`packed_linears`, `decoding_weights`); `plan` says when, else callers keep
-`hidden_states`.
+took as long again, and one Python call per kernel still ~3 ms. `step_hidden` runs the same
+kernels on the same values in the same order as `Transformer.hidden_states` does for one new token
+(RMSNorm, the q/k/v product, rotary, the KV cache, one-token attention, o, RMSNorm, gate/up, SwiGLU,
+down) in one call for every layer (`llmkit_decode_layers`), so its hidden states are those of the
+modules bit for bit. It takes a model whose every layer is attention with full RoPE (no sliding
+window, no q/k norm, no output gate), a SwiGLU MLP and RMSNorm, packed for decoding
+(`packed_linears`, `decoding_weights`); `plan` says when, else callers keep `hidden_states`.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -19,8 +21,48 @@ from llmkit.model import cpu_kernels
 from llmkit.model.packed_linear import PACKED, PACKED_FEW, PACKED_GROUPS
 from llmkit.model.rope import LENGTH_DEPENDENT
 
+SLOTS = 15  # the addresses of a layer, as `DecodeLayer` in cpu_kernels.cpp orders them
+K_CACHE, V_CACHE = 13, 14
 
-def plan(model, hidden: torch.Tensor) -> list | None:
+
+class Plan:
+    """What `step_hidden` passes for every layer: its weights' and norms' addresses (the tensors held
+    here while they are used) and, filled when the cache's storage changes, its keys' and values'."""
+
+    def __init__(self, model, layers: list[tuple]):
+        cfg = model.config
+        self.held, rows, eps = [], [], []
+        for norm1, eps1, qkv, o, o_bias, norm2, eps2, gate_up, down in layers:
+            rows.append([self._address(norm1), self._address(norm2), *self._product(*qkv),
+                         *self._product(o, o_bias), *self._product(*gate_up), *self._product(down)[:2], 0, 0])
+            eps += [eps1, eps2]
+        self.table = torch.tensor(rows, dtype=torch.int64)
+        self.eps = torch.tensor(eps, dtype=torch.float32)
+        self.cache_storage = None
+        self.ffn = cfg.intermediate_size
+
+    def _address(self, t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        t = t.detach().float().contiguous()
+        self.held.append(t)
+        return t.data_ptr()
+
+    def _product(self, weight, bias=None, sizes=None) -> list[int]:
+        kernel = ctypes.cast(weight.kernel, ctypes.c_void_p).value
+        return [kernel, weight.panels.data_ptr(), self._address(bias)]
+
+    def point_at(self, kv_cache) -> None:
+        """The cache's keys and values of every layer in the table (again when their storage has changed:
+        rows left the batch, or another generation)."""
+        storage = [t.data_ptr() for t in kv_cache.k] + [t.data_ptr() for t in kv_cache.v]
+        if storage != self.cache_storage:
+            self.table[:, K_CACHE] = torch.tensor(storage[:len(kv_cache.k)], dtype=torch.int64)
+            self.table[:, V_CACHE] = torch.tensor(storage[len(kv_cache.k):], dtype=torch.int64)
+            self.cache_storage = storage
+
+
+def plan(model, hidden: torch.Tensor) -> Plan | None:
     """What `step_hidden` reads of each layer, looked up once per generation; None where it cannot run
     `model`'s decoding steps (hidden: the prompt's last hidden states)."""
     from llmkit.model.transformer import RMSNorm
@@ -42,45 +84,40 @@ def plan(model, hidden: torch.Tensor) -> list | None:
                 or not hasattr(attention.o_proj, PACKED) or not hasattr(mlp.down_proj, PACKED)):
             return None
         o_bias = None if attention.o_proj.bias is None else attention.o_proj.bias.detach()
+        sizes = (cfg.n_heads * cfg.head_dim, *[cfg.n_kv_heads * cfg.head_dim] * 2)
+        if list(qkv[2]) != list(sizes) or list(gate_up[2]) != [cfg.intermediate_size] * 2:
+            return None
         layers.append((norms[0].weight, norms[0].eps, qkv, few_rows(attention.o_proj), o_bias, norms[1].weight,
                        norms[1].eps, gate_up, few_rows(mlp.down_proj)))
     final = model.model.norm
-    return layers if type(final) is RMSNorm and not final.zero_centred else None
+    return Plan(model, layers) if type(final) is RMSNorm and not final.zero_centred else None
 
 
-def step_hidden(model, layers: list, input_ids: torch.Tensor, position_ids, kv_cache, attention_mask) -> torch.Tensor:
+def step_hidden(model, plan: Plan, input_ids: torch.Tensor, position_ids, kv_cache, attention_mask) -> torch.Tensor:
     """`model.hidden_states(input_ids, position_ids, kv_cache=kv_cache, attention_mask=attention_mask)`
-    for input_ids [B, 1], `layers` from `plan` -> [B, 1, hidden_size]."""
+    for input_ids [B, 1] after a prefill (the cache holds every layer), `plan` from `plan` ->
+    [B, 1, hidden_size]."""
     from llmkit.model.transformer import rotation
 
     cfg = model.config
     B, T = input_ids.shape
     past = kv_cache.length
+    if kv_cache.shape[2] < past + T:
+        raise ValueError(f"KV cache holds {kv_cache.shape[2]} tokens, {past + T} requested")
     if position_ids is None and attention_mask is not None:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-    cos, sin = rotation(cfg, model.rope_cos, model.rope_sin, position_ids, past, T)
+    cos, sin = (t.contiguous() for t in rotation(cfg, model.rope_cos, model.rope_sin, position_ids, past, T))
     mask = model.attention_mask(B, T, past, input_ids.device, None, attention_mask)
-    key_mask = None if mask is None else mask.expand(B, 1, 1, -1).reshape(B, -1)
-    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    x = model.model.embed_tokens(input_ids)
-    for i, (norm1, eps1, qkv, o, o_bias, norm2, eps2, gate_up, down) in enumerate(layers):
-        h = cpu_kernels.rms_norm(x, norm1, eps1)
-        packed, bias, sizes = qkv
-        q, k, v = packed.product(h, bias).split_with_sizes(sizes, -1)
-        q = q.reshape(B, T, H, D).transpose(1, 2)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)
-        cpu_kernels.rotate_(q, cos, sin)
-        cpu_kernels.rotate_(k, cos, sin)
-        k, v = kv_cache.update(i, k, v)
-        x = x + o.product(cpu_kernels.decode_attention(q, k, v, key_mask), o_bias)
-        h = cpu_kernels.rms_norm(x, norm2, eps2)
-        packed, bias, sizes = gate_up
-        gate, up = packed.product(h, bias).split_with_sizes(sizes, -1)
-        product = cpu_kernels.silu_times(gate, up)
-        if product is None:
-            product = torch.nn.functional.silu(gate) * up
-        x = x + down.product(product)
+    key_mask = None if mask is None else mask.expand(B, 1, 1, -1).reshape(B, -1).to(torch.bool).contiguous()
+    H, Hkv, D, hidden = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_size
+    x = model.model.embed_tokens(input_ids).contiguous()
+    plan.point_at(kv_cache)
+    lib = cpu_kernels.library()
+    scratch = torch.empty(lib.llmkit_decode_scratch(B, hidden, H, Hkv, D, plan.ffn), dtype=torch.float32)
+    lib.llmkit_decode_layers(plan.table.data_ptr(), plan.eps.data_ptr(), len(plan.table), x.data_ptr(), B, hidden,
+                             H, Hkv, D, plan.ffn, past, kv_cache.shape[2], cos.data_ptr(), sin.data_ptr(),
+                             0 if cos.dim() == 2 else cos.stride(0), cpu_kernels.address(key_mask), D ** -0.5,
+                             scratch.data_ptr(), torch.get_num_threads())
     kv_cache.length += T
     norm = model.model.norm
     return cpu_kernels.rms_norm(x, norm.weight, norm.eps)

@@ -127,7 +127,7 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, max_new_tokens)], dim=1)
         position_ids = attention_mask[:, :T].long().sum(-1, keepdim=True) - 1
     rows = torch.arange(B, device=device)  # the original row of each row still generating
-    layers = decode_step.plan(model, hidden)  # the modules' steps without their calls, where it can
+    direct = decode_step.plan(model, hidden)  # the modules' steps without their calls, where it can
     done = 0
     for step in range(max_new_tokens):
         next_token = sample_next_token(model.lm_head(hidden), temperature, top_k, top_p, greedy, generator,
@@ -151,8 +151,8 @@ def generate(model: Transformer, input_ids, max_new_tokens: int, temperature=1.0
         step_ids, step_positions = next_token[:, None], position_ids if attention_mask is not None else None
         step_mask = None if attention_mask is None else attention_mask[:, :T + step + 1]
         hidden = (model.hidden_states(step_ids, step_positions, kv_cache=cache, attention_mask=step_mask)
-                  if layers is None else
-                  decode_step.step_hidden(model, layers, step_ids, step_positions, cache, step_mask))[:, -1]
+                  if direct is None else
+                  decode_step.step_hidden(model, direct, step_ids, step_positions, cache, step_mask))[:, -1]
     return tokens[:, :T + done]
 
 
