@@ -1,10 +1,11 @@
-"""Before and after the context extension: `python recipes/long/summary.py WS`.
+"""Before and after the context extension: `python recipes/long/summary.py WS [SUFFIX]`.
 
 Prints the `long` task's mean score per test and language at each length (1x, 2x and 4x the base
 model's window, over the depths) for `retrieve` (past its window with its RoPE as it is), `yarn`
 and, where `make control` ran it, `plain` (yarn's training without the scaling); and each run's
 held-out loss per token at the base's window: tokens_short's val split scored in 256-token windows,
-all of it and the demo corpus's documents alone. Writes WS/long_summary.json."""
+all of it and the demo corpus's documents alone. Writes WS/long_summary.json. SUFFIX names
+another seed's runs (e.g. `_s1`: retrieve_s1, yarn_s1, plain_s1)."""
 
 import json
 import sys
@@ -38,9 +39,9 @@ def held_out_loss(ppl: dict) -> dict[str, float]:
 
 
 def main() -> None:
-    ws = Path(sys.argv[1])
+    ws, suffix = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "")
     out = {run: {"long": scores_by_length(r["long"]), "loss": held_out_loss(r["ppl"])}
-           for run in RUNS if (r := results(ws, run))}
+           for run in RUNS if (r := results(ws, run + suffix))}
     lengths = sorted({n for run in out.values() for by in run["long"].values() for n in by})
     print(f"{'long task score':16}" + "".join(f"{r}@{n}".rjust(15) for r in out for n in lengths))
     for key in sorted({k for run in out.values() for k in run["long"]}):
@@ -50,7 +51,7 @@ def main() -> None:
     for run in out:
         print(f"held-out loss at 256 tokens, {run}: " + ", ".join(
             f"{part} {loss:.4f} ({100 * (loss / before[part] - 1):+.2f}%)" for part, loss in out[run]["loss"].items()))
-    (ws / "long_summary.json").write_text(json.dumps(out, indent=1))
+    (ws / f"long_summary{suffix}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
