@@ -378,6 +378,7 @@ struct DecodeLayer {  // one layer's addresses, in this order (decode_step.py fi
   const float* gate_up_bias;
   product_fn down;
   const void* down_w;
+  const float* down_bias;
   float* k_cache;  // [B, Hkv, max_len, D]
   float* v_cache;
 };
@@ -427,7 +428,7 @@ AVX512 void llmkit_decode_layers(const DecodeLayer* layers, const float* eps, in
     llmkit_rms_norm(x, l.norm2, B, hidden, eps[2 * i + 1], h, threads);
     l.gate_up(h, B, hidden, l.gate_up_w, l.gate_up_bias, 2 * ffn, gate_up, threads);
     llmkit_silu_times(gate_up, gate_up + ffn, B, ffn, 2 * ffn, act, threads);
-    l.down(act, B, ffn, l.down_w, nullptr, hidden, added, threads);
+    l.down(act, B, ffn, l.down_w, l.down_bias, hidden, added, threads);
     add_rows(x, added, B * hidden);
   }
 }

@@ -21,8 +21,7 @@ from llmkit.model import cpu_kernels
 from llmkit.model.packed_linear import PACKED, PACKED_FEW, PACKED_GROUPS
 from llmkit.model.rope import LENGTH_DEPENDENT
 
-SLOTS = 15  # the addresses of a layer, as `DecodeLayer` in cpu_kernels.cpp orders them
-K_CACHE, V_CACHE = 13, 14
+K_CACHE, V_CACHE = 14, 15  # the slots of a layer's cache in `DecodeLayer` (cpu_kernels.cpp)
 
 
 class Plan:
@@ -33,8 +32,11 @@ class Plan:
         cfg = model.config
         self.held, rows, eps = [], [], []
         for norm1, eps1, qkv, o, o_bias, norm2, eps2, gate_up, down in layers:
-            rows.append([self._address(norm1), self._address(norm2), *self._product(*qkv),
-                         *self._product(o, o_bias), *self._product(*gate_up), *self._product(down)[:2], 0, 0])
+            packed_qkv, qkv_bias, _ = qkv
+            packed_gate_up, gate_up_bias, _ = gate_up
+            rows.append([self._address(norm1), self._address(norm2), *self._product(packed_qkv, qkv_bias),
+                         *self._product(o, o_bias), *self._product(packed_gate_up, gate_up_bias),
+                         *self._product(down), 0, 0])
             eps += [eps1, eps2]
         self.table = torch.tensor(rows, dtype=torch.int64)
         self.eps = torch.tensor(eps, dtype=torch.float32)
@@ -48,7 +50,7 @@ class Plan:
         self.held.append(t)
         return t.data_ptr()
 
-    def _product(self, weight, bias=None, sizes=None) -> list[int]:
+    def _product(self, weight, bias=None) -> list[int]:
         kernel = ctypes.cast(weight.kernel, ctypes.c_void_p).value
         return [kernel, weight.panels.data_ptr(), self._address(bias)]
 
