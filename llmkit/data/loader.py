@@ -24,8 +24,10 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from llmkit.checkpoints.step_folders import tokenizer_folder
 from llmkit.data.token_shards import SPLITS, read_index_codes, split_shards
 from llmkit.errors import ConfigError, UserError
+from llmkit.tokenizers.sentencepiece import tokenizer_file
 
 
 class _Stream:
@@ -58,6 +60,17 @@ class _Stream:
     def samples(self, seq_len: int) -> int:
         """Samples of seq_len + 1 tokens (the last may wrap when the stream is short)."""
         return 0 if self.tokens == 0 else max(1, (self.tokens - 1) // seq_len)
+
+
+def tokenizer_of(tokens_art, workspace):
+    """The tokenizer artifact the token shards were made with (an input in their manifest: a
+    tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
+    for entry in tokens_art.manifest.get("inputs", []):
+        path = Path(entry["path"])
+        if path.is_dir() and tokenizer_file(tokenizer_folder(path)) is not None:
+            return workspace.artifact(path), tokenizer_folder(path)
+    raise UserError(f"{tokens_art.path} does not name the tokenizer it was built with; rebuild it "
+                    "with `llmkit tokenize`")
 
 
 def split_tokens(tokens_dir: Path, split: str):

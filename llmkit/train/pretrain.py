@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmkit.checkpoints.step_folders import TOKENIZER, tokenizer_folder
-from llmkit.data.loader import TokenLoader
+from llmkit.checkpoints.step_folders import TOKENIZER
+from llmkit.data.loader import TokenLoader, tokenizer_of
 from llmkit.dryrun import Shape, parameters, plan
 from llmkit.errors import ConfigError, UserError
 from llmkit.model.config import ContextExtension, extended_max_seq_len, model_config
@@ -188,17 +188,6 @@ def document_end(tokens_art, cfg: PretrainConfig) -> int | None:
         raise UserError(f"{tokens_art.path} does not record the token that ends its documents "
                         "(eos_id); rebuild it with `llmkit tokenize` to train with doc_masking")
     return end
-
-
-def tokenizer_of(tokens_art, workspace):
-    """The tokenizer artifact the token shards were made with (an input in their manifest: a
-    tokenizer, or the checkpoint run that carries it) and the tokenizer folder itself."""
-    for entry in tokens_art.manifest.get("inputs", []):
-        path = Path(entry["path"])
-        if path.is_dir() and tokenizer_file(tokenizer_folder(path)) is not None:
-            return workspace.artifact(path), tokenizer_folder(path)
-    raise UserError(f"{tokens_art.path} does not name the tokenizer it was built with; rebuild it "
-                    "with `llmkit tokenize`")
 
 
 def require_tokens_of_the_run(step_dir: Path, tokenizer_dir: Path, tokens_dir: Path) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from llmkit.errors import ConfigError, UserError
 from llmkit.data.input_files import eval_input, read_rows
+from llmkit.data.loader import split_tokens, tokenizer_of
 from llmkit.core.targets import MANIFEST
 from llmkit.core.workspace import Artifact
 from llmkit.checkpoints.loading import load, load_tokenizer, starting_weights
@@ -236,8 +237,6 @@ def text_windows(tokenizer, art, width: int):
     import numpy as np
 
     if art.stage == "tokenize":
-        from llmkit.data.loader import split_tokens
-
         flat = split_tokens(art.path, "train")
     else:
         end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
@@ -379,8 +378,6 @@ class ReplayTask:
 def require_tokenizer_of_the_run(tokens_art, workspace, tokenizer_dir: Path) -> None:
     """A tokens artifact replays only into a run of the tokenizer that made it: another
     vocabulary's ids would train on garbage, silently."""
-    from llmkit.train.pretrain import tokenizer_of
-
     _, theirs = tokenizer_of(tokens_art, workspace)
     if not same_tokenizer(theirs, tokenizer_dir):
         raise ConfigError(f"replay.text={tokens_art.path}: tokenized with {theirs}, but the run trains "
