@@ -27,6 +27,10 @@ Low-precision weights (`cpu_kernels_lowprec.cpp`, `decode.weights`: `llmkit.mode
 float32 kernels only, as a CPU without them would. Both multiply by rows kept (near) float32, so that
 greedy decoding keeps float32's tokens; LLMKIT_LOWPREC_ROWS=rounded picks the rows rounded as the
 weights are (bf16; q8_0, as llama.cpp does), kept to measure the difference.
+
+Every panel of 64 KB or more sits on 2 MB pages where the kernel allows it (`_PanelArena`):
+SmolLM2's batch-1 step at one thread went from 56.9 to 68.8 tokens/s (bf16), 97.1 to 106.3 (int8).
+LLMKIT_HUGE_PAGES=0 keeps torch's allocation.
 """
 
 from __future__ import annotations
