@@ -28,9 +28,8 @@ float32 kernels only, as a CPU without them would. Both multiply by rows kept (n
 greedy decoding keeps float32's tokens; LLMKIT_LOWPREC_ROWS=rounded picks the rows rounded as the
 weights are (bf16; q8_0, as llama.cpp does), kept to measure the difference.
 
-Every panel of 64 KB or more sits on 2 MB pages where the kernel allows it (`_PanelArena`):
-SmolLM2's batch-1 step at one thread went from 56.9 to 68.8 tokens/s (bf16), 97.1 to 106.3 (int8).
-LLMKIT_HUGE_PAGES=0 keeps torch's allocation.
+Every panel of 64 KB or more sits on 2 MB pages where the kernel allows it
+(`llmkit.model.huge_pages`).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from pathlib import Path
 import torch
 
 from llmkit.core.aot import writable_cache_folder
+from llmkit.model.huge_pages import panel_storage
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 SOURCES = (SOURCE, SOURCE.with_name(f"{SOURCE.stem}_lowprec.cpp"))  # compiled into one library
@@ -89,67 +89,6 @@ class PanelWeight:
         self.kernel(rows.data_ptr(), rows.shape[0], self.in_features, self.panels.data_ptr(), address(bias),
                     self.out_features, y.data_ptr(), torch.get_num_threads())
         return y.view(*x.shape[:-1], self.out_features)
-
-
-HUGE_PAGE = 2 << 20
-
-
-class _PanelArena:
-    """Panels on 2 MB pages where the kernel lets a process ask (transparent huge pages in `madvise`
-    mode): a decoding step streams every panel once, and on 4 KB pages SmolLM2's 270 MB (bf16) cross
-    69,000 page boundaries, each a TLB miss and a restart of the hardware prefetcher. Its matrices
-    are 0.7-3.5 MB but for the vocabulary's, so they are cut from shared chunks of CHUNK bytes (a
-    chunk lives while a slice of it does; the current one stays with the process); a weight of more
-    than half a chunk has a region of its own."""
-
-    CHUNK = 32 << 20
-
-    def __init__(self):
-        self.chunk, self.used = None, 0
-
-    def take(self, size: int) -> torch.Tensor:
-        """`size` bytes (uint8) starting on a 64-byte boundary."""
-        if size > self.CHUNK // 2:  # a region of its own, freed with its weight
-            return self._huge_pages(size)[:size]
-        if self.chunk is None or self.used + size > len(self.chunk):
-            self.chunk, self.used = self._huge_pages(max(self.CHUNK, size)), 0
-        out = self.chunk[self.used:self.used + size]
-        self.used += -(-size // 64) * 64
-        return out
-
-    @staticmethod
-    def _huge_pages(size: int) -> torch.Tensor:
-        size = -(-size // HUGE_PAGE) * HUGE_PAGE
-        raw = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)  # untouched: no page is faulted in yet
-        start = -raw.data_ptr() % HUGE_PAGE
-        _madvise_huge_pages()(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(size), 14)  # MADV_HUGEPAGE
-        return raw[start:start + size]
-
-
-_ARENA = _PanelArena()
-
-
-def panel_storage(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """An empty tensor of n values for a weight's panels: from the huge-page arena where there is
-    one, else as torch allocates."""
-    size = n * torch.empty(0, dtype=dtype).element_size()
-    if size < (64 << 10) or not _madvise_huge_pages():
-        return torch.empty(n, dtype=dtype)
-    return _ARENA.take(size).view(dtype)
-
-
-@functools.cache
-def _madvise_huge_pages():
-    """libc's madvise (MADV_HUGEPAGE = 14) where it is Linux's and huge pages are not off; else None."""
-    try:
-        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return None
-    if "[never]" in mode or os.environ.get("LLMKIT_HUGE_PAGES") == "0":
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes, libc.madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return libc.madvise
 
 
 def _rounded_rows() -> bool:

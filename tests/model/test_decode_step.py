@@ -47,15 +47,14 @@ def test_the_direct_step_gives_the_modules_hidden_states_bit_for_bit(pack_every_
     assert checked == [True] * 9
 
 
-@needs_kernels
-@pytest.mark.parametrize("weights", ["bf16", "f16", "int8"])
+@pytest.mark.parametrize("weights", [
+    pytest.param(k, marks=pytest.mark.skipif(not cpu_kernels.low_precision_available(k), reason=f"needs the {k} kernels"))
+    for k in ("bf16", "f16", "int8")])
 def test_the_direct_step_through_low_precision_weights_is_the_modules_bit_for_bit(pack_every_matrix, monkeypatch,
                                                                                    weights):
     """One call for every layer (llmkit_decode_layers) passes each layer's own product kernel."""
     from llmkit.model.decode_weights import decoding_weights
 
-    if not cpu_kernels.low_precision_available(weights):
-        pytest.skip(f"needs the {weights} kernels")
     model = build(seed=2)
     ids = tokens(6, seed=4)[None]  # batch 1, no mask: the chat case
     checked = steps_checked_against_the_modules(monkeypatch)
