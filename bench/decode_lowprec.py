@@ -19,6 +19,9 @@ quality: greedy tokens of `--prompts` chat prompts (recipes/smollm2/general_prom
   through bf16, f16 and int8 against fp32, a reply equal when its tokens up to its first stop token are (and
   strictly: all new tokens); where one differs, fp32's margin between its two likeliest tokens at the
   first difference (a near tie: under 0.5 logits); held-out perplexity of 16 windows x 256 tokens.
+  `--prompt-set text`: the prompts are the held-out text's 64-token windows after the speed bench's,
+  each generated alone (batch 1) for every new token, no stop; with --gguf-f16/--gguf-q8 llama.cpp's
+  greedy tokens of the same prompts are compared with llmkit fp32's as well.
 batch: bench/generate.py's batches (16 chat prompts x <= 64 sampled tokens) through llmkit with
   `--weights` against transformers' `generate` (dynamic cache), fp32.
 command: the same prompts (`--batches` x 16) as whole commands, each timed from spawn to exit
@@ -122,11 +125,16 @@ def quality_child(p: dict) -> dict:
     kinds = KINDS + (ROUNDED if p.get("rounded") else ())
     for kind in kinds:
         model, tokenizer = llmkit_model(p["model"], kind)
-        prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
-        encoded = [encode_prompt(tokenizer, q, True) for q in prompts[:p["prompts"]]]
-        ids, mask = left_pad(encoded, tokenizer.pad_id)
         started = time.perf_counter()
-        new = generate(model, ids, p["new_tokens"], greedy=True, attention_mask=mask)[:, ids.shape[1]:].tolist()
+        if p["prompt_set"] == "text":  # batch 1, each prompt alone, as the speed bench
+            encoded = english_windows(tokenizer, p["prompts"], PROMPT_TOKENS, skip=1)
+            new = [generate(model, torch.tensor([e]), p["new_tokens"], greedy=True)[0, len(e):].tolist()
+                   for e in encoded]
+        else:
+            prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
+            encoded = [encode_prompt(tokenizer, q, True) for q in prompts[:p["prompts"]]]
+            ids, mask = left_pad(encoded, tokenizer.pad_id)
+            new = generate(model, ids, p["new_tokens"], greedy=True, attention_mask=mask)[:, ids.shape[1]:].tolist()
         seconds = time.perf_counter() - started
         nll = count = 0.0
         with torch.no_grad():
@@ -135,8 +143,11 @@ def quality_child(p: dict) -> dict:
                 nll += torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(window[1:]), reduction="sum").item()
                 count += len(window) - 1
         out[kind] = {"replies": new, "ppl": math.exp(nll / count), "generate_s": seconds}
-        if kind == "fp32":
-            fp32_model, stops = model, set(tokenizer.stop_ids)
+        if kind == "fp32":  # text prompts run to the end: no stop token
+            fp32_model, stops = model, set(tokenizer.stop_ids) if p["prompt_set"] == "chat" else set()
+    for name, gguf in p.get("ggufs", {}).items():  # llama.cpp's files of the same run, the same prompts
+        out[name] = {"replies": llama_cpp_greedy(gguf, encoded, p["new_tokens"])}
+        kinds += (name,)
     reference = out["fp32"]["replies"]
     for kind in kinds[1:]:
         equal = strict = 0
@@ -156,12 +167,26 @@ def quality_child(p: dict) -> dict:
     return {k: {key: v for key, v in r.items() if key != "replies"} for k, r in out.items()}
 
 
-def english_windows(tokenizer, n: int, width: int) -> list[list[int]]:
-    """bench/gguf_quality.py's held-out English windows (a list, or its {language: windows})."""
+def llama_cpp_greedy(gguf: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """`new_tokens` greedy ids after each prompt, alone, through llama.cpp's binding (no stop)."""
+    import llama_cpp
+    import torch
+
+    from llmkit.eval.efficiency import greedy_llama_cpp
+
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=PROMPT_TOKENS + new_tokens, n_batch=PROMPT_TOKENS,
+                          n_threads=threads, n_threads_batch=threads, verbose=False)
+    return [greedy_llama_cpp(llm, prompt, new_tokens) for prompt in prompts]
+
+
+def english_windows(tokenizer, n: int, width: int, skip: int = 0) -> list[list[int]]:
+    """bench/gguf_quality.py's held-out English windows after the first `skip` (a list, or its
+    {language: windows})."""
     from bench.gguf_quality import held_out_windows
 
-    windows = held_out_windows(tokenizer, n, width)
-    return windows["en"] if isinstance(windows, dict) else windows
+    windows = held_out_windows(tokenizer, n + skip, width)
+    return (windows["en"] if isinstance(windows, dict) else windows)[skip:]
 
 
 def until_stop(tokens: list[int], stops: set) -> list[int]:
@@ -270,17 +295,28 @@ def shown(name: str, r: dict) -> dict:
 def quality(a) -> None:
     r = spawn(__file__, "quality", {"model": str(Path(a.model).resolve()), "prompts": a.prompts,
                                     "new_tokens": a.new_tokens, "windows": 16, "window": 256,
-                                    "rounded": a.rounded}, a.threads)
-    print(f"greedy replies of {a.prompts} chat prompts x <= {a.new_tokens} tokens (batched), and held-out "
-          f"perplexity (16 x 256 tokens); load {os.getloadavg()[0]:.2f}")
+                                    "rounded": a.rounded, "prompt_set": a.prompt_set,
+                                    "ggufs": quality_ggufs(a)}, a.threads)
+    prompts = (f"{a.prompts} chat prompts x <= {a.new_tokens} tokens (batched)" if a.prompt_set == "chat" else
+               f"{a.prompts} held-out text prompts of {PROMPT_TOKENS} tokens x {a.new_tokens} tokens (batch 1, no stop)")
+    print(f"greedy replies of {prompts}, and held-out perplexity (16 x 256 tokens); load {os.getloadavg()[0]:.2f}")
     for kind in r:
-        line = f"  {kind}: perplexity {r[kind]['ppl']:.4f}"
+        line = f"  {kind}:" + (f" perplexity {r[kind]['ppl']:.4f}" if "ppl" in r[kind] else "")
         if kind != "fp32":
-            rise = 100 * (r[kind]["ppl"] / r["fp32"]["ppl"] - 1)
-            line += (f" ({rise:+.3f}% of fp32's); replies equal to fp32's up to the stop {r[kind]['equal']}/"
-                     f"{a.prompts}, all {a.new_tokens} tokens {r[kind]['strict']}/{a.prompts}; differences "
-                     f"{json.dumps(r[kind]['differences'])}")
+            if "ppl" in r[kind]:
+                line += f" ({100 * (r[kind]['ppl'] / r['fp32']['ppl'] - 1):+.3f}% of fp32's);"
+            line += (f" replies equal to fp32's up to the stop {r[kind]['equal']}/{a.prompts}, all {a.new_tokens} "
+                     f"tokens {r[kind]['strict']}/{a.prompts}; differences {json.dumps(r[kind]['differences'])}")
         print(line)
+
+
+def quality_ggufs(a) -> dict:
+    """{side: GGUF path} of llama.cpp's files given, for the text prompts (the chat set is batched
+    through llmkit's template, which the binding's greedy loop does not take)."""
+    if a.prompt_set != "text":
+        return {}
+    return {name: str(Path(path).resolve()) for name, path in (("llama_f16", a.gguf_f16), ("llama_q8_0", a.gguf_q8))
+            if path}
 
 
 def batch(a) -> None:
@@ -375,6 +411,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--prompt-set", default="chat", choices=["chat", "text"],
+                        help="quality: chat prompts (batched, up to the stop) or held-out text windows of "
+                             f"{PROMPT_TOKENS} tokens after the speed bench's (batch 1, every new token)")
     parser.add_argument("--weights", default="fp32,int8", help="batch: llmkit's weights, comma-separated")
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--rounded", action="store_true",

@@ -59,7 +59,9 @@ LoRA r `--lora-r` (16 there) on every linear layer of the blocks on both sides (
 
 Low-precision rollouts (`--decode-weights bf16|f16|int8`): llmkit samples through copies of the
 policy in those weights (`--set decode.weights=…`; training, log-probs and KL stay fp32), TRL as
-ever in fp32. Each repetition then runs llmkit at fp32 too, same seed, so beside the speed-ups
+ever in fp32. `--base-products bf16` multiplies llmkit's frozen LoRA base through bf16 copies too
+(`--set lora.base_products=bf16`; the adapters, norms, attention, loss and optimizer stay fp32).
+Either way each repetition then runs llmkit at fp32 too, same seed, so beside the speed-ups
 (over TRL and over llmkit fp32) the two llmkit runs' per-step reward and KL are printed side by
 side with their largest difference, and the manifest's `stats.rollout_weights` of each (a CPU
 without the instructions falls back to fp32, which must not pass for a low-precision figure).
@@ -68,7 +70,8 @@ without the instructions falls back to fp32, which must not pass for a low-preci
                          [--rollouts 10] [--warmup 1] [--threads 1] [--reps 3]
     python bench/grpo.py --model WS/smollm2 --export HF_DIR --prompts 8 --group 4 --new-tokens 64 \
                          [--epochs 1 --beta 0] [--rollouts 3] [--warmup 1] [--threads 1] [--reps 3]
-                         [--decode-weights fp32|bf16|f16|int8] [--reward similarity|code]
+                         [--decode-weights fp32|bf16|f16|int8] [--base-products fp32|bf16]
+                         [--reward similarity|code]
 """
 
 from __future__ import annotations
@@ -183,7 +186,7 @@ def build_inputs(ws: Path, n_prompts: int, threads: int, a) -> Path:
     return ws / "hf"
 
 
-def llmkit_settings(a, steps: int, weights: str) -> list[str]:
+def llmkit_settings(a, steps: int, weights: str, base: str = "fp32") -> list[str]:
     reward = ["reward=code"] if a.reward == "code" else ["reward=verify", "partial_credit=true"]
     return ["algo=grpo", f"decode.weights={weights}", *reward,
             f"prompts_per_rollout={a.prompts}",
@@ -194,7 +197,8 @@ def llmkit_settings(a, steps: int, weights: str) -> list[str]:
             "grad_clip=1.0", "precision=fp32", "activation_checkpointing=false",
             f"max_steps={steps}", "log_every=1", "eval_every=0", "eval_records=0",
             "eval_fraction=0", "seq_len=128", "seed=0",
-            *([f"lora.r={a.lora_r}", f"lora.alpha={LORA_ALPHA}", "lora.dropout=0", "lora.target=all-linear"]
+            *([f"lora.r={a.lora_r}", f"lora.alpha={LORA_ALPHA}", "lora.dropout=0", "lora.target=all-linear",
+               f"lora.base_products={base}"]
               if a.lora_r else [])]
 
 
@@ -221,11 +225,11 @@ def llmkit_child(args: list[str]) -> dict:
     return {**llmkit_step_ends(args), "sandbox": sandbox}
 
 
-def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str) -> dict:
-    out = f"grpo_{weights}"
+def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str, base: str = "fp32") -> dict:
+    out = f"grpo_{weights}_{base}"
     args = ["ppo", "--from", str(Path(a.model).resolve()) if a.model else "base", "--in", "prompts", "--out",
             out, "--force",
-            *[x for s in llmkit_settings(a, steps, weights) for x in ("--set", s)]]
+            *[x for s in llmkit_settings(a, steps, weights, base) for x in ("--set", s)]]
     result = spawn(__file__, "llmkit", args, a.threads, ws)
     ends = result["ends"]
     records = [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
@@ -236,7 +240,8 @@ def run_llmkit(ws: Path, a, steps: int, warmup_steps: int, weights: str) -> dict
             "reward": [rollouts[0]["reward_mean"], rollouts[-1]["reward_mean"]],
             "step_reward": [r["reward_mean"] for r in records],
             "step_kl": [r.get("kl") for r in records],  # absent at β 0 (no reference)
-            "rollout_weights": stats["rollout_weights"], "sandbox": result["sandbox"]}
+            "rollout_weights": stats["rollout_weights"], "base_products": stats.get("base_products", "-"),
+            "sandbox": result["sandbox"]}
 
 
 def trl_config(p: dict, out: str):
@@ -314,14 +319,23 @@ def side_by_side(low: list, fp32: list) -> tuple[str, str]:
     return pairs, f"{max(abs(x - y) for x, y in zip(low, fp32)):.4f}"
 
 
-def print_against_fp32(results: list[dict], weights: str) -> None:
+def low_precision(a) -> str:
+    """llmkit's side's name: its rollout weights and LoRA base products where not fp32 ("fp32" when
+    both are)."""
+    parts = ([a.decode_weights] if a.decode_weights != "fp32" else []) + \
+        ([f"{a.base_products} base"] if a.base_products != "fp32" else [])
+    return " + ".join(parts) or "fp32"
+
+
+def print_against_fp32(results: list[dict], low: str) -> None:
     """The low-precision runs' per-step reward and KL beside the fp32 runs' of the same seed."""
-    print(f"  per-step reward and KL, llmkit {weights} / fp32 (same seed); largest difference:")
+    print(f"  per-step reward and KL, llmkit {low} / fp32 (same seed); largest difference:")
     for i, r in enumerate(results, 1):
         low, fp32 = r["llmkit"], r["llmkit_fp32"]
         reward, reward_diff = side_by_side(low["step_reward"], fp32["step_reward"])
         kl, kl_diff = side_by_side(low["step_kl"], fp32["step_kl"])
-        print(f"  rep {i}: stats.rollout_weights {low['rollout_weights']} / {fp32['rollout_weights']}; "
+        print(f"  rep {i}: stats.rollout_weights {low['rollout_weights']} / {fp32['rollout_weights']}, "
+              f"stats.base_products {low['base_products']} / {fp32['base_products']}; "
               f"reward {reward} (max diff {reward_diff}); KL {kl} (max diff {kl_diff})")
 
 
@@ -359,6 +373,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median and spread reported)")
     parser.add_argument("--decode-weights", default="fp32", choices=["fp32", "bf16", "f16", "int8"],
                         help="llmkit's rollout weights (not fp32: llmkit also runs at fp32 to compare)")
+    parser.add_argument("--base-products", default="fp32", choices=["fp32", "bf16"],
+                        help="llmkit's LoRA base products (lora.base_products; bf16: llmkit also runs "
+                             "at fp32 to compare; TRL stays fp32)")
     parser.add_argument("--reward", default="similarity", choices=["similarity", "code"],
                         help="similarity: the reversal prompts' edit similarity; code: Python tasks "
                              "scored by llmkit's sandboxed code reward on both sides")
@@ -387,10 +404,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp) / "ws"
         hf_dir = build_inputs(ws, n_prompts, a.threads, a)
-        weights = a.decode_weights
-        runs = [("llmkit", lambda: printed_run(f"llmkit {weights}", run_llmkit(ws, a, steps, warmup_steps, weights))),
+        weights, low = a.decode_weights, low_precision(a)
+        runs = [("llmkit", lambda: printed_run(f"llmkit {low}", run_llmkit(ws, a, steps, warmup_steps, weights,
+                                                                         a.base_products))),
                 ("trl", lambda: printed_run("trl", run_trl(hf_dir, a, n_prompts, steps, warmup_steps)))]
-        if weights != "fp32":
+        if low != "fp32":
             runs.insert(1, ("llmkit_fp32", lambda: printed_run(
                 "llmkit fp32", run_llmkit(ws, a, steps, warmup_steps, "fp32"))))
         results, loads = repeat(runs, a.reps)
@@ -399,9 +417,9 @@ def main() -> None:
     model = f"{Path(a.model).name} (LoRA r {a.lora_r})" if a.model else "tiny model"
     print(f"GRPO, {model}, reward {a.reward}, {a.prompts} prompts x {a.group} completions = {batch} per generation, "
           f"<= {a.new_tokens} new tokens, {a.epochs} optimizer steps per generation, beta {a.beta}, fp32 "
-          f"(llmkit's rollouts through {weights} weights), "
+          f"(llmkit: rollouts through {weights} weights, LoRA base products {a.base_products}), "
           f"{a.threads} CPU threads, {a.reps} repetitions")
-    print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps, weights))}")
+    print(f"  llmkit: --set {' '.join(llmkit_settings(a, steps, weights, a.base_products))}")
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed settings
     trl = trl_config({"prompts": a.prompts, "group": a.group, "epochs": a.epochs, "new_tokens": a.new_tokens,
                       "beta": a.beta, "steps": steps}, tempfile.gettempdir())
@@ -431,16 +449,16 @@ def main() -> None:
                   f"{r['llmkit']['update_step_s'] * 1e3:.0f}, TRL {r['trl']['generation_step_s'] * 1e3:.0f} / "
                   f"{r['trl']['update_step_s'] * 1e3:.0f}" for i, r in enumerate(results, 1)))
     print(f"  {'median [min-max] over the repetitions':<38} {'wall-clock':>22} {'median generation':>22}")
-    sides = [(f"llmkit ppo algo=grpo {weights}", "llmkit", None), ("TRL GRPOTrainer", "trl", "TRL")]
-    sides += [("llmkit ppo algo=grpo fp32", "llmkit_fp32", "llmkit fp32")] if weights != "fp32" else []
+    sides = [(f"llmkit ppo algo=grpo {low}", "llmkit", None), ("TRL GRPOTrainer", "trl", "TRL")]
+    sides += [("llmkit ppo algo=grpo fp32", "llmkit_fp32", "llmkit fp32")] if low != "fp32" else []
     for name, key, _ in sides:
         print(f"  {name:<38} {spread([r[key]['rate'] for r in results], RATE):>22} "
               f"{spread([r[key]['median_rate'] for r in results], RATE):>22} steps/s")
     for _, key, peer in sides[1:]:
         ratio = {k: spread([r["llmkit"][k] / r[key][k] for r in results]) for k in ("rate", "median_rate")}
-        print(f"  {f'llmkit {weights} / {peer}':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
-    if weights != "fp32":
-        print_against_fp32(results, weights)
+        print(f"  {f'llmkit {low} / {peer}':<38} {ratio['rate']:>22} {ratio['median_rate']:>22} x")
+    if low != "fp32":
+        print_against_fp32(results, low)
     if a.reward == "code":
         print_sandbox_counts(results, steps)
     if warning := load_warning(loads, a.threads):

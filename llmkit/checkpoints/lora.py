@@ -74,6 +74,8 @@ class LoraConfig:
     double_quant: bool = True  # nf4/fp4: quantise the absmax of each block too (~0.37 bit per weight saved)
     use_dora: bool = False  # DoRA: train a magnitude per output row beside the low-rank direction
     use_rslora: bool = False  # rsLoRA: scale the update by alpha/sqrt(r) instead of alpha/r
+    base_products: str = "fp32"  # fp32 | bf16: a CPU run's frozen fp32 base multiplies through bf16 copies
+    #                              (forward and input gradient; adapters, optimizer and the rest stay fp32)
 
     def __post_init__(self):
         if self.r < 0:
@@ -94,6 +96,11 @@ class LoraConfig:
                               f"{' or '.join(PRESETS)} or names like q_proj,v_proj")
         if self.quant not in quantization.QUANTS:
             raise ConfigError(f"lora.quant must be one of {', '.join(quantization.QUANTS)}, got {self.quant!r}")
+        if self.base_products not in ("fp32", "bf16"):
+            raise ConfigError(f"lora.base_products must be fp32 or bf16, got {self.base_products!r}")
+        if self.base_products == "bf16" and self.quant != "none":
+            raise ConfigError(f"lora.base_products=bf16 multiplies an fp32 base through bf16 copies; a "
+                              f"quantised base (lora.quant={self.quant}) computes in the run's precision")
         if self.quant == "int8" and self.use_dora:
             raise ConfigError("lora.use_dora with lora.quant=int8: peft's DoRA on bitsandbytes' 8-bit layers "
                               "loses their scales and fails; use lora.quant=nf4 (or fp4) with DoRA")

@@ -102,6 +102,9 @@ class TrainConfig:
                               "into flat shards, and a quantised weight's packed bytes mean nothing without "
                               "its per-block scales, which ZeRO does not carry; use zero_stage 0-2 (they "
                               "shard the adapters' gradients and optimizer state), or lora.quant=none")
+        if self.lora.enabled and self.lora.base_products == "bf16" and self.precision != "fp32":
+            raise ConfigError(f"lora.base_products=bf16 gives an fp32 run's frozen base bf16 products; with "
+                              f"precision={self.precision} every weight computes in it already: set one of them")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ConfigError("offload_optimizer needs zero_stage >= 1")
         if self.offload_params and self.zero_stage != 3:

@@ -9,6 +9,8 @@ takes 6.9 and 104 ms: 2.6x and 40x fp32's time (bench/bf16_matmul.py,
 bench/results/2026-12-07-bf16-train.md). So there a `precision=bf16` run
 says so in one line, naming the missing flags, and trains in fp32; the run's manifest records the
 precision it trained in (`stats.precision`). GPUs are left to DeepSpeed as they are.
+`lora.base_products=bf16` is the lighter form for a LoRA run: the model stays fp32 and only the
+frozen base's products go through bf16 copies (`base_products`, `llmkit.model.packed_linear`).
 LLMKIT_CPU_BF16=0 acts as a CPU without the instructions (as LLMKIT_CPU_KERNELS=fp32 does for
 decoding): the tests' fallback.
 """
@@ -58,8 +60,24 @@ def trained_precision(requested: str, on_gpu: bool | None = None) -> str:
     why = None if on_gpu else missing_cpu_bf16()
     if why is None:
         return requested
-    if why not in _said:
-        _said.add(why)
-        print(f"llmkit: precision=bf16: {why}, which a CPU needs to multiply bf16 faster than fp32; "
-              "training in fp32", file=sys.stderr)
+    _say_once(f"llmkit: precision=bf16: {why}, which a CPU needs to multiply bf16 faster than fp32; "
+              "training in fp32")
     return "fp32"
+
+
+def base_products(requested: str, on_gpu: bool) -> str:
+    """The dtype a LoRA run's frozen base multiplies in (`lora.base_products`): bf16 only on a CPU
+    with the bf16 instructions (the copies are CPU packing's), else fp32, said once."""
+    if requested != "bf16":
+        return requested
+    why = "a GPU run multiplies in its precision (set precision=bf16 there)" if on_gpu else missing_cpu_bf16()
+    if why is None:
+        return requested
+    _say_once(f"llmkit: lora.base_products=bf16: {why}; the base multiplies in fp32")
+    return "fp32"
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr)

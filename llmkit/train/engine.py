@@ -35,7 +35,7 @@ from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints import lora
 from llmkit.train.config import TrainConfig, lr_at
 from llmkit.train.checkpointer import Checkpointer
-from llmkit.train.cpu_precision import trained_precision
+from llmkit.train.cpu_precision import base_products, trained_precision
 from llmkit.train.distributed import seed_everything, setup_distributed
 from llmkit.train.metrics import ConsoleLine, MetricsLog, device_peak_flops, mfu, training_flops_per_token
 from llmkit.train.optim import deepspeed_config, make_optimizer
@@ -63,6 +63,7 @@ class FitResult:
     threads: dict  # the CPU threads it computed on (`CpuThreads.record`)
     cpu_kernels: str  # `cpu_kernel_path`: llmkit-avx512, torch or cuda
     precision: str  # the precision it trained in: the config's, or fp32 for bf16 on a CPU without the instructions
+    base_products: str  # a LoRA base's products: lora.base_products, or fp32 where bf16 cannot run
 
 
 class Engine:
@@ -110,7 +111,7 @@ class Engine:
             handlers = self._catch_signals()
             try:
                 # frozen layers (a LoRA base) multiply through packed weights for the whole run
-                with packed_linears(self.task.model, frozen_only=True):
+                with packed_linears(self.task.model, frozen_only=True, frozen_dtype=self.base_dtype):
                     self._train_loop()
             finally:
                 self._restore_signals(handlers)
@@ -118,7 +119,8 @@ class Engine:
                 self.console.close()
         return FitResult(self.step, self.tokens_seen, self.skipped_steps, self.last_record,
                          ckpt.resolve_step_dir(self.run_dir) if ckpt.read_latest(self.run_dir) else None,
-                         self.threads.record(self.step), cpu_kernel_path(self.dist.device), self.cfg.precision)
+                         self.threads.record(self.step), cpu_kernel_path(self.dist.device), self.cfg.precision,
+                         self.base_products)
 
     def _build(self) -> None:
         import deepspeed
@@ -131,6 +133,9 @@ class Engine:
         precision = trained_precision(cfg.precision, on_gpu=self.dist.device.startswith("cuda"))
         if precision != cfg.precision:
             self.cfg = cfg = dataclasses.replace(cfg, precision=precision)
+        self.base_products = base_products(cfg.lora.base_products if cfg.lora.enabled else "fp32",
+                                           on_gpu=self.dist.device.startswith("cuda"))
+        self.base_dtype = torch.bfloat16 if self.base_products == "bf16" else torch.float32
         if self.init_state_dict is not None and not any(map(ckpt.is_complete, ckpt.step_dirs(self.run_dir))):
             model.load_state_dict(self.init_state_dict, strict=True)
         if cfg.activation_checkpointing:

@@ -97,7 +97,8 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
                              "start": str(fit.start), "fingerprints": [a.fingerprint for a in gate_arts]}
         if dist.is_main:
             b.stats.update(fit.stats, steps=result.step, tokens_seen=result.tokens_seen,
-                           threads=result.threads, cpu_kernels=result.cpu_kernels, precision=result.precision)
+                           threads=result.threads, cpu_kernels=result.cpu_kernels, precision=result.precision,
+                           **({"base_products": result.base_products} if cfg.lora.enabled else {}))
             b.stats.update({name: result.metrics.get(key) for name, key in fit.metrics.items()})
             b.stats.update(fit.after(result, task) if fit.after else {})
             for name, value in after.items():
@@ -107,6 +108,7 @@ def fit_stage(ctx, stage: str, cfg, inputs: list, prepare: Callable[[], Fit]):
                                          *gate_lines(b.extra.get(GATE)),
                                          ("CPU threads", threads_label(result.threads)),
                                          ("CPU kernels", result.cpu_kernels), ("precision", result.precision),
+                                         *([("LoRA base products", result.base_products)] if cfg.lora.enabled else []),
                                          ("seconds", round(time.time() - b.started, 1))])
     check_gate(b.name, b.extra.get(GATE))
     return b

@@ -94,7 +94,9 @@ def test_lora_section_resolves_from_set_and_validates():
     assert SftConfig().lora.target == "all-linear" and not SftConfig().lora.enabled  # off by default
     for bad, key in ((["lora.r=-1"], "lora.r"), (["lora.alpha=0"], "lora.alpha"),
                      (["lora.dropout=1"], "lora.dropout"), (["lora.target=q-proj"], "lora.target"),
-                     (["lora.rank=4"], "lora.r")):
+                     (["lora.rank=4"], "lora.r"), (["lora.base_products=fp16"], "lora.base_products"),
+                     (["lora.r=4", "lora.quant=nf4", "lora.base_products=bf16"], "lora.base_products"),
+                     (["lora.r=4", "lora.base_products=bf16", "precision=bf16"], "lora.base_products")):
         with pytest.raises(ConfigError, match=key):
             resolve_config(SftConfig, parse_overrides(bad))
 

@@ -170,3 +170,36 @@ def test_training_packs_only_while_the_copies_fit_in_a_share_of_the_memory(pack_
     monkeypatch.setattr(packed, "available_memory", lambda: 4 * 2048 - 4)
     with packed_linears(layer, frozen_only=True):
         assert not hasattr(layer, PACKED)
+
+
+def test_a_bf16_frozen_base_multiplies_bf16_operands_both_ways_and_adds_its_bias_in_fp32(pack_every_matrix):
+    # lora.base_products=bf16: the frozen layer's product and its input's gradient round both
+    # operands to bf16, sum in fp32 and round the sums to bf16 (as autocast's products do); the
+    # bias is added in fp32; the layer that trains computes in fp32 as ever
+    torch.manual_seed(0)
+    frozen, trained = nn.Linear(48, 40).requires_grad_(False), nn.Linear(32, 48)
+    model = nn.Sequential(trained, frozen)
+    x = torch.randn(5, 32)
+    bf16 = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    with packed_linears(model, frozen_only=True, frozen_dtype=torch.bfloat16):
+        assert not hasattr(trained, PACKED)
+        hidden = trained(x).detach().requires_grad_()
+        out = frozen(hidden)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+    w, b = frozen.weight.double(), frozen.bias.double()
+    one_ulp = dict(rtol=2 ** -8, atol=1e-6)  # the bf16 rounding of an fp32 sum
+    torch.testing.assert_close(out.double(), bf16(bf16(hidden.detach()) @ bf16(w).t()) + b, **one_ulp)
+    torch.testing.assert_close(hidden.grad.double(), bf16(bf16(grad) @ bf16(w)), **one_ulp)
+    exact = hidden.detach().double() @ w.t() + b
+    assert 1e-4 < (out.double() - exact).abs().max() < 3e-2  # bf16's rounding, not fp32's
+    assert out.dtype == hidden.grad.dtype == torch.float32
+
+
+def test_bf16_copies_of_a_frozen_base_need_half_the_memory(pack_every_matrix, monkeypatch):
+    layer = nn.Linear(16, 16).requires_grad_(False)  # two bf16 copies: 2 x 512 bytes
+    monkeypatch.setattr(packed, "available_memory", lambda: 4 * 1024)
+    with packed_linears(layer, frozen_only=True, frozen_dtype=torch.bfloat16):
+        assert hasattr(layer, packed.PACKED_T)
+    with packed_linears(layer, frozen_only=True):
+        assert not hasattr(layer, PACKED)  # fp32's two copies (2 x 1,024 bytes) do not fit

@@ -3,8 +3,11 @@ import json
 import pytest
 import torch
 
+from llmkit.core.config import parse_overrides
+from llmkit.model import packed_linear
 from llmkit.train import cpu_precision
-from llmkit.train.cpu_precision import FORCE_FP32, cpu_flags, missing_cpu_bf16, trained_precision
+from llmkit.train.cpu_precision import (FORCE_FP32, base_products, cpu_flags, missing_cpu_bf16,
+                                        trained_precision)
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig, run_sft
 from tests.train.conftest import make_engine
@@ -96,11 +99,9 @@ def sft_ws(tmp_path, tok):
 
 
 def sft_stats(make_ctx, **settings) -> dict:
-    from llmkit.core.config import _Raw
-
     ctx = make_ctx(inputs=["sft_train"], force=True)
     options = dict(max_steps=2, micro_batch_size=4, seq_len=64, eval_every=0, eval_records=0, **settings)
-    ctx.overrides = {k: _Raw(str(v)) for k, v in options.items()}
+    ctx.overrides = parse_overrides([f"{k}={v}" for k, v in options.items()])
     return run_sft(ctx, ctx.config(SftConfig, "sft"), base="pretrain").stats
 
 
@@ -112,3 +113,33 @@ def test_the_manifest_records_the_precision_trained_in(make_ctx, sft_ws, monkeyp
     manifest = json.loads((sft_ws / "sft" / "manifest.json").read_text())
     # a CPU without the bf16 instructions falls back as the forced run does
     assert manifest["stats"]["precision"] == ("fp32" if forced or NO_BF16_HERE else "bf16")
+
+
+def test_lora_base_products_fall_back_to_fp32_on_a_gpu_or_a_cpu_without_bf16_and_say_so_once(monkeypatch,
+                                                                                            capsys):
+    assert base_products("fp32", on_gpu=False) == "fp32"
+    assert base_products("bf16", on_gpu=True) == "fp32"
+    assert "precision=bf16" in capsys.readouterr().err  # a GPU run asks for bf16 through its precision
+    monkeypatch.setenv(FORCE_FP32, "0")
+    assert [base_products("bf16", on_gpu=False) for _ in range(2)] == ["fp32", "fp32"]
+    assert capsys.readouterr().err.count("lora.base_products=bf16: LLMKIT_CPU_BF16=0 is set") == 1
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_lora_base_multiplies_in_bf16_where_the_cpu_can_within_its_tolerance(make_ctx, sft_ws, monkeypatch,
+                                                                                forced):
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # pack the tiny model's matrices as SmolLM2's
+    if forced:
+        monkeypatch.setenv(FORCE_FP32, "0")
+    lora = {"lora.r": 4, **FINE_TUNING}
+    fp32 = sft_stats(make_ctx, **lora)
+    fp32_losses = losses(sft_ws / "sft")
+    stats = sft_stats(make_ctx, **lora, **{"lora.base_products": "bf16"})
+    assert (fp32["base_products"], fp32["precision"]) == ("fp32", "fp32")
+    bf16 = not (forced or NO_BF16_HERE)
+    assert (stats["base_products"], stats["precision"]) == ("bf16" if bf16 else "fp32", "fp32")
+    if bf16:
+        assert losses(sft_ws / "sft") == pytest.approx(fp32_losses, rel=BF16_LOSS_TOLERANCE)
+        assert losses(sft_ws / "sft") != fp32_losses  # the base did multiply in bf16
+    else:
+        assert losses(sft_ws / "sft") == fp32_losses
