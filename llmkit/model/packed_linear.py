@@ -27,9 +27,10 @@ while the two copies take at most a quarter of the memory available when trainin
 copies are oneDNN's (faster at training's many rows); a decoding use inside the run (a rollout)
 adds panel copies of them for its few rows while it lasts. With `frozen_dtype=torch.bfloat16`
 (`lora.base_products=bf16`) those two copies are bf16 and each product rounds its rows to bf16 and
-its sums back to bf16 (as autocast's products do), widened to float32 for the rest: oneDNN's bf16 products take 0.57x the fp32 time of SmolLM2's block shapes at a
-GRPO step's 3,200 rows on a CPU with AVX512-BF16, one thread (a relative error of 2.9e-3 a product),
-while the adapters, norms, attention, loss and optimizer stay float32.
+its sums back to bf16 (as autocast's products do), widened to float32 for the rest: oneDNN's bf16
+products take 0.57x the fp32 time of SmolLM2's block shapes at a GRPO step's 3,200 rows on a CPU
+with AVX512-BF16, one thread (a relative error of 2.9e-3 a product), while the adapters, norms,
+attention, loss and optimizer stay float32.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def packed_linears(model: nn.Module, frozen_only: bool = False, frozen_dtype: to
     grouped = {id(layer) for members in groups.values() for layer in members}
     layers = [m for m in model.modules() if packable(m) and not hasattr(m, PACKED) and id(m) not in grouped
               and not (frozen_only and trains(m))] if available else []
-    copy_bytes = torch.finfo(frozen_dtype).bits // 8 if frozen_only else 4
-    if frozen_only and 2 * sum(m.weight.numel() * copy_bytes for m in layers) > available_memory() * TRAINING_SHARE:
+    copies = 2 * sum(m.weight.numel() for m in layers) * torch.finfo(frozen_dtype).bits // 8
+    if frozen_only and copies > available_memory() * TRAINING_SHARE:
         layers = []  # two more copies of a large frozen base would crowd out the activations
     groups = {key: members for key, members in groups.items()
               if key[1] not in vars(key[0]).get(PACKED_GROUPS, {})}  # not packed yet (by an outer use)
@@ -165,8 +166,8 @@ class Bf16OneDNNWeight:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(bf16, None)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "").float()
-        return y if bias is None else y + bias
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
+        return y.float() if bias is None else y.float() + bias
 
 
 def _packed_concatenation(layers: list[nn.Linear]) -> tuple:
