@@ -364,24 +364,24 @@ AVX512 void llmkit_delta_step(const float* qkv, int64_t qkv_stride, const float*
 using product_fn = void (*)(const float* x, int64_t M, int64_t K, const void* w, const float* bias, int64_t N,
                             float* y, int threads);
 
+struct Product {  // a layer's product: its kernel, the weight that kernel takes, the bias (null: none)
+  product_fn kernel;
+  const void* weight;
+  const float* bias;
+
+  void operator()(const float* x, int64_t M, int64_t K, int64_t N, float* y, int threads) const {
+    kernel(x, M, K, weight, bias, N, y, threads);
+  }
+};
+
 struct DecodeLayer {  // one layer's addresses, in this order (decode_step.py fills them as int64 slots)
   const float* norm1;
   const float* norm2;
-  product_fn qkv;
-  const void* qkv_w;
-  const float* qkv_bias;
-  product_fn o;
-  const void* o_w;
-  const float* o_bias;
-  product_fn gate_up;
-  const void* gate_up_w;
-  const float* gate_up_bias;
-  product_fn down;
-  const void* down_w;
-  const float* down_bias;
+  Product qkv, o, gate_up, down;
   float* k_cache;  // [B, Hkv, max_len, D]
   float* v_cache;
 };
+static_assert(sizeof(DecodeLayer) == 16 * sizeof(int64_t), "decode_step.py's 16 slots a layer");
 
 namespace {
 void add_rows(float* x, const float* y, int64_t n) {
@@ -409,7 +409,7 @@ AVX512 void llmkit_decode_layers(const DecodeLayer* layers, const float* eps, in
   for (int64_t i = 0; i < n_layers; ++i) {
     const DecodeLayer& l = layers[i];
     llmkit_rms_norm(x, l.norm1, B, hidden, eps[2 * i], h, threads);
-    l.qkv(h, B, hidden, l.qkv_w, l.qkv_bias, width, qkv, threads);
+    l.qkv(h, B, hidden, width, qkv, threads);
     llmkit_rotate(qkv, B, 1, H, D, width, width, D, cos, sin, cos_stride, 0, threads);
     llmkit_rotate(qkv + H * D, B, 1, Hkv, D, width, width, D, cos, sin, cos_stride, 0, threads);
     for (int64_t b = 0; b < B; ++b) {
@@ -423,12 +423,12 @@ AVX512 void llmkit_decode_layers(const DecodeLayer* layers, const float* eps, in
     }
     llmkit_decode_attention(q, l.k_cache, l.v_cache, Hkv * max_len * D, max_len * D, key_mask, B, H, Hkv, past + 1,
                             D, scale, attended, threads);
-    l.o(attended, B, H * D, l.o_w, l.o_bias, hidden, added, threads);
+    l.o(attended, B, H * D, hidden, added, threads);
     add_rows(x, added, B * hidden);
     llmkit_rms_norm(x, l.norm2, B, hidden, eps[2 * i + 1], h, threads);
-    l.gate_up(h, B, hidden, l.gate_up_w, l.gate_up_bias, 2 * ffn, gate_up, threads);
+    l.gate_up(h, B, hidden, 2 * ffn, gate_up, threads);
     llmkit_silu_times(gate_up, gate_up + ffn, B, ffn, 2 * ffn, act, threads);
-    l.down(act, B, ffn, l.down_w, l.down_bias, hidden, added, threads);
+    l.down(act, B, ffn, hidden, added, threads);
     add_rows(x, added, B * hidden);
   }
 }
