@@ -39,6 +39,9 @@ from llmkit.errors import ConfigError
 from llmkit.dryrun import parameters, plan
 from llmkit.checkpoints.loading import load_model, starting_weights
 from llmkit.checkpoints.lora import adapters_disabled, adapters_of
+from llmkit.model.cpu_kernels import training_ops
+from llmkit.model.packed_linear import packed_linears
+from llmkit.train.cpu_precision import base_products
 from llmkit.train.losses import (NO_REFERENCE_LOSS_TYPES, PreferenceLossType, dpo_loss, orpo_loss,
                                  simpo_loss)
 from llmkit.train.planning import (dense_attention_mask, lora_split, model_shape, post_training_plan, show,
@@ -219,7 +222,7 @@ class DpoTask(Task):
 def reference_output(reference, model, device, compute):
     """`compute(m)` without gradients, m being the reference: `reference` on the policy's device and
     in its dtype (as in ppo), or when None the policy `model` itself with its adapters disabled."""
-    with torch.no_grad():
+    with torch.no_grad(), training_ops():  # the training pass's numbers to the last bit
         if reference is None:
             with adapters_disabled(model):
                 return compute(model)
@@ -240,11 +243,20 @@ def reference_policy(policy, ref_step, cfg, device, precompute):
         return (None if own_base else reference.requires_grad_(False)), 0.0
     started = time.time()
     # in the dtype the policy trains in (DeepSpeed casts it so anyway): log π − log π_ref is then 0
-    # at the first step, where fp32 reference log-probs would differ by the weights' rounding
+    # at the first step (to the last bit: the training passes' ops and products), where fp32 reference
+    # log-probs would differ by the weights' rounding
     reference.to(cfg.torch_dtype)
-    with adapters_disabled(reference) if own_base else contextlib.nullcontext():
-        precompute(reference)
+    with adapters_disabled(reference) if own_base else contextlib.nullcontext(), training_ops():
+        with products_as_trained(reference, cfg, device) if own_base else contextlib.nullcontext():
+            precompute(reference)
     return None, time.time() - started  # the reference is not held while the policy trains
+
+
+def products_as_trained(base, cfg, device):
+    """While held, a LoRA run's frozen base multiplies as the engine makes it multiply for the run
+    (in `lora.base_products`' dtype, through packed copies)."""
+    bf16 = base_products(cfg.lora.base_products, on_gpu=str(device).startswith("cuda")) == "bf16"
+    return packed_linears(base, frozen_only=True, frozen_dtype=torch.bfloat16 if bf16 else torch.float32)
 
 
 def dpo_task(policy, ref_step, data, cfg: DpoConfig, pad_id: int, dist) -> DpoTask:

@@ -37,6 +37,7 @@ import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
 from llmkit.checkpoints.loading import starting_weights
+from llmkit.model.cpu_kernels import training_ops
 from llmkit.model.decode_weights import decoding_weights, effective_weights, forget_trained_copies
 from llmkit.model.transformer import Transformer
 from llmkit.rewards.plugins import reward_setup, trainer_state
@@ -172,14 +173,15 @@ class PpoTask(Task):
                               samples.response_mask)
         rollout = {"input_ids": ids, "attention_mask": attn, "prompt_len": P, "response_mask": mask}
         logprobs = values = ref_logprobs = None
-        if self.needs_sampling_logprobs():
-            logits, values = module(ids, attn, P)
-            # log-probs of the distribution the responses were sampled from (logits / temperature,
-            # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
-            rollout["logprobs"] = logprobs = logprobs_of(at_temperature(logits, cfg.temperature),
-                                                         samples.responses)
-        if self.kl_ctl.value:  # β = 0: the reference cannot change the rewards, the loss or β
-            rollout["ref_logprobs"] = ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
+        with training_ops():  # to the last bit what the training pass gives at these weights
+            if self.needs_sampling_logprobs():
+                logits, values = module(ids, attn, P)
+                # log-probs of the distribution the responses were sampled from (logits / temperature,
+                # as TRL does): otherwise the ratio and the KL describe a policy that never sampled them
+                rollout["logprobs"] = logprobs = logprobs_of(at_temperature(logits, cfg.temperature),
+                                                             samples.responses)
+            if self.kl_ctl.value:  # β = 0: the reference cannot change the rewards, the loss or β
+                rollout["ref_logprobs"] = ref_logprobs = self.reference_logprobs(module.policy, ids, attn, P)
         if hasattr(self.scorer, "state"):  # what reward functions read as trainer_state
             self.scorer.state = trainer_state(self.rollouts_done * cfg.steps_per_rollout, cfg.max_steps)
         raw_scores = self.scorer(samples).to(ids.device, torch.float32)  # NaN: no reward scored it

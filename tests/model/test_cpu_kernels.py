@@ -136,3 +136,31 @@ def test_the_small_steps_leave_gradients_to_autograd():
     with torch.no_grad():
         assert cpu_kernels.elementwise(x) and not cpu_kernels.elementwise(x.double())
 
+
+
+@needs_kernels
+def test_under_training_ops_a_pass_without_gradients_gives_the_training_pass_numbers_to_the_last_bit(
+        monkeypatch):
+    """The small steps' kernels round differently from torch's ops in the last bit; products rounded
+    to bf16 (a LoRA base's `lora.base_products`) make that a visible difference, which a KL or DPO
+    reward against the training pass would show where there is none."""
+    from llmkit.model import packed_linear
+    from llmkit.model.config import ModelConfig
+    from llmkit.model.transformer import Transformer
+
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)
+    model = Transformer(ModelConfig(vocab_size=256, hidden_size=256, n_layers=4, n_heads=4, n_kv_heads=2,
+                                    intermediate_size=512, max_seq_len=64))
+    model.init_weights(seed=0)
+    model.requires_grad_(False)
+    model.model.norm.weight.requires_grad_(True)  # the training pass: a gradient to take
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(0))
+    with packed_linear.packed_linears(model, frozen_only=True, frozen_dtype=torch.bfloat16):
+        trained = model(ids).detach()
+        with torch.no_grad():
+            plain = model(ids)
+            with cpu_kernels.training_ops():
+                assert not cpu_kernels.elementwise(ids.float())
+                as_trained = model(ids)
+    assert torch.equal(as_trained, trained)
+    assert not torch.equal(plain, trained)  # what it would be without: the kernels' ops, rounded apart

@@ -5,9 +5,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmkit.core.config import _Raw
+from llmkit.core.config import parse_overrides
 from llmkit.data.preferences import collate_pairs, encode_pair
 from llmkit.errors import ConfigError
+from llmkit.model import packed_linear
+from llmkit.train.cpu_precision import missing_cpu_bf16
 from llmkit.train.dpo import (DpoConfig, DpoTask, completion_logps, precompute_reference_logps,
                               run_dpo)
 from llmkit.checkpoints.loading import load_model
@@ -30,7 +32,7 @@ def dpo(make_ctx, ws, out="dpo", ref=None, **overrides):
     settings = dict(max_steps=8, micro_batch_size=8, lr=2e-2, min_lr=2e-3, warmup_steps=1,
                     seq_len=64, log_every=1, eval_every=0, eval_records=8, max_new_tokens=4)
     ctx = make_ctx(inputs=["pref_train"], out=out)
-    ctx.overrides = {k: _Raw(str(v)) for k, v in {**settings, **overrides}.items()}
+    ctx.overrides = parse_overrides([f"{k}={v}" for k, v in {**settings, **overrides}.items()])
     b = run_dpo(ctx, ctx.config(DpoConfig, "dpo"), base="sft", ref=ref)
     return b, [json.loads(line) for line in (ws / out / "metrics.jsonl").open()]
 
@@ -170,6 +172,19 @@ def test_in_bf16_the_reference_is_the_policy_at_step_0(make_ctx, ws, precompute)
     _, records = dpo(make_ctx, ws, precision="bf16", max_steps=1, precompute_ref=precompute)
     assert records[0]["rewards/chosen"] == 0.0 and records[0]["rewards/rejected"] == 0.0
     assert records[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+@pytest.mark.skipif(missing_cpu_bf16() is not None, reason="needs a CPU that multiplies bf16")
+@pytest.mark.parametrize("precompute", [True, False])
+def test_on_a_bf16_lora_base_the_reference_is_the_policy_at_step_0(make_ctx, ws, monkeypatch, precompute):
+    """The reference passes multiply as the training passes do (`lora.base_products`, precomputed
+    before the run too) and take their ops (`cpu_kernels.training_ops`): bf16 products would make
+    any last-bit difference a visible one."""
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # the tiny model's base packed as SmolLM2's
+    b, records = dpo(make_ctx, ws, max_steps=1, precompute_ref=precompute,
+                     **{"lora.r": 4, "lora.base_products": "bf16"})
+    assert b.stats["base_products"] == "bf16"
+    assert records[0]["rewards/chosen"] == 0.0 and records[0]["rewards/rejected"] == 0.0
 
 
 @pytest.mark.parametrize("loss_type", ["orpo", "simpo"])

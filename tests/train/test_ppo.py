@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from llmkit.errors import ConfigError, UserError
+from llmkit.model import packed_linear
 from llmkit.model.decoding import left_pad
 from llmkit.model.transformer import Transformer
 from llmkit.model.config import ModelConfig
 from llmkit.train.actor_critic import build_actor_critic
+from llmkit.train.cpu_precision import missing_cpu_bf16
 from llmkit.train.engine import Engine
 from llmkit.train.rl_losses import logprobs_of
 from llmkit.train.ppo import PpoConfig, PpoTask, run_ppo
@@ -84,7 +86,7 @@ def test_short_run_moves_parameters_and_raises_the_reward(tmp_path, algo):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     first = records[0]
     # step 1: the policy is the reference and the sampling policy: no KL, no clipping
-    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert first["kl"] == 0.0
     assert first["clipfrac"] == 0.0
     for key in ("kl", "reward_mean", "entropy", "clipfrac", "policy_loss", "response_length"):
         assert key in first
@@ -499,12 +501,12 @@ def stage_ws(tmp_path, tok):
 
 
 def run_stage(make_ctx, reward_model=None, policy="sft", eval_data="prompts_eval", out=None, **overrides):
-    from llmkit.core.config import _Raw
+    from llmkit.core.config import parse_overrides
 
     base = dict(max_steps=2, prompts_per_rollout=4, micro_batch_size=4, ppo_epochs=1,
                 max_new_tokens=4, seq_len=64, eval_records=4, lr=1e-3, min_lr=1e-3)
     ctx = make_ctx(inputs=["prompts_train"], **({"out": out} if out else {}))
-    ctx.overrides = {k: _Raw(str(v)) for k, v in {**base, **overrides}.items()}
+    ctx.overrides = parse_overrides([f"{k}={v}" for k, v in {**base, **overrides}.items()])
     return run_ppo(ctx, ctx.config(PpoConfig, "ppo"), policy=policy, reward_model=reward_model,
                    eval_data=eval_data)
 
@@ -537,7 +539,7 @@ def test_stage_writes_a_policy_checkpoint_and_records_rewards_and_accuracy(make_
     assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
     assert (step_dir / "tokenizer" / "tokenizer.model").is_file()
     records = [json.loads(line) for line in (stage_ws / "ppo" / "metrics.jsonl").open()]
-    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-5)
+    assert records[0]["kl"] == 0.0
     assert run_stage(make_ctx, reward_model="rm", policy="sft42", eval_data="sums_eval").up_to_date
     assert b.stats["train_prompts"] == 16
 
@@ -559,6 +561,17 @@ def test_stage_grpo_with_the_verifiable_reward(make_ctx, stage_ws):
     b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2)
     assert b.stats["reward"] == "verify" and b.stats["algo"] == "grpo"
     assert b.stats["reward_start"] == 0.0  # an untrained model does not add up
+
+
+@pytest.mark.skipif(missing_cpu_bf16() is not None, reason="needs a CPU that multiplies bf16")
+def test_on_a_bf16_lora_base_the_kl_is_0_where_the_policy_is_its_reference(make_ctx, stage_ws, monkeypatch):
+    """bf16 products make a last-bit difference of their inputs a visible one: the reference pass
+    takes the training pass's ops (`cpu_kernels.training_ops`), so step 1's KL is 0, to the last bit."""
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # the tiny model's base packed as SmolLM2's
+    b = run_stage(make_ctx, algo="grpo", group_size=2, prompts_per_rollout=2, max_steps=1, kl_coef=0.1,
+                  **{"lora.r": 4, "lora.base_products": "bf16"})
+    assert b.stats["base_products"] == "bf16"
+    assert [json.loads(line)["kl"] for line in (stage_ws / "ppo" / "metrics.jsonl").open()] == [0.0]
 
 
 def test_stage_rloo_with_the_verifiable_reward_writes_a_plain_policy(make_ctx, stage_ws):
