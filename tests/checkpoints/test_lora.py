@@ -444,6 +444,34 @@ def test_ppo_with_lora_takes_the_kl_reference_from_the_disabled_adapters(make_ct
 
 # -- export -------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_merged_copy_computes_what_the_adapters_do_and_shares_every_other_tensor(ws, tied):
+    """A plain model for decoding a LoRA policy (a rollout): W + B·A·alpha/r in the adapted layers,
+    the embedding, norms and head the policy's own tensors; None where the adapters are not plain LoRA."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = tiny_model(300, tie_embeddings=tied)
+    lora.add_adapters(model, resolve_config(lora.LoraConfig, {"r": 4, "alpha": 8}), ws / "pretrain" / BASE_STEP)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))  # adapters that trained
+    copy = lora.merged_copy(model)
+    assert not any(isinstance(m, BaseTunerLayer) for m in copy.modules()) and not copy.training
+    torch.testing.assert_close(logits(copy), logits(model), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits(copy), logits(lora.merge_adapters(tiny_model(300, tie_embeddings=tied))))
+    assert copy.model.embed_tokens.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert copy.model.norm.weight.data_ptr() == model.model.norm.weight.data_ptr()
+    assert (copy.lm_head.weight is copy.model.embed_tokens.weight) == tied
+    layer = model.model.layers[0].mlp.down_proj
+    assert torch.equal(copy.model.layers[0].mlp.down_proj.weight,
+                       layer.base_layer.weight + layer.lora_B.default.weight @ layer.lora_A.default.weight * 2)
+
+    dora = tiny_model(300)
+    lora.add_adapters(dora, resolve_config(lora.LoraConfig, {"r": 4, "use_dora": True}), ws / "pretrain" / BASE_STEP)
+    assert lora.merged_copy(dora) is None and lora.merged_copy(tiny_model(300)) is None
+
+
 def test_export_merges_by_default_and_writes_peft_adapters_with_merge_false(make_ctx, ws, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

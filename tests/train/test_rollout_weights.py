@@ -15,6 +15,7 @@ from llmkit.errors import ConfigError
 from llmkit.model import cpu_kernels
 from llmkit.model.cpu_kernels import Bf16PanelWeight, Int8PanelWeight
 from llmkit.model.decode_weights import CONVERTED, DecodeConfig
+from llmkit.train import ppo
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import PpoConfig, run_ppo
 from tests.train.test_ppo import stage_ws, tiny_setup  # noqa: F401 (stage_ws: a fixture)
@@ -134,13 +135,29 @@ def test_a_bad_value_is_refused_naming_the_key(make_ctx, stage_ws):
 
 
 @needs("int8")
-def test_a_lora_policy_samples_through_its_base_converted_once(make_ctx, stage_ws, pack_every_matrix, monkeypatch):
-    """The trainer packs a LoRA run's frozen base for training; its rollouts decode through an int8
-    copy of it, made at the first rollout and kept (the base never changes), and the manifest says so."""
+def test_a_lora_policy_samples_through_a_merged_copy_converted_at_each_rollout(make_ctx, stage_ws, pack_every_matrix,
+                                                                            monkeypatch):
+    """llmkit's one-call decoding steps take plain layers: each rollout of a LoRA run samples through
+    a plain copy of the policy with its adapters merged (the adapters change every step), in int8."""
+    seen = spy_on_rollouts(monkeypatch, lambda policy: policy.model.layers[0].self_attn.o_proj)
+    b = run_grpo(make_ctx, "decode.weights=int8", "lora.r=4", "partial_credit=true")  # rewards that differ
+    assert len(seen) == 2 and all(isinstance(decodes, Int8PanelWeight) and not packed_for_training
+                                  for decodes, _, packed_for_training in seen)
+    assert not torch.equal(seen[0][1], seen[1][1])  # the adapters trained in between, merged anew
+    for decodes, weight, _ in seen:
+        torch.testing.assert_close(decodes.dequantized(), weight, atol=weight.abs().max().item() / 127, rtol=0)
+    stats = json.loads((stage_ws / "ppo" / "manifest.json").read_text())["stats"]
+    assert stats["rollout_weights"] == b.stats["rollout_weights"] == "int8"
+
+
+def test_without_memory_for_the_copy_a_lora_policy_samples_through_its_base_converted_once(
+        make_ctx, stage_ws, pack_every_matrix, monkeypatch):
+    """The trainer packs a LoRA run's frozen base for training; its rollouts then decode through an
+    int8 copy of it, made at the first rollout and kept (the base never changes)."""
+    monkeypatch.setattr(ppo, "available_memory", lambda: 0)
     seen = spy_on_rollouts(monkeypatch, lambda policy: policy.model.layers[0].self_attn.o_proj.base_layer)
     b = run_grpo(make_ctx, "decode.weights=int8", "lora.r=4")
     assert len(seen) == 2 and all(isinstance(decodes, Int8PanelWeight) and packed_for_training
                                   for decodes, _, packed_for_training in seen)
     assert seen[0][0] is seen[1][0]  # converted once
-    stats = json.loads((stage_ws / "ppo" / "manifest.json").read_text())["stats"]
-    assert stats["rollout_weights"] == b.stats["rollout_weights"] == "int8"
+    assert b.stats["rollout_weights"] == "int8"

@@ -98,7 +98,10 @@ def test_the_rollout_and_its_minibatches_keep_the_holes_and_grpo_trains(tok, tmp
                     seq_len=256, lr=1e-3, min_lr=1e-3, peak_flops=1e9)
     policy = tiny_model(tok.vocab_size, max_seq_len=256)
     prompts, _ = rollout_prompts(tok, ROWS, 200, "rows", needs_answer=True)
-    rewards = lambda s: torch.tensor([float("1081" in t or "132" in t) for t in s.texts])  # noqa: E731
+    # + i / 10: rewards that differ within a group even when the script answers every row alike, so
+    # that the advantages (and the step) are not 0
+    rewards = lambda s: torch.tensor([float("1081" in t or "132" in t) + i / 10  # noqa: E731
+                                      for i, t in enumerate(s.texts)])
     task = PpoTask(build_actor_critic(policy, cfg), None, prompts, rewards, cfg, stop_ids=tok.stop_ids,
                    pad_id=tok.pad_id, decode=tok.decode, tools=ToolSetup({"calculator": calculator}, tok))
     rollout = task.make_rollout(task.model)  # sampled by the random model itself: whatever it writes
