@@ -1,11 +1,13 @@
 """Decoding through low-precision weights (`decode.weights=fp32|bf16|int8`, issue 55) against
 llama.cpp (its Python binding) and transformers, on an llmkit run (SmolLM2-135M).
 
-    python bench/decode_lowprec.py speed   --model RUN --gguf-f16 F --gguf-q8 Q [--threads 1,2] [--reps 3]
+    python bench/decode_lowprec.py speed   --model RUN --gguf-f16 F --gguf-q8 Q [--threads 1,2] [--reps 3] [--verified]
     python bench/decode_lowprec.py quality --model RUN [--prompts 20] [--new-tokens 128]
     python bench/decode_lowprec.py batch   --model RUN --export HF_DIR [--weights int8] [--batches 2]
     python bench/decode_lowprec.py command --model RUN --export HF_DIR [--weights int8] [--batches 2]
 
+--verified (speed; always in quality's text set) adds bf16_verified and int8_verified: greedy tokens drafted
+  through those weights and checked by a float32 pass (`llmkit generate --set verify=true`).
 --rounded (speed, quality) adds bf16_rounded and int8_rounded: the same weights multiplying rows rounded as
   they are (bf16; q8_0, as llama.cpp), the kernels before the rows stayed (near) float32.
 speed: batch 1, one 64-token prompt (the held-out text of bench/gguf_quality.py, the same ids on every
@@ -51,46 +53,62 @@ from bench.steps import child_main, load_warning, repeat, spawn, spread  # noqa:
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS = 64, 128, 8
 KINDS = ("fp32", "bf16", "f16", "int8")
 ROUNDED = ("bf16_rounded", "int8_rounded")  # the rows rounded as the weights (LLMKIT_LOWPREC_ROWS=rounded)
+VERIFIED = ("bf16_verified", "int8_verified")  # greedy tokens checked by float32 (llmkit generate verify=true)
 HELD: list = []  # the open packing contexts of this process
+VERIFIERS: dict = {}  # id(model) -> its float32 twin, for the _verified sides
 
 
 def llmkit_model(path: str, side: str):
     """The run's model with its products through `side`'s weights (fp32 | bf16 | int8, `_rounded`: the
-    rows rounded too), converted and packed once (held open)."""
+    rows rounded too; `_verified`: its greedy tokens checked by a float32 twin, `verified_decoding`),
+    converted and packed once (held open)."""
     from llmkit.checkpoints.loading import load
     from llmkit.model.decode_weights import decoding_weights
     from llmkit.model.packed_linear import packed_linears
+    from llmkit.model.verified_decoding import float32_twin
 
     weights, _, rows = side.partition("_")
-    if rows:
+    verified = rows == "verified"
+    if rows and not verified:
         os.environ["LLMKIT_LOWPREC_ROWS"] = rows  # read as the weights are converted
     else:
         os.environ.pop("LLMKIT_LOWPREC_ROWS", None)
     model, tokenizer = load(path, device="cpu")
     model.eval()
-    for context in (decoding_weights(model, weights), packed_linears(model)):
+    contexts = [decoding_weights(model, weights), packed_linears(model)]
+    if verified:
+        VERIFIERS[id(model)] = float32_twin(model)
+        contexts.append(packed_linears(VERIFIERS[id(model)]))
+    for context in contexts:
         context.__enter__()
         HELD.append(context)  # a context manager dropped is closed: its packing undone
     return model, tokenizer
+
+
+def greedy(model, ids, n: int):
+    """The prompt ids [1, T] and n greedy tokens of an `llmkit_model`."""
+    from llmkit.model.decoding import generate
+    from llmkit.model.verified_decoding import verified_greedy
+
+    verifier = VERIFIERS.get(id(model))
+    return generate(model, ids, n, greedy=True) if verifier is None else verified_greedy(model, verifier, ids, n)
 
 
 def speed_child(p: dict) -> dict:
     import torch
 
     prompt, n = p["prompt"], p["new_tokens"]
-    if p["side"] in KINDS + ROUNDED:
-        from llmkit.model.decoding import generate
-
+    if p["side"] in KINDS + ROUNDED + VERIFIED:
         started = time.perf_counter()
         model, _ = llmkit_model(p["model"], p["side"])
         ready = time.perf_counter() - started
         ids = torch.tensor([prompt])
-        generate(model, ids, WARMUP_TOKENS, greedy=True)
+        greedy(model, ids, WARMUP_TOKENS)
         t0 = time.perf_counter()
-        generate(model, ids, 1, greedy=True)
+        greedy(model, ids, 1)
         first = time.perf_counter() - t0
         t0, cpu0 = time.perf_counter(), time.process_time()
-        out = generate(model, ids, n, greedy=True)[0, len(prompt):].tolist()
+        out = greedy(model, ids, n)[0, len(prompt):].tolist()
         total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     else:
         import llama_cpp
@@ -122,14 +140,13 @@ def quality_child(p: dict) -> dict:
     from llmkit.model.decoding import generate, left_pad
 
     out: dict = {}
-    kinds = KINDS + (ROUNDED if p.get("rounded") else ())
+    kinds = KINDS + (ROUNDED if p.get("rounded") else ()) + (VERIFIED if p["prompt_set"] == "text" else ())
     for kind in kinds:
         model, tokenizer = llmkit_model(p["model"], kind)
         started = time.perf_counter()
         if p["prompt_set"] == "text":  # batch 1, each prompt alone, as the speed bench
             encoded = english_windows(tokenizer, p["prompts"], PROMPT_TOKENS, skip=1)
-            new = [generate(model, torch.tensor([e]), p["new_tokens"], greedy=True)[0, len(e):].tolist()
-                   for e in encoded]
+            new = [greedy(model, torch.tensor([e]), p["new_tokens"])[0, len(e):].tolist() for e in encoded]
         else:
             prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text(encoding="utf-8").splitlines()]
             encoded = [encode_prompt(tokenizer, q, True) for q in prompts[:p["prompts"]]]
@@ -250,7 +267,7 @@ def speed(a) -> None:
     tokenizer = load_tokenizer(latest_step(Path(a.model)))
     prompt = english_windows(tokenizer, 1, PROMPT_TOKENS)[0]
     base = {"model": str(Path(a.model).resolve()), "prompt": prompt, "new_tokens": NEW_TOKENS}
-    sides = {k: {**base, "side": k} for k in KINDS + (ROUNDED if a.rounded else ())}
+    sides = {k: {**base, "side": k} for k in KINDS + (ROUNDED if a.rounded else ()) + (VERIFIED if a.verified else ())}
     sides["llama_f16"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_f16).resolve())}
     sides["llama_q8_0"] = {**base, "side": "llama", "gguf": str(Path(a.gguf_q8).resolve())}
     for threads in map(int, a.threads.split(",")):
@@ -266,6 +283,8 @@ def speed(a) -> None:
                   f"  tokens per CPU s {spread([r['per_cpu_s'] for r in rs])}"
                   f"  load+convert s {spread([r['ready_s'] for r in rs])}")
         pairs = [("bf16", "llama_f16"), ("f16", "llama_f16"), ("int8", "llama_q8_0"), ("fp32", "llama_f16")]
+        if a.verified:
+            pairs += [("bf16_verified", "llama_f16"), ("int8_verified", "llama_q8_0"), ("int8_verified", "int8")]
         if a.rounded:
             pairs += [("bf16_rounded", "llama_f16"), ("int8_rounded", "llama_q8_0"), ("bf16", "bf16_rounded"),
                       ("int8", "int8_rounded")]
@@ -416,6 +435,8 @@ def main() -> None:
                              f"{PROMPT_TOKENS} tokens after the speed bench's (batch 1, every new token)")
     parser.add_argument("--weights", default="fp32,int8", help="batch: llmkit's weights, comma-separated")
     parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--verified", action="store_true",
+                        help="speed: add bf16_verified and int8_verified (greedy tokens checked by float32)")
     parser.add_argument("--rounded", action="store_true",
                         help="speed, quality: also bf16/int8 with the rows rounded as the weights (the kernels before)")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ Prompts are plain text (after the `</s>` a pretrained model saw before every doc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from llmkit.core.config import resolve_config
 from llmkit.data.io import read_jsonl
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints.loading import load
-from llmkit.model.decode_weights import DecodeConfig, decoding_weights
+from llmkit.model.decode_weights import DecodeConfig, decoding_weights, effective_weights
 
 
 @dataclass
@@ -33,6 +34,8 @@ class GenerateConfig:
     batch_size: int = 8  # prompts generated together (left-padded)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode.weights=fp32|bf16|int8 (CPU)
+    verify: bool = False  # greedy: decode.weights drafts, a float32 pass checks: float32's tokens, one prompt
+    #                       at a time (llmkit.model.verified_decoding)
 
     def __post_init__(self):
         if self.max_new_tokens < 1 or self.batch_size < 1:
@@ -43,6 +46,9 @@ class GenerateConfig:
             raise ConfigError(f"generate top_k must be >= 1 or none, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"generate top_p must be in (0, 1], got {self.top_p}")
+        if self.verify and not (self.greedy or self.temperature == 0):
+            raise ConfigError("generate verify=true keeps float32's greedy tokens: set greedy=true (or "
+                              "temperature=0); a sampled token has no float32 token to keep")
 
 
 def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list[dict]:
@@ -56,6 +62,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
 
     from llmkit.model.decoding import generate, left_pad, reply_text
     from llmkit.model.packed_linear import packed_linears
+    from llmkit.model.verified_decoding import verified_greedy
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:
@@ -66,17 +73,22 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     template = uses_chat_template(model, cfg)
     chat = template or any(not isinstance(p, str) for p in prompts)
     stop_ids = set(tokenizer.stop_ids)
+    eos_id = tokenizer.end_of_turn_id if chat else tokenizer.eos_id
     records = []
-    with decoding_weights(model, cfg.decode.weights), packed_linears(model):  # packed once for every batch
-        for start in range(0, len(prompts), cfg.batch_size):
-            batch = prompts[start:start + cfg.batch_size]
+    verifier = verifier_of(model, cfg)  # made before the model is packed (float32_twin)
+    with (decoding_weights(model, cfg.decode.weights), packed_linears(model),  # packed once for every batch
+          packed_linears(verifier) if verifier is not None else contextlib.nullcontext()):
+        size = 1 if verifier is not None else cfg.batch_size
+        for start in range(0, len(prompts), size):
+            batch = prompts[start:start + size]
             encoded = [encode_prompt(tokenizer, p, template) for p in batch]
             ids, mask = left_pad([p[-room:] for p in encoded], tokenizer.pad_id)
             width = ids.shape[1]
-            out = generate(model, ids.to(device), cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                           top_p=cfg.top_p, greedy=cfg.greedy,
-                           eos_id=tokenizer.end_of_turn_id if chat else tokenizer.eos_id,
-                           attention_mask=mask.to(device), generator=generator)
+            out = (verified_greedy(model, verifier, ids.to(device), cfg.max_new_tokens, eos_id)
+                   if verifier is not None else
+                   generate(model, ids.to(device), cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                            top_p=cfg.top_p, greedy=cfg.greedy, eos_id=eos_id, attention_mask=mask.to(device),
+                            generator=generator))
             for prompt, prompt_ids, new in zip(batch, encoded, out[:, width:].tolist()):
                 end = next((i for i, t in enumerate(new) if t in stop_ids), None)
                 completion = reply_text(tokenizer, new[:end], cut=end is None)
@@ -84,6 +96,19 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                                 "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
                                 "prompt_truncated": len(prompt_ids) > width})
     return records
+
+
+def verifier_of(model, cfg: GenerateConfig):
+    """The float32 twin of `model` that checks the drafts of verify=true (`verified_decoding`); None
+    without it, or where decode.weights falls back to fp32 (its tokens are float32's then)."""
+    from llmkit.model.verified_decoding import cuttable, float32_twin  # torch: not at `llmkit --help`
+
+    if not cfg.verify:
+        return None
+    if not cuttable(model):
+        raise ConfigError("generate verify=true: this model's linear-attention layers keep a recurrent state, "
+                          "which a draft float32 refuses cannot be taken back from; leave verify off")
+    return float32_twin(model) if effective_weights(model, cfg.decode.weights) != "fp32" else None
 
 
 def uses_chat_template(model, cfg: GenerateConfig) -> bool:

@@ -9,6 +9,8 @@ import llmkit
 from llmkit.generation import GenerateConfig, generate_texts
 from llmkit.cli.app import build_app
 from llmkit.checkpoints import step_folders as ckpt
+from llmkit.model import packed_linear
+from llmkit.model.cpu_kernels import low_precision_available
 from tests.train.posttrain_fixtures import make_tokenizer, memorizing_model, write_checkpoint_run
 
 runner = CliRunner()
@@ -68,6 +70,7 @@ def test_prompts_file_chat_and_jsonl_output(ws, tmp_path):
     (["--from", "{unfinished}", "--prompt", "x"], "no complete checkpoint"),
     (["--from", "sft"], "--prompt"),
     (["--from", "sft", "--prompt", "x", "--set", "temprature=0.5"], "temperature"),
+    (["--from", "sft", "--prompt", "x", "--set", "verify=true"], "verify=true keeps float32's greedy tokens"),
 ])
 def test_errors_exit_2_without_traceback(ws, tmp_path, args, message):
     unfinished = tmp_path / "run"
@@ -76,6 +79,16 @@ def test_errors_exit_2_without_traceback(ws, tmp_path, args, message):
     assert r.exit_code == 2 and message in r.output
     assert "Traceback" not in r.output
 
+
+
+@pytest.mark.skipif(not low_precision_available("int8"), reason="needs the int8 kernels")
+def test_int8_weights_verified_print_the_fp32_completions(ws, monkeypatch):
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1)  # the tiny model's matrices converted as SmolLM2's
+    args = ["--from", "sft", "--prompt", "What is 12+34?", "--prompt", "计算 10+20", "--set", "greedy=true",
+            "--set", "max_new_tokens=8"]
+    verified = invoke(ws, *args, "--set", "decode.weights=int8", "--set", "verify=true")
+    assert verified.exit_code == 0, verified.output
+    assert verified.stdout == invoke(ws, *args).stdout
 
 
 def test_a_run_trained_on_chats_gets_the_chat_template_unless_chat_false(ws):
