@@ -55,7 +55,7 @@ KINDS = ("fp32", "bf16", "f16", "int8")
 ROUNDED = ("bf16_rounded", "int8_rounded")  # the rows rounded as the weights (LLMKIT_LOWPREC_ROWS=rounded)
 VERIFIED = ("bf16_verified", "int8_verified")  # greedy tokens checked by float32 (llmkit generate verify=true)
 HELD: list = []  # the open packing contexts of this process
-VERIFIERS: dict = {}  # id(model) -> its float32 twin, for the _verified sides
+VERIFIERS: dict = {}  # id(model) -> its float32 twin (the _verified sides) or None
 
 
 def llmkit_model(path: str, side: str):
@@ -63,9 +63,7 @@ def llmkit_model(path: str, side: str):
     rows rounded too; `_verified`: its greedy tokens checked by a float32 twin, `verified_decoding`),
     converted and packed once (held open)."""
     from llmkit.checkpoints.loading import load
-    from llmkit.model.decode_weights import decoding_weights
-    from llmkit.model.packed_linear import packed_linears
-    from llmkit.model.verified_decoding import float32_twin
+    from llmkit.model.verified_decoding import packed_for_decoding
 
     weights, _, rows = side.partition("_")
     verified = rows == "verified"
@@ -75,13 +73,9 @@ def llmkit_model(path: str, side: str):
         os.environ.pop("LLMKIT_LOWPREC_ROWS", None)
     model, tokenizer = load(path, device="cpu")
     model.eval()
-    contexts = [decoding_weights(model, weights), packed_linears(model)]
-    if verified:
-        VERIFIERS[id(model)] = float32_twin(model)
-        contexts.append(packed_linears(VERIFIERS[id(model)]))
-    for context in contexts:
-        context.__enter__()
-        HELD.append(context)  # a context manager dropped is closed: its packing undone
+    context = packed_for_decoding(model, weights, verified)
+    VERIFIERS[id(model)] = context.__enter__()
+    HELD.append(context)  # a context manager dropped is closed: its packing undone
     return model, tokenizer
 
 

@@ -7,7 +7,6 @@ Prompts are plain text (after the `</s>` a pretrained model saw before every doc
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from llmkit.core.config import resolve_config
 from llmkit.data.io import read_jsonl
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints.loading import load
-from llmkit.model.decode_weights import DecodeConfig, decoding_weights, effective_weights
+from llmkit.model.decode_weights import DecodeConfig
 
 
 @dataclass
@@ -61,8 +60,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     import torch
 
     from llmkit.model.decoding import generate, left_pad, reply_text
-    from llmkit.model.packed_linear import packed_linears
-    from llmkit.model.verified_decoding import verified_greedy
+    from llmkit.model.verified_decoding import packed_for_decoding, verified_greedy
 
     room = model.config.max_seq_len - cfg.max_new_tokens
     if room < 1:
@@ -75,9 +73,7 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
     stop_ids = set(tokenizer.stop_ids)
     eos_id = tokenizer.end_of_turn_id if chat else tokenizer.eos_id
     records = []
-    verifier = verifier_of(model, cfg)  # made before the model is packed (float32_twin)
-    with (decoding_weights(model, cfg.decode.weights), packed_linears(model),  # packed once for every batch
-          packed_linears(verifier) if verifier is not None else contextlib.nullcontext()):
+    with packed_for_decoding(model, cfg.decode.weights, cfg.verify) as verifier:  # once for every batch
         size = 1 if verifier is not None else cfg.batch_size
         for start in range(0, len(prompts), size):
             batch = prompts[start:start + size]
@@ -96,19 +92,6 @@ def generate_texts(model, tokenizer, prompts: list, cfg: GenerateConfig) -> list
                                 "new_tokens": len(new) if end is None else end + 1, "stopped": end is not None,
                                 "prompt_truncated": len(prompt_ids) > width})
     return records
-
-
-def verifier_of(model, cfg: GenerateConfig):
-    """The float32 twin of `model` that checks the drafts of verify=true (`verified_decoding`); None
-    without it, or where decode.weights falls back to fp32 (its tokens are float32's then)."""
-    from llmkit.model.verified_decoding import cuttable, float32_twin  # torch: not at `llmkit --help`
-
-    if not cfg.verify:
-        return None
-    if not cuttable(model):
-        raise ConfigError("generate verify=true: this model's linear-attention layers keep a recurrent state, "
-                          "which a draft float32 refuses cannot be taken back from; leave verify off")
-    return float32_twin(model) if effective_weights(model, cfg.decode.weights) != "fp32" else None
 
 
 def uses_chat_template(model, cfg: GenerateConfig) -> bool:

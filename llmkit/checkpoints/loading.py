@@ -17,7 +17,7 @@ from llmkit.checkpoints.step_folders import (MODEL_CONFIG, TOKENIZER, checkpoint
 from llmkit.errors import ConfigError, UserError
 from llmkit.model.config import ContextExtension, ModelConfig
 from llmkit.tokenizers.sentencepiece import open_tokenizer
-from llmkit.checkpoints.lora import base_of, holds_adapters, load_adapters, read_config
+from llmkit.checkpoints.lora import ADAPTER_NAME, adapters_of, base_of, holds_adapters, load_adapters, read_config
 from llmkit.model.quant import block_linears
 from llmkit.core.workspace import MANIFEST, Artifact, Workspace
 
@@ -99,6 +99,35 @@ def model_from_weights(state_dict: dict, model_config, quantize=None):
     if quantize is not None:
         quantize(model)
     return model
+
+
+def merged_copy(model):
+    """A plain model computing what a LoRA `model` computes with its adapters on (dropout off): each
+    adapted linear layer holds W + B·A·alpha/r (peft's delta, a new tensor), every other parameter
+    is `model`'s own tensor. For decoding a LoRA policy through llmkit's one-call decoding steps,
+    which take plain layers (a GRPO rollout). None where the adapters are not plain LoRA on float
+    layers of an llmkit Transformer (DoRA, a quantised base, new token rows)."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    adapters = adapters_of(model)
+    if (not isinstance(getattr(model, "config", None), ModelConfig) or adapters is None or adapters.quant != "none"
+            or adapters.peft_config.use_dora or adapters.peft_config.trainable_token_indices):
+        return None
+    tuners = {name: m for name, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
+    adapted = {f"{name}.{key}" for name, m in tuners.items() for key in m.state_dict()}
+    state = {key: t for key, t in model.state_dict(keep_vars=True).items() if key not in adapted}
+    with torch.no_grad():
+        for name, layer in tuners.items():
+            base = layer.get_base_layer()
+            state[f"{name}.weight"] = base.weight + layer.get_delta_weight(ADAPTER_NAME)
+            if base.bias is not None:
+                state[f"{name}.bias"] = base.bias
+    with uninitialised():
+        copy = type(model)(model.config)  # a Transformer: its config is a ModelConfig
+    copy.load_state_dict({key: t.detach() for key, t in state.items()}, strict=True, assign=True)
+    finish_from_meta(copy)
+    return copy.eval()
 
 
 def finish_from_meta(model) -> None:

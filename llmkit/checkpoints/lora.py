@@ -47,7 +47,7 @@ from llmkit.checkpoints.lora_files import (ADAPTER_NAME, LORA_KEY, PEFT_PREFIX, 
 
 # the names callers import from here, the step folders' side defined in llmkit.checkpoints.lora_files
 __all__ = ["LoraConfig", "Adapters", "ALL_LINEAR", "ATTENTION", "PRESETS", "import_peft", "target_modules",
-           "add_adapters", "adapters_of", "adapters_disabled", "merge_adapters", "merged_copy", "trainable_share",
+           "add_adapters", "adapters_of", "adapters_disabled", "merge_adapters", "trainable_share",
            "load_adapters", "ADAPTER_NAME", "LORA_KEY", "PEFT_PREFIX", "PINNED_BASE", "base_of",
            "check_same_base", "config_entry", "holds_adapters", "pin_base", "pinned_start", "read_config",
            "save_adapters", "weights_fingerprint"]
@@ -241,38 +241,6 @@ def merge_adapters(model):
     for attr in ("llmkit_lora", "peft_config"):
         model.__dict__.pop(attr, None)
     return model
-
-
-def merged_copy(model):
-    """A plain model computing what `model` computes with its adapters on (dropout off): each adapted
-    linear layer holds W + B·A·alpha/r (peft's delta, a new tensor), every other parameter is
-    `model`'s own tensor. For decoding a LoRA policy through llmkit's one-call decoding steps, which
-    take plain layers (a GRPO rollout). None where the adapters are not plain LoRA on float layers
-    of an llmkit Transformer (DoRA, a quantised base, new token rows)."""
-    import torch
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    from llmkit.checkpoints.loading import finish_from_meta, uninitialised  # (loading imports this module)
-    from llmkit.model.transformer import Transformer
-
-    adapters = adapters_of(model)
-    if (type(model) is not Transformer or adapters is None or adapters.quant != "none"
-            or adapters.peft_config.use_dora or adapters.peft_config.trainable_token_indices):
-        return None
-    tuners = {name: m for name, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
-    adapted = {f"{name}.{key}" for name, m in tuners.items() for key in m.state_dict()}
-    state = {key: t for key, t in model.state_dict(keep_vars=True).items() if key not in adapted}
-    with torch.no_grad():
-        for name, layer in tuners.items():
-            base = layer.get_base_layer()
-            state[f"{name}.weight"] = base.weight + layer.get_delta_weight(ADAPTER_NAME)
-            if base.bias is not None:
-                state[f"{name}.bias"] = base.bias
-    with uninitialised():
-        copy = Transformer(model.config)
-    copy.load_state_dict({key: t.detach() for key, t in state.items()}, strict=True, assign=True)
-    finish_from_meta(copy)
-    return copy.eval()
 
 
 def merged_dequantized(layer):

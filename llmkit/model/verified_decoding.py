@@ -22,15 +22,17 @@ cannot be rewound).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 from torch import nn
 
+from llmkit.errors import ConfigError
 from llmkit.model import decode_step
-from llmkit.model.decode_weights import CONVERTED
+from llmkit.model.decode_weights import CONVERTED, decoding_weights, effective_weights
 from llmkit.model.decoding import KVCache
-from llmkit.model.packed_linear import PACKED, PACKED_FEW, PACKED_GROUPS, PACKED_T
+from llmkit.model.packed_linear import PACKED, PACKED_FEW, PACKED_GROUPS, PACKED_T, packed_linears
 
 DRAFT_TOKENS = 16  # drafted per float32 pass (SmolLM2 at 1 thread: an int8 step 10 ms, a float32 pass
 #                    over 17 tokens 56 ms against 25 for one)
@@ -46,6 +48,21 @@ def float32_twin(model: nn.Module) -> nn.Module:
     twin._parameters, twin._buffers = dict(model._parameters), dict(model._buffers)
     twin._modules = {name: float32_twin(child) for name, child in model._modules.items()}
     return twin
+
+
+@contextlib.contextmanager
+def packed_for_decoding(model: nn.Module, weights: str, verify: bool = False):
+    """Within the `with`, `model` decodes through `weights` copies, packed once for every batch
+    (`decoding_weights`, `packed_linears`); with `verify`, beside it the float32 twin that checks its
+    greedy drafts, packed too, is yielded (None without verify, or where the weights fall back to
+    fp32: the model's tokens are float32's then)."""
+    if verify and not cuttable(model):
+        raise ConfigError("verify=true: this model's linear-attention layers keep a recurrent state, which "
+                          "cannot be taken back to before a refused draft; leave verify off")
+    verifier = float32_twin(model) if verify and effective_weights(model, weights) != "fp32" else None
+    with (decoding_weights(model, weights), packed_linears(model),
+          packed_linears(verifier) if verifier is not None else contextlib.nullcontext()):
+        yield verifier
 
 
 def cuttable(model: nn.Module) -> bool:

@@ -36,14 +36,14 @@ from typing import Callable
 import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
-from llmkit.checkpoints.loading import starting_weights
+from llmkit.checkpoints.loading import merged_copy, starting_weights
 from llmkit.model.cpu_kernels import training_ops
 from llmkit.model.packed_linear import TRAINING_SHARE, available_memory, packing_available
 from llmkit.model.decode_weights import decoding_weights, effective_weights, forget_trained_copies
 from llmkit.model.transformer import Transformer
 from llmkit.rewards.plugins import reward_setup, trainer_state
 from llmkit.train.actor_critic import ActorCritic, build_actor_critic, response_logprobs
-from llmkit.checkpoints.lora import adapters_disabled, adapters_of, merged_copy
+from llmkit.checkpoints.lora import adapters_disabled, adapters_of
 from llmkit.train.grpo_losses import STEP_TOKEN_LOSSES
 from llmkit.train.losses import masked_mean
 from llmkit.train.ppo_algorithms import add_advantages, algorithm_loss

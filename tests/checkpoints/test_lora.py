@@ -18,7 +18,7 @@ from llmkit.core.config import parse_overrides, resolve_config
 from llmkit.errors import ConfigError, UserError
 from llmkit.checkpoints import step_folders as ckpt
 from llmkit.checkpoints import lora
-from llmkit.checkpoints.loading import load, load_model, load_reward_model
+from llmkit.checkpoints.loading import load, load_model, load_reward_model, merged_copy
 from llmkit.train.metrics import read_metrics
 from llmkit.train.sft import SftConfig, run_sft
 from tests.train.posttrain_fixtures import (addition_rows, separable_pairs, tiny_model,
@@ -456,7 +456,7 @@ def test_a_merged_copy_computes_what_the_adapters_do_and_shares_every_other_tens
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))  # adapters that trained
-    copy = lora.merged_copy(model)
+    copy = merged_copy(model)
     assert not any(isinstance(m, BaseTunerLayer) for m in copy.modules()) and not copy.training
     torch.testing.assert_close(logits(copy), logits(model), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(logits(copy), logits(lora.merge_adapters(tiny_model(300, tie_embeddings=tied))))
@@ -469,7 +469,7 @@ def test_a_merged_copy_computes_what_the_adapters_do_and_shares_every_other_tens
 
     dora = tiny_model(300)
     lora.add_adapters(dora, resolve_config(lora.LoraConfig, {"r": 4, "use_dora": True}), ws / "pretrain" / BASE_STEP)
-    assert lora.merged_copy(dora) is None and lora.merged_copy(tiny_model(300)) is None
+    assert merged_copy(dora) is None and merged_copy(tiny_model(300)) is None
 
 
 def test_export_merges_by_default_and_writes_peft_adapters_with_merge_false(make_ctx, ws, tmp_path):

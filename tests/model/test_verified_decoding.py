@@ -6,12 +6,12 @@ import torch
 import llmkit.model.packed_linear as packed
 from llmkit.core.config import resolve_config
 from llmkit.errors import ConfigError
-from llmkit.generation import GenerateConfig, verifier_of
+from llmkit.generation import GenerateConfig
 from llmkit.model import cpu_kernels
-from llmkit.model.decode_weights import DecodeConfig, decoding_weights
+from llmkit.model.decode_weights import decoding_weights
 from llmkit.model.decoding import generate
 from llmkit.model.packed_linear import PACKED, PACKED_GROUPS, packed_linears
-from llmkit.model.verified_decoding import float32_twin, verified_greedy
+from llmkit.model.verified_decoding import float32_twin, packed_for_decoding, verified_greedy
 from tests.model.test_transformer import build, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -103,7 +103,10 @@ def test_verify_needs_greedy_decoding_and_a_cache_it_can_cut(monkeypatch):
         resolve_config(GenerateConfig, {"verify": True, "temperature": 0.7})
     hybrid = build(n_layers=2, layer_types=["linear_attention", "full_attention"])
     with pytest.raises(ConfigError, match="linear-attention"):
-        verifier_of(hybrid, GenerateConfig(verify=True, greedy=True))
-    assert verifier_of(build(), GenerateConfig(verify=True, greedy=True)) is None  # fp32 weights: no draft
+        with packed_for_decoding(hybrid, "int8", verify=True):
+            pass
+    with packed_for_decoding(build(), "fp32", verify=True) as verifier:
+        assert verifier is None  # fp32 weights: no draft to check
     monkeypatch.setenv("LLMKIT_CPU_KERNELS", "fp32")  # no low-precision kernels: the fp32 fallback
-    assert verifier_of(build(), GenerateConfig(verify=True, greedy=True, decode=DecodeConfig("int8"))) is None
+    with packed_for_decoding(build(), "int8", verify=True) as verifier:
+        assert verifier is None
