@@ -105,8 +105,8 @@ def generate(model, tokenizer, prompts, **options):
     """The completions of `prompts` (a list of strings or chat message lists; one string gives one
     completion), each the text after its prompt up to a stop token. `options` are GenerateConfig's
     (max_new_tokens, temperature, top_k, top_p, greedy, seed, chat, batch_size, decode={"weights":
-    "int8"}); by default a
-    model `load` read from an sft / dpo / ppo run is prompted through its chat template."""
+    "int8"}, verify); by default a model `load` read from an sft / dpo / ppo run is prompted through
+    its chat template."""
 
     if "device" in options:
         raise ConfigError("generate runs where the model is: load it with llmkit.load(..., device=) or "

@@ -66,7 +66,7 @@ def sampling_model(policy: Transformer) -> Transformer:
     """What a rollout samples through: on CPU, a LoRA policy's merged copy (`merged_copy`) while its
     adapted layers' float32 copies fit in a share of the free memory, for llmkit's one-call decoding
     steps take plain layers only (SmolLM2, LoRA r 16, 32 rows x 64 int8-weight tokens at 1 thread:
-    6.4 s with the copy made and converted, 8.9 s through peft's layers); else the policy itself."""
+    6.6 s with the copy made and converted, 8.9 s through peft's layers); else the policy itself."""
     if (not packing_available(policy) or adapters_of(policy) is None
             or any(hasattr(p, "ds_id") for p in policy.parameters())):  # ZeRO-3 holds partitions
         return policy
