@@ -36,9 +36,8 @@ from typing import Callable
 import torch
 
 from llmkit.dryrun import BYTES, human_bytes, parameters, plan
-from llmkit.checkpoints.loading import merged_copy, starting_weights
+from llmkit.checkpoints.loading import starting_weights
 from llmkit.model.cpu_kernels import training_ops
-from llmkit.model.packed_linear import TRAINING_SHARE, available_memory, packing_available
 from llmkit.model.decode_weights import decoding_weights, effective_weights, forget_trained_copies
 from llmkit.model.transformer import Transformer
 from llmkit.rewards.plugins import reward_setup, trainer_state
@@ -55,24 +54,11 @@ from llmkit.train.posttrain import evaluate_answers, heldout_split, load_start, 
 from llmkit.train.ppo_config import PpoConfig
 from llmkit.train.ppo_rewards import run_rewards
 from llmkit.train.rollouts import (Prompt, Samples, ends_with_stop, mean_over_processes, rank_and_world,
-                                   rollout_prompts, sample_responses, select_rows)
+                                   rollout_prompts, sample_responses, sampling_model, select_rows)
 from llmkit.train.stage import Fit, fit_stage
 from llmkit.train.tool_rollouts import (ToolSetup, sample_tool_responses, tool_accuracy, tool_inputs,
                                          tool_setup)
 from llmkit.train.task import Task
-
-
-def sampling_model(policy: Transformer) -> Transformer:
-    """What a rollout samples through: on CPU, a LoRA policy's merged copy (`merged_copy`) while its
-    adapted layers' float32 copies fit in a share of the free memory, for llmkit's one-call decoding
-    steps take plain layers only (SmolLM2, LoRA r 16, 32 rows x 64 int8-weight tokens at 1 thread:
-    6.6 s with the copy made and converted, 8.9 s through peft's layers); else the policy itself."""
-    if (not packing_available(policy) or adapters_of(policy) is None
-            or any(hasattr(p, "ds_id") for p in policy.parameters())):  # ZeRO-3 holds partitions
-        return policy
-    frozen = sum(m.weight.nbytes for m in policy.modules()
-                 if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad)
-    return (merged_copy(policy) if frozen < available_memory() * TRAINING_SHARE else None) or policy
 
 
 class PpoTask(Task):
@@ -170,12 +156,10 @@ class PpoTask(Task):
         weights of decode.weights (the sampling alone: what scores the samples stays fp32)."""
         sample = functools.partial(sample_tool_responses, setup=self.tools) if self.tools else sample_responses
         self.rollout_weights = effective_weights(policy, self.cfg.decode.weights)
-        # a full fine-tune's weights change every step, so each rollout converts them again (a LoRA
-        # policy's merged copy is new too; without one, its base is converted once: decoding_weights
-        # keeps the copy on the layer)
+        # a full fine-tune's weights change every step, so each rollout converts them again, as a LoRA
+        # policy's merged copy (without one its base is converted once: decoding_weights keeps it)
         forget_trained_copies(policy)
-        sampler = sampling_model(policy)
-        with decoding_weights(sampler, self.rollout_weights):
+        with decoding_weights(sampler := sampling_model(policy), self.rollout_weights):
             return sample(sampler, prompts, max_new_tokens=self.cfg.max_new_tokens,
                           temperature=self.cfg.temperature, stop_ids=self.stop_ids, pad_id=self.pad_id,
                           decode=self.decode, device=self.device or torch.device("cpu"))

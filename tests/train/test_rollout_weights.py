@@ -15,7 +15,6 @@ from llmkit.errors import ConfigError
 from llmkit.model import cpu_kernels
 from llmkit.model.cpu_kernels import Bf16PanelWeight, Int8PanelWeight
 from llmkit.model.decode_weights import CONVERTED, DecodeConfig
-from llmkit.train import ppo
 from llmkit.train.engine import Engine
 from llmkit.train.ppo import PpoConfig, run_ppo
 from tests.train.test_ppo import stage_ws, tiny_setup  # noqa: F401 (stage_ws: a fixture)
@@ -154,7 +153,7 @@ def test_without_memory_for_the_copy_a_lora_policy_samples_through_its_base_conv
         make_ctx, stage_ws, pack_every_matrix, monkeypatch):
     """The trainer packs a LoRA run's frozen base for training; its rollouts then decode through an
     int8 copy of it, made at the first rollout and kept (the base never changes)."""
-    monkeypatch.setattr(ppo, "available_memory", lambda: 0)
+    monkeypatch.setattr(rollouts, "available_memory", lambda: 0)
     seen = spy_on_rollouts(monkeypatch, lambda policy: policy.model.layers[0].self_attn.o_proj.base_layer)
     b = run_grpo(make_ctx, "decode.weights=int8", "lora.r=4")
     assert len(seen) == 2 and all(isinstance(decodes, Int8PanelWeight) and packed_for_training
